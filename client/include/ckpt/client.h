@@ -1,0 +1,130 @@
+// libckpt: the trainer's thin client of ckptd.
+//
+// A trainer keeps its state in shared-memory regions (ckpt::SharedRegion), registers the
+// tensors that live there once, and then per iteration calls snapshot(v) after the update
+// and wait_snapshot(v) before the next update. Bulk data never crosses the socket: the
+// daemon reads the regions directly, lazily, while the trainer computes.
+//
+//   auto region = ckpt::SharedRegion::create(bytes);
+//   ckpt::Client client = ckpt::Client::connect();          // default socket
+//   client.register_items("job", rank, world, {{"w", ckpt::DType::kF32, {n}, region, 0}});
+//   for (v = 1..) { update(); client.snapshot(v); compute(); client.wait_snapshot(v); }
+//
+// Thread-safety: every Client method may be called from any thread; calls that change the
+// registration are serialised. Errors throw ckpt::Error, whose what() carries the daemon's
+// message and code() its gRPC status code.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.h"
+
+namespace ckpt {
+
+enum class Level { kCaptured = 1, kDurable = 2, kCommitted = 3 };
+
+class Error : public std::runtime_error {
+ public:
+  // `code` is the gRPC status code (grpc::StatusCode) of the failed call.
+  Error(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+// Shared memory the trainer owns and the daemon may read and write. Created 0600; its
+// name is removed when the last SharedRegion handle to it goes away.
+class SharedRegion {
+ public:
+  // Creates a region of `bytes` (zero-filled). Throws ckpt::Error on failure.
+  static std::shared_ptr<SharedRegion> create(std::size_t bytes, const std::string& name = "");
+  virtual ~SharedRegion() = default;
+  virtual void* data() const = 0;
+  virtual std::size_t size() const = 0;
+  virtual const std::string& name() const = 0;
+  // Changes the size; items registered in this region become stale until registered again.
+  virtual void resize(std::size_t bytes) = 0;
+  // Incremented by resize(); used to detect stale registrations.
+  virtual std::uint64_t generation() const = 0;
+};
+
+// One tensor: `shape` elements of `dtype` at `offset` in `region`, packed.
+struct TensorItem {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<std::int64_t> shape;
+  std::shared_ptr<SharedRegion> region;
+  std::uint64_t offset = 0;
+};
+
+// Bytes stored with a version (pickled optimizer groups, RNG state, data position).
+struct Blob {
+  std::string name;
+  std::string data;
+};
+
+struct RestoreResult {
+  std::uint64_t version = 0;
+  std::vector<Blob> blobs;
+  std::uint64_t tensor_bytes = 0;
+};
+
+struct Registration {
+  std::uint32_t item_count = 0;
+  std::uint64_t tensor_bytes = 0;
+  std::uint64_t latest_committed = 0;  // 0 if the job has no committed version
+};
+
+// What `ckptctl status` shows, as JSON text (the daemon's StatusReply).
+struct DaemonStatus {
+  std::string json;
+};
+
+class Client {
+ public:
+  // Connects to the daemon at `socket_path` (default: $CKPTD_SOCKET, else
+  // $XDG_RUNTIME_DIR/ckptd.sock, else /tmp/ckptd-$UID/ckptd.sock). Does not block; the
+  // first call fails with a clear error if no daemon serves there.
+  static Client connect(const std::string& socket_path = "");
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();  // unregisters if registered
+
+  // Registers (or, called again, re-registers) this trainer's tensors.
+  Registration register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
+                              const std::vector<TensorItem>& items);
+  // Asks the daemon to capture version `version` and returns at once. Throws if a registered
+  // region changed since registration (register again), or if an earlier version failed in
+  // the background (the error says which and why).
+  void snapshot(std::uint64_t version, const std::vector<Blob>& blobs = {});
+  // Blocks until every byte of `version` is out of trainer memory; returns the stall.
+  std::chrono::nanoseconds wait_snapshot(std::uint64_t version,
+                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // Blocks until `version` reaches `level` (default: committed across all ranks).
+  void wait_durable(std::uint64_t version, Level level = Level::kCommitted,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // Fills the registered regions from `version` (nullopt: the newest committed) and returns
+  // the version's blobs.
+  RestoreResult restore(std::optional<std::uint64_t> version = std::nullopt);
+  // The daemon's status as JSON.
+  DaemonStatus status();
+  // Ends the registration (in-flight versions still complete).
+  void unregister();
+
+  const std::string& socket_path() const;
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt

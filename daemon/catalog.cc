@@ -1,0 +1,203 @@
+#include "daemon/catalog.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "common/names.h"
+#include "format/paths.h"
+
+namespace ckpt {
+namespace {
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root)
+    : storage_(std::move(storage)), root_(std::move(root)) {}
+
+std::string Catalog::JobDir(const std::string& job) const { return root_ + "/" + job; }
+
+std::string Catalog::VersionDir(const std::string& job, std::uint64_t version) const {
+  return JobDir(job) + "/" + VersionDirName(version);
+}
+
+std::string Catalog::ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const {
+  return VersionDir(job, version) + "/" + ShardFileName(rank);
+}
+
+Status Catalog::Recover() {
+  if (Status s = storage_->MakeDirs(root_); !s.ok()) return s;
+  auto jobs = storage_->List(root_);
+  if (!jobs.ok()) return jobs.status();
+  for (const auto& job : jobs.value()) {
+    if (!CheckJobId(job).empty()) continue;  // not ours
+    if (Status s = RecoverJob(job); !s.ok()) return s.With("recover job " + job);
+  }
+  return Status::Ok();
+}
+
+Status Catalog::RecoverJob(const std::string& job) {
+  std::string dir = JobDir(job);
+  auto names = storage_->List(dir);
+  if (!names.ok()) return Status::Ok();  // vanished meanwhile: nothing to recover
+  int removed = 0;
+  for (const auto& name : names.value()) {
+    if (EndsWith(name, kTmpSuffix)) {
+      if (Status s = storage_->Remove(dir + "/" + name); !s.ok()) return s;
+      ++removed;
+      continue;
+    }
+    if (!ParseVersionDirName(name)) continue;
+    auto files = storage_->List(dir + "/" + name);
+    if (!files.ok()) continue;
+    for (const auto& f : files.value()) {
+      if (EndsWith(f, kTmpSuffix)) {
+        if (Status s = storage_->Remove(dir + "/" + name + "/" + f); !s.ok()) return s;
+        ++removed;
+      }
+    }
+  }
+  std::uint64_t newest = ScanLatest(job);
+  std::uint64_t recorded = 0;
+  if (auto text = storage_->ReadSmallFile(dir + "/" + std::string(kLatestFile)); text.ok()) {
+    recorded = std::strtoull(text->c_str(), nullptr, 10);
+  }
+  if (recorded != newest) {
+    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job,
+                 recorded, newest);
+    if (newest == 0) {
+      if (Status s = storage_->Remove(dir + "/" + std::string(kLatestFile)); !s.ok()) return s;
+    } else if (Status s = WriteLatest(job, newest); !s.ok()) {
+      return s;
+    }
+  }
+  if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
+  std::lock_guard lock(mu_);
+  latest_[job] = newest;
+  return Status::Ok();
+}
+
+std::uint64_t Catalog::ScanLatest(const std::string& job) {
+  std::uint64_t newest = 0;
+  auto names = storage_->List(JobDir(job));
+  if (!names.ok()) return 0;
+  for (const auto& name : names.value()) {
+    auto v = ParseVersionDirName(name);
+    if (v && *v > newest && storage_->Exists(JobDir(job) + "/" + name + "/" + std::string(kCommittedMarker))) {
+      newest = *v;
+    }
+  }
+  return newest;
+}
+
+Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
+  return storage_->WriteFileAtomic(JobDir(job) + "/" + std::string(kLatestFile),
+                                   std::to_string(version) + "\n");
+}
+
+Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version) {
+  std::string dir = VersionDir(job, version);
+  if (storage_->Exists(dir)) return Status::Ok();
+  if (Status s = storage_->MakeDirs(dir); !s.ok()) return s;
+  if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
+  return storage_->SyncDir(root_);
+}
+
+Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
+                                 std::uint32_t world_size, bool* committed) {
+  std::lock_guard lock(mu_);
+  *committed = false;
+  std::string dir = VersionDir(job, version);
+  std::string marker = dir + "/" + std::string(kCommittedMarker);
+  if (storage_->Exists(marker)) {
+    *committed = true;
+    return Status::Ok();
+  }
+  for (std::uint32_t r = 0; r < world_size; ++r) {
+    if (!storage_->Exists(dir + "/" + ShardFileName(r))) return Status::Ok();
+  }
+  std::string content = "{\"job\":\"" + job + "\",\"version\":" + std::to_string(version) +
+                        ",\"world_size\":" + std::to_string(world_size) +
+                        ",\"committed_at\":" + std::to_string(std::time(nullptr)) + "}\n";
+  if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) return s;
+  *committed = true;
+  auto it = latest_.find(job);
+  std::uint64_t current = it != latest_.end() ? it->second : ScanLatest(job);
+  if (version >= current) {
+    if (Status s = WriteLatest(job, version); !s.ok()) return s;
+    latest_[job] = version;
+  }
+  return Status::Ok();
+}
+
+std::uint64_t Catalog::Latest(const std::string& job) {
+  std::lock_guard lock(mu_);
+  auto it = latest_.find(job);
+  if (it != latest_.end()) return it->second;
+  std::uint64_t v = ScanLatest(job);
+  latest_[job] = v;
+  return v;
+}
+
+bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
+  return storage_->Exists(VersionDir(job, version) + "/" + std::string(kCommittedMarker));
+}
+
+Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
+  std::vector<VersionEntry> out;
+  auto names = storage_->List(JobDir(job));
+  if (!names.ok()) {
+    if (names.status().code() == StatusCode::kNotFound) return out;
+    return names.status();
+  }
+  for (const auto& name : names.value()) {
+    auto v = ParseVersionDirName(name);
+    if (!v) continue;
+    VersionEntry e;
+    e.version = *v;
+    auto files = storage_->List(JobDir(job) + "/" + name);
+    if (!files.ok()) continue;
+    for (const auto& f : files.value()) {
+      if (f == kCommittedMarker) e.committed = true;
+      if (auto r = ParseShardFileName(f)) e.ranks.push_back(*r);
+    }
+    std::sort(e.ranks.begin(), e.ranks.end());
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.version < b.version; });
+  return out;
+}
+
+Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t version) {
+  auto versions = List(job);
+  if (!versions.ok()) return versions.status();
+  std::lock_guard lock(mu_);
+  std::string aside = JobDir(job) + "/" + std::string(kSetAsideDir);
+  int moved = 0;
+  for (const auto& e : versions.value()) {
+    if (e.version <= version) continue;
+    if (moved == 0) {
+      if (Status s = storage_->MakeDirs(aside); !s.ok()) return s;
+    }
+    std::string target = aside + "/" + VersionDirName(e.version);
+    for (int n = 1; storage_->Exists(target); ++n) {
+      target = aside + "/" + VersionDirName(e.version) + "." + std::to_string(n);
+    }
+    if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) return s;
+    ++moved;
+  }
+  if (moved > 0) {
+    if (Status s = storage_->SyncDir(aside); !s.ok()) return s;
+    if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
+    if (Status s = WriteLatest(job, version); !s.ok()) return s;
+    latest_[job] = version;
+  }
+  return moved;
+}
+
+}  // namespace ckpt

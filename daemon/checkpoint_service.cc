@@ -1,0 +1,658 @@
+#include "daemon/checkpoint_service.h"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "common/names.h"
+#include "format/paths.h"
+
+namespace ckpt {
+
+namespace {
+
+constexpr std::size_t kRecentShards = 64;
+constexpr std::size_t kRecentErrors = 32;
+constexpr std::size_t kVersionsKeptPerSession = 16;
+constexpr std::uint32_t kMaxWorldSize = 1u << 20;
+
+grpc::Status ToGrpc(const ckpt::Status& s) {
+  using grpc::StatusCode;
+  StatusCode code = StatusCode::UNKNOWN;
+  switch (s.code()) {
+    case ckpt::StatusCode::kOk: return grpc::Status::OK;
+    case ckpt::StatusCode::kInvalidArgument: code = StatusCode::INVALID_ARGUMENT; break;
+    case ckpt::StatusCode::kNotFound: code = StatusCode::NOT_FOUND; break;
+    case ckpt::StatusCode::kAlreadyExists: code = StatusCode::ALREADY_EXISTS; break;
+    case ckpt::StatusCode::kFailedPrecondition: code = StatusCode::FAILED_PRECONDITION; break;
+    case ckpt::StatusCode::kDataLoss: code = StatusCode::DATA_LOSS; break;
+    case ckpt::StatusCode::kResourceExhausted: code = StatusCode::RESOURCE_EXHAUSTED; break;
+    case ckpt::StatusCode::kPermissionDenied: code = StatusCode::PERMISSION_DENIED; break;
+    case ckpt::StatusCode::kDeadlineExceeded: code = StatusCode::DEADLINE_EXCEEDED; break;
+    case ckpt::StatusCode::kIoError: code = StatusCode::UNKNOWN; break;
+    case ckpt::StatusCode::kInternal: code = StatusCode::INTERNAL; break;
+  }
+  return grpc::Status(code, s.message());
+}
+
+v1::Level ToProto(ShardLevel l) {
+  switch (l) {
+    case ShardLevel::kCopying: return v1::LEVEL_UNSPECIFIED;
+    case ShardLevel::kCaptured: return v1::LEVEL_CAPTURED;
+    case ShardLevel::kDurable: return v1::LEVEL_DURABLE;
+    case ShardLevel::kCommitted: return v1::LEVEL_COMMITTED;
+  }
+  return v1::LEVEL_UNSPECIFIED;
+}
+
+std::string NewSessionId() {
+  static std::mutex mu;
+  static std::random_device rd;
+  static std::mt19937_64 gen(rd());
+  std::lock_guard lock(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(gen()),
+                static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+bool PidfdExited(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
+struct CheckpointService::Session {
+  std::string id;
+  std::string job;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  PeerCredentials peer;
+  UniqueFd pidfd;
+  std::shared_ptr<ImportedRegion> table;
+  std::uint64_t table_generation = 0;
+  std::vector<TableItem> items;
+  std::vector<std::shared_ptr<ImportedRegion>> item_regions;  // parallel to items
+  std::uint64_t tensor_bytes = 0;
+
+  std::mutex mu;  // serialises this session's calls that change its state (below)
+  std::uint64_t last_version = 0;
+  std::map<std::uint64_t, std::shared_ptr<ShardJob>> shards;
+  std::set<std::uint64_t> unreported_failures;
+  std::atomic<bool> open{true};
+};
+
+Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
+    const Config& config, std::shared_ptr<Storage> storage, std::unique_ptr<RegionImporter> importer,
+    const PeerRegistry* peers) {
+  std::unique_ptr<CheckpointService> svc(new CheckpointService(config));
+  svc->storage_ = std::move(storage);
+  svc->importer_ = std::move(importer);
+  svc->peers_ = peers;
+  svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root);
+  if (ckpt::Status s = svc->catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config.root);
+  bool direct_ok = svc->storage_->SupportsDirectIo(config.root);
+  switch (config.direct_io) {
+    case DirectIoMode::kOn:
+      if (!direct_ok) return FailedPrecondition(config.root + " does not accept O_DIRECT writes (--direct-io on)");
+      svc->direct_io_ = true;
+      break;
+    case DirectIoMode::kOff: svc->direct_io_ = false; break;
+    case DirectIoMode::kAuto: svc->direct_io_ = direct_ok; break;
+  }
+  auto pool = HostPool::Create(config.pool_bytes(), config.chunk_bytes());
+  if (!pool.ok()) return pool.status();
+  svc->pool_ = std::move(pool).value();
+  CheckpointService* self = svc.get();
+  svc->flush_ = std::make_unique<FlushEngine>(
+      svc->storage_, *svc->pool_, config.writers,
+      [self](const std::shared_ptr<ShardJob>& s) { self->OnDurable(s); },
+      [self](const std::shared_ptr<ShardJob>& s) { self->OnFailed(s); });
+  svc->snapshot_ = std::make_unique<SnapshotEngine>(*svc->pool_, *svc->flush_, config.copiers);
+  svc->restore_ = std::make_unique<RestoreEngine>(svc->storage_, *svc->pool_, config.writers);
+  svc->reaper_ = std::thread([self] { self->ReapLoop(); });
+  spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks, {} writers, {} copiers", config.root,
+               svc->direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync", config.pool_mib,
+               config.chunk_mib, config.writers, config.copiers);
+  return svc;
+}
+
+CheckpointService::~CheckpointService() { Shutdown(); }
+
+void CheckpointService::Shutdown() {
+  {
+    std::lock_guard lock(reap_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  reap_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  snapshot_->Stop();
+  flush_->Stop();
+  pool_->Shutdown();
+}
+
+ckpt::Status CheckpointService::CheckPeer(grpc::ServerContext* ctx, PeerCredentials* peer) const {
+  if (peers_ == nullptr) {  // in-process use (tests of the service alone)
+    *peer = PeerCredentials{::getpid(), ::geteuid(), ::getegid()};
+    return ckpt::Status::Ok();
+  }
+  auto creds = peers_->Lookup(ctx->peer());
+  if (!creds) return PermissionDenied("cannot identify the peer " + ctx->peer());
+  uid_t self = ::geteuid();
+  if (creds->uid != self &&
+      std::find(config_.allow_uids.begin(), config_.allow_uids.end(), creds->uid) == config_.allow_uids.end()) {
+    return PermissionDenied("peer uid " + std::to_string(creds->uid) + " (pid " + std::to_string(creds->pid) +
+                            ") is not allowed: this daemon serves uid " + std::to_string(self) +
+                            " (add --allow-uid " + std::to_string(creds->uid) + " to serve it)");
+  }
+  *peer = *creds;
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status CheckpointService::FindSession(grpc::ServerContext* ctx, const std::string& id,
+                                            std::shared_ptr<Session>* out) {
+  PeerCredentials peer;
+  if (ckpt::Status s = CheckPeer(ctx, &peer); !s.ok()) return s;
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || !it->second->open) {
+    return NotFound("unknown or closed session '" + id.substr(0, 64) + "' (register first)");
+  }
+  if (it->second->peer.uid != peer.uid) {
+    return PermissionDenied("session belongs to another uid");
+  }
+  *out = it->second;
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status CheckpointService::LoadTable(Session& s) {
+  auto size = s.table->CurrentSize();
+  if (!size.ok()) return size.status();
+  auto read = [&](std::uint64_t off, void* dst, std::size_t len) { return s.table->ReadAt(off, dst, len); };
+  std::uint64_t generation = 0;
+  auto items = ReadDescriptorTable(read, size.value(), &generation);
+  if (!items.ok()) return items.status();
+  std::map<std::string, std::shared_ptr<ImportedRegion>> regions;
+  for (std::size_t i = 0; i < s.items.size(); ++i) regions[s.items[i].region] = s.item_regions[i];
+  std::map<std::string, std::uint64_t> needed;  // region -> bytes its items need
+  std::set<std::string> names;
+  std::uint64_t total = 0;
+  for (const auto& it : items.value()) {
+    if (std::string err = CheckItemName(it.name); !err.empty()) return InvalidArgument(err);
+    if (!names.insert(it.name).second) return AlreadyExists("duplicate item name " + QuoteName(it.name));
+    if (it.offset > UINT64_MAX - it.length) {
+      return InvalidArgument("item " + QuoteName(it.name) + ": offset + length overflows");
+    }
+    std::uint64_t& need = needed[it.region];
+    need = std::max(need, it.offset + it.length);
+    total += it.length;
+  }
+  std::map<std::string, std::shared_ptr<ImportedRegion>> fresh;
+  for (const auto& [name, need] : needed) {
+    std::shared_ptr<ImportedRegion> region;
+    if (auto found = regions.find(name); found != regions.end()) {
+      region = found->second;
+    } else {
+      auto imported = importer_->Import(name, s.peer.uid, 0);
+      if (!imported.ok()) return imported.status();
+      region = std::move(imported).value();
+    }
+    auto cur = region->CurrentSize();
+    if (!cur.ok()) return cur.status();
+    if (cur.value() < need) {
+      for (const auto& it : items.value()) {
+        if (it.region == name && it.offset + it.length > cur.value()) {
+          return InvalidArgument("item " + QuoteName(it.name) + " needs bytes [" + std::to_string(it.offset) +
+                                 ", " + std::to_string(it.offset + it.length) + ") of region " + name +
+                                 ", which is only " + std::to_string(cur.value()) + " bytes");
+        }
+      }
+    }
+    fresh[name] = std::move(region);
+  }
+  s.items = std::move(items).value();
+  s.item_regions.clear();
+  for (const auto& it : s.items) s.item_regions.push_back(fresh.at(it.region));
+  s.tensor_bytes = total;
+  s.table_generation = generation;
+  return ckpt::Status::Ok();
+}
+
+grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                                         v1::RegisterReply* reply) {
+  PeerCredentials peer;
+  if (ckpt::Status s = CheckPeer(ctx, &peer); !s.ok()) return ToGrpc(s);
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (req->world_size() == 0 || req->world_size() > kMaxWorldSize) {
+    return ToGrpc(InvalidArgument("world size " + std::to_string(req->world_size()) + " is not in [1, " +
+                                  std::to_string(kMaxWorldSize) + "]"));
+  }
+  if (req->rank() >= req->world_size()) {
+    return ToGrpc(InvalidArgument("rank " + std::to_string(req->rank()) + " is outside world size " +
+                                  std::to_string(req->world_size())));
+  }
+  auto session = std::make_shared<Session>();
+  session->id = NewSessionId();
+  session->job = req->job();
+  session->rank = req->rank();
+  session->world_size = req->world_size();
+  session->peer = peer;
+  session->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0)));
+  auto table = importer_->Import(req->descriptor_table(), peer.uid, sizeof(TableHeader));
+  if (!table.ok()) return ToGrpc(table.status().With("descriptor table"));
+  session->table = std::move(table).value();
+  if (ckpt::Status s = LoadTable(*session); !s.ok()) return ToGrpc(s);
+  {
+    // The job directory exists (durably) before any shard is written into it.
+    std::string job_dir = catalog_->JobDir(session->job);
+    if (ckpt::Status s = storage_->MakeDirs(job_dir); !s.ok()) return ToGrpc(s);
+    if (ckpt::Status s = storage_->SyncDir(config_.root); !s.ok()) return ToGrpc(s);
+  }
+
+  std::shared_ptr<Session> replaced;
+  {
+    std::lock_guard lock(mu_);
+    auto key = std::make_pair(session->job, session->rank);
+    if (auto it = rank_owner_.find(key); it != rank_owner_.end()) {
+      auto old = sessions_.at(it->second);
+      if (!PidfdExited(old->pidfd.get())) {
+        return ToGrpc(AlreadyExists("rank " + std::to_string(session->rank) + " of job '" + session->job +
+                                    "' is already registered by pid " + std::to_string(old->peer.pid) +
+                                    ", which is still running"));
+      }
+      replaced = old;
+    }
+    sessions_[session->id] = session;
+    rank_owner_[key] = session->id;
+  }
+  if (replaced) CloseSession(replaced, /*trainer_gone=*/true);
+  reply->set_session(session->id);
+  reply->set_item_count(static_cast<std::uint32_t>(session->items.size()));
+  reply->set_tensor_bytes(session->tensor_bytes);
+  reply->set_latest_committed(catalog_->Latest(session->job));
+  spdlog::info("registered job {} rank {}/{} pid {}: {} items, {} bytes", session->job, session->rank,
+               session->world_size, peer.pid, session->items.size(), session->tensor_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
+                                         v1::SnapshotReply* reply) {
+  std::shared_ptr<Session> s;
+  if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
+  std::lock_guard lock(s->mu);
+  if (!s->unreported_failures.empty()) {
+    std::uint64_t v = *s->unreported_failures.begin();
+    s->unreported_failures.erase(s->unreported_failures.begin());
+    ckpt::Status err = s->shards.count(v) ? s->shards[v]->error() : Internal("unknown failure");
+    return ToGrpc(ckpt::Status(err.code(), "version " + std::to_string(v) + " failed: " + err.message() +
+                                               " (reported now; this snapshot of version " +
+                                               std::to_string(req->version()) + " was not taken)"));
+  }
+  const std::uint64_t v = req->version();
+  if (v == 0) return ToGrpc(InvalidArgument("version must be at least 1"));
+  if (v <= s->last_version) {
+    return ToGrpc(FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
+                                     std::to_string(s->last_version) +
+                                     ", the last version this registration snapshotted or restored"));
+  }
+  std::uint64_t latest = catalog_->Latest(s->job);
+  if (v <= latest) {
+    return ToGrpc(FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
+                                     std::to_string(latest) + ", the newest committed version of job '" +
+                                     s->job + "' (restore an older version first to roll back)"));
+  }
+  auto gen = ReadTableGeneration(
+      [&](std::uint64_t off, void* dst, std::size_t len) { return s->table->ReadAt(off, dst, len); });
+  if (!gen.ok()) return ToGrpc(gen.status());
+  if (gen.value() != req->table_generation()) {
+    return ToGrpc(FailedPrecondition("descriptor table is at generation " + std::to_string(gen.value()) +
+                                     " but the client validated generation " +
+                                     std::to_string(req->table_generation()) + "; register again"));
+  }
+  if (gen.value() != s->table_generation) {
+    if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st.With("re-reading descriptor table"));
+  }
+
+  std::vector<ShardItem> items;
+  std::vector<ItemSource> sources;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < s->items.size(); ++i) {
+    const TableItem& t = s->items[i];
+    ShardItem item;
+    item.name = t.name;
+    item.kind = ItemKind::kTensor;
+    item.dtype = t.dtype;
+    item.shape = t.shape;
+    item.length = t.length;
+    items.push_back(std::move(item));
+    sources.push_back(ItemSource{s->item_regions[i], t.offset, nullptr});
+    names.insert(t.name);
+  }
+  std::uint64_t blob_bytes = 0;
+  for (const auto& b : req->blobs()) {
+    if (std::string err = CheckItemName(b.name()); !err.empty()) return ToGrpc(InvalidArgument("blob: " + err));
+    if (!names.insert(b.name()).second) {
+      return ToGrpc(AlreadyExists("blob name " + QuoteName(b.name()) + " is already used by another item"));
+    }
+    blob_bytes += b.data().size();
+    ShardItem item;
+    item.name = b.name();
+    item.kind = ItemKind::kBlob;
+    item.dtype = DType::kU8;
+    item.shape = {static_cast<std::int64_t>(b.data().size())};
+    item.length = b.data().size();
+    items.push_back(std::move(item));
+    sources.push_back(ItemSource{nullptr, 0, std::make_shared<const std::string>(b.data())});
+  }
+  if (blob_bytes > (config_.max_blob_mib << 20)) {
+    return ToGrpc(ResourceExhausted("blobs total " + std::to_string(blob_bytes) + " bytes, over --max-blob-mib " +
+                                    std::to_string(config_.max_blob_mib)));
+  }
+  ShardMeta meta{s->job, v, s->rank, s->world_size};
+  auto layout = ShardLayout::Plan(meta, std::move(items));
+  if (!layout.ok()) return ToGrpc(layout.status());
+  reply->set_shard_bytes(layout->file_bytes());
+  auto shard = std::make_shared<ShardJob>(std::move(layout).value(), std::move(sources),
+                                          catalog_->VersionDir(s->job, v), direct_io_);
+  s->last_version = v;
+  s->shards[v] = shard;
+  while (s->shards.size() > kVersionsKeptPerSession) {
+    auto oldest = s->shards.begin();
+    if (oldest->second->level() < ShardLevel::kDurable && !oldest->second->failed()) break;
+    s->shards.erase(oldest);
+  }
+  {
+    std::lock_guard glock(mu_);
+    auto& list = by_version_[{s->job, v}];
+    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
+    list.push_back(shard);
+    recent_.push_back(shard);
+    while (recent_.size() > kRecentShards) recent_.pop_front();
+  }
+  snapshot_->Enqueue(std::move(shard));
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitReply* reply) {
+  std::shared_ptr<Session> s;
+  if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
+  ShardLevel want;
+  switch (req->level()) {
+    case v1::LEVEL_CAPTURED: want = ShardLevel::kCaptured; break;
+    case v1::LEVEL_DURABLE: want = ShardLevel::kDurable; break;
+    case v1::LEVEL_COMMITTED: want = ShardLevel::kCommitted; break;
+    default: return ToGrpc(InvalidArgument("wait needs a level: captured, durable or committed"));
+  }
+  std::shared_ptr<ShardJob> shard;
+  {
+    std::lock_guard lock(s->mu);
+    auto it = s->shards.find(req->version());
+    if (it == s->shards.end()) {
+      return ToGrpc(NotFound("version " + std::to_string(req->version()) +
+                             " was not snapshotted by this session (or is too old to wait for)"));
+    }
+    shard = it->second;
+  }
+  auto deadline = req->timeout_ms() == 0 ? std::chrono::steady_clock::time_point::max()
+                                         : std::chrono::steady_clock::now() + std::chrono::milliseconds(req->timeout_ms());
+  ckpt::Status st;
+  // Waits in slices so a client that goes away frees the thread.
+  for (;;) {
+    auto slice = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+    st = shard->WaitFor(want, slice);
+    if (st.code() != ckpt::StatusCode::kDeadlineExceeded || slice == deadline) break;
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+  if (!st.ok()) {
+    if (shard->failed()) {
+      std::lock_guard lock(s->mu);
+      s->unreported_failures.erase(req->version());
+      st = st.With("version " + std::to_string(req->version()) + " failed");
+    }
+    return ToGrpc(st);
+  }
+  reply->set_reached(ToProto(shard->level()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
+                                        v1::RestoreReply* reply) {
+  std::shared_ptr<Session> s;
+  if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
+  std::lock_guard lock(s->mu);
+  for (const auto& [v, shard] : s->shards) {
+    if (shard->level() < ShardLevel::kCaptured && !shard->failed()) {
+      return ToGrpc(FailedPrecondition("version " + std::to_string(v) +
+                                       " is still being captured from this trainer's memory; "
+                                       "wait for it before restoring"));
+    }
+  }
+  std::uint64_t latest = catalog_->Latest(s->job);
+  std::uint64_t v = req->version() == 0 ? latest : req->version();
+  if (v == 0) {
+    return ToGrpc(NotFound("job '" + s->job + "' has no committed version under " + config_.root));
+  }
+  if (!catalog_->IsCommitted(s->job, v)) {
+    return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + s->job + "' is not committed" +
+                           (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));
+  }
+  std::string path = catalog_->ShardPath(s->job, v, s->rank);
+  auto info = ReadShardHeader(path);
+  if (!info.ok()) return ToGrpc(info.status());
+  if (info->meta.world_size != s->world_size || info->meta.rank != s->rank || info->meta.job != s->job) {
+    return ToGrpc(FailedPrecondition("shard " + path + " was written by rank " + std::to_string(info->meta.rank) +
+                                     " of " + std::to_string(info->meta.world_size) + " (job '" + info->meta.job +
+                                     "'), not rank " + std::to_string(s->rank) + " of " +
+                                     std::to_string(s->world_size)));
+  }
+  std::vector<RestoreTarget> targets;
+  for (std::size_t i = 0; i < s->items.size(); ++i) {
+    const TableItem& t = s->items[i];
+    RestoreTarget target;
+    target.item.name = t.name;
+    target.item.dtype = t.dtype;
+    target.item.shape = t.shape;
+    target.item.length = t.length;
+    target.region = s->item_regions[i];
+    target.region_offset = t.offset;
+    targets.push_back(std::move(target));
+  }
+  auto restored = restore_->Restore(path, targets, direct_io_);
+  if (!restored.ok()) return ToGrpc(restored.status().With("restore version " + std::to_string(v)));
+  bytes_read_total_ += restored->bytes_read;
+  if (v < latest) {
+    auto moved = catalog_->SetAsideNewerThan(s->job, v);
+    if (!moved.ok()) return ToGrpc(moved.status().With("set aside versions newer than " + std::to_string(v)));
+    spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s->job, v, moved.value());
+  }
+  s->last_version = v;
+  reply->set_version(v);
+  reply->set_tensor_bytes(restored->tensor_bytes);
+  for (auto& [name, data] : restored->blobs) {
+    auto* b = reply->add_blobs();
+    b->set_name(name);
+    b->set_data(std::move(data));
+  }
+  spdlog::info("job {} rank {}: restored version {} ({} bytes)", s->job, s->rank, v, restored->bytes_read);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListRequest* req, v1::ListReply* reply) {
+  PeerCredentials peer;
+  if (ckpt::Status st = CheckPeer(ctx, &peer); !st.ok()) return ToGrpc(st);
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  auto versions = catalog_->List(req->job());
+  if (!versions.ok()) return ToGrpc(versions.status());
+  for (const auto& e : versions.value()) {
+    auto* v = reply->add_versions();
+    v->set_version(e.version);
+    v->set_committed(e.committed);
+    for (auto r : e.ranks) v->add_durable_ranks(r);
+  }
+  reply->set_latest(catalog_->Latest(req->job()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*, v1::StatusReply* reply) {
+  PeerCredentials peer;
+  if (ckpt::Status st = CheckPeer(ctx, &peer); !st.ok()) return ToGrpc(st);
+  reply->set_daemon_version(CKPTD_VERSION);
+  reply->set_pid(::getpid());
+  reply->set_uptime_s(static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_).count()));
+  reply->set_root(config_.root);
+  reply->set_direct_io(direct_io_);
+  reply->set_pool_bytes(pool_->pool_bytes());
+  reply->set_pool_used_bytes(pool_->used_bytes());
+  reply->set_chunk_bytes(pool_->chunk_bytes());
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<ShardJob>> shards;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, sess] : sessions_) sessions.push_back(sess);
+    shards.assign(recent_.begin(), recent_.end());
+    for (const auto& e : errors_) reply->add_errors(e);
+  }
+  for (const auto& sess : sessions) {
+    auto* c = reply->add_clients();
+    c->set_session(sess->id);
+    c->set_job(sess->job);
+    c->set_rank(sess->rank);
+    c->set_world_size(sess->world_size);
+    c->set_pid(sess->peer.pid);
+    c->set_items(static_cast<std::uint32_t>(sess->items.size()));
+    c->set_tensor_bytes(sess->tensor_bytes);
+    c->set_alive(!PidfdExited(sess->pidfd.get()));
+    std::unique_lock lock(sess->mu, std::try_to_lock);  // never block status on a busy session
+    c->set_last_version(lock.owns_lock() ? sess->last_version : 0);
+  }
+  std::uint64_t copied = copied_done_total_, written = written_done_total_;
+  for (const auto& shard : shards) {
+    auto* sh = reply->add_shards();
+    sh->set_job(shard->meta().job);
+    sh->set_rank(shard->meta().rank);
+    sh->set_version(shard->meta().version);
+    sh->set_total_bytes(shard->layout().data_bytes());
+    sh->set_copied_bytes(shard->copied_bytes.load());
+    sh->set_written_bytes(shard->written_bytes.load());
+    sh->set_level(ToProto(shard->level()));
+    if (shard->failed()) sh->set_error(shard->error().message());
+    ShardLevel l = shard->level();
+    if (l < ShardLevel::kDurable && !shard->failed()) {
+      copied += shard->copied_bytes.load();
+      written += shard->written_bytes.load();
+    }
+  }
+  reply->set_bytes_copied_total(copied);
+  reply->set_bytes_written_total(written);
+  reply->set_bytes_read_total(bytes_read_total_);
+  reply->set_versions_committed(committed_total_);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
+                                           v1::UnregisterReply*) {
+  std::shared_ptr<Session> s;
+  if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
+  CloseSession(s, /*trainer_gone=*/false);
+  return grpc::Status::OK;
+}
+
+void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool trainer_gone) {
+  if (!s->open.exchange(false)) return;
+  {
+    std::lock_guard lock(mu_);
+    sessions_.erase(s->id);
+    auto key = std::make_pair(s->job, s->rank);
+    if (auto it = rank_owner_.find(key); it != rank_owner_.end() && it->second == s->id) rank_owner_.erase(it);
+  }
+  if (trainer_gone) {
+    // The trainer cannot clean up its shared memory any more; in-flight copies keep
+    // their descriptors, so removing the names loses nothing.
+    for (const auto& r : s->item_regions) r->UnlinkIfOrphaned();
+    s->table->UnlinkIfOrphaned();
+    spdlog::info("job {} rank {}: trainer pid {} exited; session closed", s->job, s->rank, s->peer.pid);
+  } else {
+    spdlog::info("job {} rank {}: unregistered", s->job, s->rank);
+  }
+}
+
+void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
+  copied_done_total_ += shard->copied_bytes.load();
+  written_done_total_ += shard->written_bytes.load();
+  const ShardMeta& m = shard->meta();
+  bool committed = false;
+  ckpt::Status st = catalog_->CommitIfComplete(m.job, m.version, m.world_size, &committed);
+  if (!st.ok()) {
+    RecordError("job " + m.job + " version " + std::to_string(m.version) + ": commit failed: " + st.message());
+  }
+  if (!committed && st.ok()) return;
+  std::vector<std::shared_ptr<ShardJob>> peers;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_version_.find({m.job, m.version});
+    if (it != by_version_.end()) {
+      for (const auto& w : it->second) {
+        if (auto p = w.lock()) peers.push_back(std::move(p));
+      }
+      by_version_.erase(it);
+    }
+  }
+  if (committed) {
+    ++committed_total_;
+    spdlog::info("job {}: version {} committed ({} ranks)", m.job, m.version, m.world_size);
+    for (const auto& p : peers) p->Reach(ShardLevel::kCommitted);
+  } else {
+    for (const auto& p : peers) p->Fail(st.With("commit"));
+  }
+}
+
+void CheckpointService::OnFailed(const std::shared_ptr<ShardJob>& shard) {
+  const ShardMeta& m = shard->meta();
+  RecordError("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
+              ": " + shard->error().message());
+  std::shared_ptr<Session> owner;
+  {
+    std::lock_guard lock(mu_);
+    auto it = rank_owner_.find({m.job, m.rank});
+    if (it != rank_owner_.end()) owner = sessions_.at(it->second);
+  }
+  if (owner) {
+    std::lock_guard lock(owner->mu);
+    if (auto it = owner->shards.find(m.version); it != owner->shards.end() && it->second == shard) {
+      owner->unreported_failures.insert(m.version);
+    }
+  }
+}
+
+void CheckpointService::RecordError(const std::string& message) {
+  spdlog::error("{}", message);
+  std::lock_guard lock(mu_);
+  errors_.push_back(message);
+  while (errors_.size() > kRecentErrors) errors_.pop_front();
+}
+
+void CheckpointService::ReapLoop() {
+  std::unique_lock lock(reap_mu_);
+  while (!stopping_) {
+    reap_cv_.wait_for(lock, std::chrono::milliseconds(250));
+    std::vector<std::shared_ptr<Session>> gone;
+    {
+      std::lock_guard glock(mu_);
+      for (const auto& [id, s] : sessions_) {
+        if (PidfdExited(s->pidfd.get())) gone.push_back(s);
+      }
+    }
+    for (const auto& s : gone) CloseSession(s, /*trainer_gone=*/true);
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,58 @@
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+
+#include "common/socket_path.h"
+
+namespace ckpt {
+
+std::string DefaultSocketPath() { return DefaultClientSocketPath(); }
+
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
+  Config c;
+  c.socket_path = DefaultSocketPath();
+  CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
+  app.set_config("--config", "", "Read options from this file (key = value, same names as flags)");
+  app.add_option("--socket", c.socket_path, "Unix socket to serve on")->capture_default_str();
+  app.add_option("--socket-mode", c.socket_mode, "Permission bits of the socket (octal as decimal)")
+      ->capture_default_str();
+  app.add_option("--root", c.root, "Checkpoint root directory")->capture_default_str();
+  app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
+      ->check(CLI::Range(16, 1 << 22))->capture_default_str();
+  app.add_option("--chunk-mib", c.chunk_mib, "Pool chunk size in MiB")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--writers", c.writers, "Writer threads (writes in flight)")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--copiers", c.copiers, "Copy threads")->check(CLI::Range(1, 64))->capture_default_str();
+  std::map<std::string, DirectIoMode> modes{
+      {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
+  app.add_option("--direct-io", c.direct_io, "O_DIRECT writes: auto, on or off")
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))->default_str("auto");
+  app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
+  app.add_option("--max-blob-mib", c.max_blob_mib, "Largest blob total per snapshot in MiB")
+      ->capture_default_str();
+  app.add_option("--log-level", c.log_level, "trace, debug, info, warn or error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))->capture_default_str();
+  app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app.exit(e);
+    return std::nullopt;
+  }
+  if (c.chunk_mib * 4 > c.pool_mib) {
+    std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of "
+              << c.chunk_mib << " MiB\n";
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  *exit_code = 0;
+  return c;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,55 @@
+// Config: everything ckptd can be told, with its defaults. ParseConfig is the one place
+// that reads flags and the optional config file (INI/TOML key = value, same names as the
+// long flags without dashes; flags win over the file).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+enum class DirectIoMode { kAuto, kOn, kOff };
+
+struct Config {
+  // Unix socket path. Default: $XDG_RUNTIME_DIR/ckptd.sock, else /tmp/ckptd-$UID/ckptd.sock.
+  std::string socket_path;
+  // Permission bits of the socket file. The directory the daemon creates is always 0700.
+  std::uint32_t socket_mode = 0600;
+  // Checkpoint root directory; created if missing.
+  std::string root = "/var/lib/ckptd";
+  // Host pool size: the daemon's memory for data in flight, allocated once at start.
+  std::uint64_t pool_mib = 1024;
+  // Pool chunk size: the unit of copy and of write.
+  std::uint64_t chunk_mib = 16;
+  // Threads writing chunks to storage (writes in flight).
+  std::uint32_t writers = 4;
+  // Threads copying from trainer memory (shards captured in parallel).
+  std::uint32_t copiers = 2;
+  // O_DIRECT use: auto probes each directory, on requires it, off never uses it.
+  DirectIoMode direct_io = DirectIoMode::kAuto;
+  // Peers allowed besides the daemon's own uid (SO_PEERCRED check).
+  std::vector<uid_t> allow_uids;
+  // Largest total of blob bytes one snapshot may carry.
+  std::uint64_t max_blob_mib = 256;
+  // trace, debug, info, warn, error.
+  std::string log_level = "info";
+  // If >= 0, write "ready\n" to this fd once serving, then close it (for tests and
+  // launchers). systemd's NOTIFY_SOCKET is honoured independently.
+  int ready_fd = -1;
+
+  std::uint64_t pool_bytes() const { return pool_mib << 20; }
+  std::uint64_t chunk_bytes() const { return chunk_mib << 20; }
+};
+
+// The default socket path for the current user (also used by the client and ckptctl).
+std::string DefaultSocketPath();
+
+// Parses argv. On --help or a bad flag prints to stdout/stderr and returns nullopt with
+// *exit_code set (0 for --help, 2 for errors).
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code);
+
+}  // namespace ckpt

@@ -1,0 +1,125 @@
+#include "daemon/flush_engine.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "format/paths.h"
+
+namespace ckpt {
+namespace {
+
+std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+FlushEngine::FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
+                         ShardCallback on_durable, ShardCallback on_failed)
+    : storage_(std::move(storage)), pool_(pool), on_durable_(std::move(on_durable)),
+      on_failed_(std::move(on_failed)) {
+  for (unsigned i = 0; i < writers; ++i) threads_.emplace_back([this] { WriterLoop(); });
+}
+
+FlushEngine::~FlushEngine() { Stop(); }
+
+void FlushEngine::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+Status FlushEngine::Open(ShardJob& shard) {
+  // The version's directory is made here, on a copy thread, not in the Snapshot call: the
+  // call must return at once. Publish() makes its entry durable.
+  if (Status s = storage_->MakeDirs(shard.dir()); !s.ok()) return s;
+  auto fd = storage_->CreateFile(shard.tmp_path(), shard.direct_io());
+  if (!fd.ok()) return fd.status();
+  shard.file() = std::move(fd).value();
+  return Status::Ok();
+}
+
+void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
+                         std::uint64_t file_offset, std::size_t len) {
+  shard->AddPendingWrite();
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(Task{std::move(shard), chunk, file_offset, len});
+  }
+  queued_.notify_one();
+}
+
+void FlushEngine::CopyFinished(const std::shared_ptr<ShardJob>& shard) {
+  if (shard->CopyDone()) Finish(shard);
+}
+
+void FlushEngine::WriterLoop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock lock(mu_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    ShardJob& shard = *task.shard;
+    if (!shard.failed()) {
+      // With O_DIRECT the tail of the last chunk is written padded to a whole block; the
+      // file is cut to its exact size when the shard is published.
+      std::size_t len = shard.direct_io() ? AlignUp(task.len, kDataAlignment) : task.len;
+      if (len > task.len) std::memset(task.chunk.data + task.len, 0, len - task.len);
+      Status s = storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset,
+                                   shard.tmp_path());
+      if (s.ok()) {
+        shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
+      } else {
+        shard.Fail(s);
+      }
+    }
+    pool_.Release(task.chunk);
+    if (shard.WriteDone()) Finish(task.shard);
+  }
+}
+
+void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
+  if (!shard->failed()) {
+    if (Status s = Publish(*shard); !s.ok()) shard->Fail(s);
+  }
+  if (shard->failed()) {
+    shard->file().reset();
+    storage_->Remove(shard->tmp_path());
+    if (on_failed_) on_failed_(shard);
+    return;
+  }
+  shard->Reach(ShardLevel::kDurable);
+  if (on_durable_) on_durable_(shard);
+}
+
+Status FlushEngine::Publish(ShardJob& shard) {
+  const ShardLayout& layout = shard.layout();
+  std::string header = layout.RenderHeader();
+  // O_DIRECT needs an aligned buffer; the header is a whole number of blocks.
+  void* raw = nullptr;
+  if (::posix_memalign(&raw, kDataAlignment, header.size()) != 0) {
+    return ResourceExhausted("cannot allocate a header buffer");
+  }
+  std::unique_ptr<void, decltype(&std::free)> buf(raw, &std::free);
+  std::memcpy(raw, header.data(), header.size());
+  int fd = shard.file().get();
+  const std::string& what = shard.tmp_path();
+  if (Status s = storage_->WriteAt(fd, raw, header.size(), 0, what); !s.ok()) return s;
+  if (shard.direct_io() && layout.file_bytes() % kDataAlignment != 0) {
+    if (Status s = storage_->Truncate(fd, layout.file_bytes(), what); !s.ok()) return s;
+  }
+  if (Status s = storage_->DataSync(fd, what); !s.ok()) return s;
+  shard.file().reset();
+  if (Status s = storage_->Rename(shard.tmp_path(), shard.final_path()); !s.ok()) return s;
+  if (Status s = storage_->SyncDir(shard.dir()); !s.ok()) return s;
+  return storage_->SyncDir(shard.dir().substr(0, shard.dir().find_last_of('/')));
+}
+
+}  // namespace ckpt

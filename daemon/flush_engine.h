@@ -1,0 +1,69 @@
+// FlushEngine: writes filled pool chunks to their shard files and publishes each shard.
+//
+// In: (shard, chunk, file offset, length) from the snapshot engine, in file order per
+// shard but written by several threads at once (writes in flight). Out: chunks back to
+// the pool; a shard that is complete gets its header (with the checksums), its exact
+// size, fdatasync, rename from .tmp, and an fsync of its directory, then the `durable`
+// callback. A failed write fails the shard, removes its .tmp, and never touches other
+// files. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/host_pool.h"
+#include "daemon/shard_job.h"
+#include "daemon/storage.h"
+
+namespace ckpt {
+
+class FlushEngine {
+ public:
+  using ShardCallback = std::function<void(const std::shared_ptr<ShardJob>&)>;
+
+  // `on_durable` runs (on a writer thread) after a shard is durable; `on_failed` after a
+  // shard failed and its temporary file was removed.
+  FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
+              ShardCallback on_durable, ShardCallback on_failed);
+  ~FlushEngine();
+
+  // Creates the shard's temporary file. Called once per shard before its first Submit.
+  Status Open(ShardJob& shard);
+  // Queues `len` bytes of `chunk` for writing at `file_offset`; the chunk returns to the
+  // pool once written (or dropped because the shard failed).
+  void Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk, std::uint64_t file_offset,
+              std::size_t len);
+  // The snapshot engine is done with `shard` (successfully or not).
+  void CopyFinished(const std::shared_ptr<ShardJob>& shard);
+
+  // Finishes queued writes and stops the threads.
+  void Stop();
+
+ private:
+  struct Task {
+    std::shared_ptr<ShardJob> shard;
+    HostPool::Chunk chunk;
+    std::uint64_t file_offset;
+    std::size_t len;
+  };
+
+  void WriterLoop();
+  void Finish(const std::shared_ptr<ShardJob>& shard);
+  Status Publish(ShardJob& shard);
+
+  std::shared_ptr<Storage> storage_;
+  HostPool& pool_;
+  ShardCallback on_durable_, on_failed_;
+  std::mutex mu_;
+  std::condition_variable queued_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt

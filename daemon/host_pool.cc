@@ -1,0 +1,62 @@
+#include "daemon/host_pool.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+
+namespace ckpt {
+
+Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes) {
+  if (chunk_bytes == 0 || chunk_bytes % 4096 != 0 || pool_bytes < chunk_bytes) {
+    return InvalidArgument("pool of " + std::to_string(pool_bytes) + " bytes cannot hold chunks of " +
+                           std::to_string(chunk_bytes));
+  }
+  std::unique_ptr<HostPool> pool(new HostPool());
+  pool->chunk_bytes_ = chunk_bytes;
+  pool->chunk_count_ = static_cast<std::uint32_t>(pool_bytes / chunk_bytes);
+  std::uint64_t bytes = chunk_bytes * pool->chunk_count_;
+  // MAP_POPULATE faults every page now, so the pool's memory is claimed at start and a
+  // daemon that starts cannot later fail for lack of it.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                   -1, 0);
+  if (p == MAP_FAILED) return IoError("allocate host pool of " + std::to_string(bytes) + " bytes", errno);
+  pool->base_ = static_cast<char*>(p);
+  for (std::uint32_t i = pool->chunk_count_; i-- > 0;) pool->free_.push_back(i);
+  return pool;
+}
+
+HostPool::~HostPool() {
+  if (base_ != nullptr) ::munmap(base_, chunk_bytes_ * chunk_count_);
+}
+
+std::optional<HostPool::Chunk> HostPool::Acquire() {
+  std::unique_lock lock(mu_);
+  freed_.wait(lock, [&] { return shutdown_ || !free_.empty(); });
+  if (shutdown_) return std::nullopt;
+  std::uint32_t i = free_.back();
+  free_.pop_back();
+  return Chunk{i, base_ + std::uint64_t{i} * chunk_bytes_};
+}
+
+void HostPool::Release(const Chunk& chunk) {
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(chunk.index);
+  }
+  freed_.notify_one();
+}
+
+void HostPool::Shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    shutdown_ = true;
+  }
+  freed_.notify_all();
+}
+
+std::uint64_t HostPool::used_bytes() const {
+  std::lock_guard lock(mu_);
+  return (chunk_count_ - free_.size()) * chunk_bytes_;
+}
+
+}  // namespace ckpt

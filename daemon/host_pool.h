@@ -1,0 +1,55 @@
+// HostPool: the daemon's bounded staging memory, allocated and faulted in once at start,
+// cut into equal chunks. Copies take chunks, writes give them back; when every chunk is
+// waiting for storage, Acquire blocks (backpressure), so memory never grows with the size
+// of a checkpoint.
+//
+// Thread-safe. Chunk memory is aligned to 4 KiB (O_DIRECT).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+class HostPool {
+ public:
+  // A chunk on loan; hand it back with Release().
+  struct Chunk {
+    std::uint32_t index = 0;
+    char* data = nullptr;
+  };
+
+  static Result<std::unique_ptr<HostPool>> Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes);
+  ~HostPool();
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  // Blocks until a chunk is free; nullopt once Shutdown() was called.
+  std::optional<Chunk> Acquire();
+  void Release(const Chunk& chunk);
+  // Wakes every waiter; later Acquire calls return nullopt.
+  void Shutdown();
+
+  std::uint64_t chunk_bytes() const { return chunk_bytes_; }
+  std::uint64_t pool_bytes() const { return chunk_bytes_ * chunk_count_; }
+  std::uint64_t used_bytes() const;
+
+ private:
+  HostPool() = default;
+
+  char* base_ = nullptr;
+  std::uint64_t chunk_bytes_ = 0;
+  std::uint32_t chunk_count_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable freed_;
+  std::vector<std::uint32_t> free_;
+  bool shutdown_ = false;
+};
+
+}  // namespace ckpt

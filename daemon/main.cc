@@ -1,0 +1,180 @@
+// ckptd: the node-local checkpoint daemon.
+//
+// Sets up the socket (its directory 0700, the socket itself --socket-mode), accepts
+// connections itself to record each peer's SO_PEERCRED, and hands them to a gRPC server
+// that runs CheckpointService. SIGTERM/SIGINT stop it gracefully: no new calls, in-flight
+// shards finish. Readiness is announced on --ready-fd and to systemd (NOTIFY_SOCKET).
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "common/unique_fd.h"
+#include "daemon/checkpoint_service.h"
+#include "daemon/config.h"
+#include "daemon/peer_registry.h"
+
+namespace ckpt {
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int) {
+  char c = 1;
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+}
+
+// Creates the socket's directory if missing (0700) and refuses one others can write.
+bool PrepareSocketDir(const std::string& socket_path) {
+  std::string dir = socket_path.substr(0, socket_path.find_last_of('/'));
+  if (dir.empty()) return true;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (::mkdir(dir.c_str(), 0700) != 0) {
+      spdlog::critical("cannot create socket directory {}: {}", dir, std::strerror(errno));
+      return false;
+    }
+    return true;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    spdlog::critical("socket directory {} is not a directory", dir);
+    return false;
+  }
+  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+    spdlog::critical("socket directory {} is writable by everyone; refusing to serve there", dir);
+    return false;
+  }
+  return true;
+}
+
+UniqueFd Listen(const Config& config) {
+  sockaddr_un addr{};
+  if (config.socket_path.size() >= sizeof addr.sun_path) {
+    spdlog::critical("socket path {} is too long (max {} bytes)", config.socket_path, sizeof addr.sun_path - 1);
+    return {};
+  }
+  if (!PrepareSocketDir(config.socket_path)) return {};
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return {};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, config.socket_path.c_str());
+  // A socket file left by a daemon that died is replaced; a live daemon is not.
+  if (::access(config.socket_path.c_str(), F_OK) == 0) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      spdlog::critical("another daemon is serving {}", config.socket_path);
+      return {};
+    }
+    ::unlink(config.socket_path.c_str());
+  }
+  mode_t old = ::umask(0777 & ~config.socket_mode);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::umask(old);
+  if (rc != 0) {
+    spdlog::critical("cannot bind {}: {}", config.socket_path, std::strerror(errno));
+    return {};
+  }
+  ::chmod(config.socket_path.c_str(), config.socket_mode);
+  if (::listen(fd.get(), 128) != 0) {
+    spdlog::critical("cannot listen on {}: {}", config.socket_path, std::strerror(errno));
+    return {};
+  }
+  return fd;
+}
+
+void NotifySystemd(const char* state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (path == nullptr || (path[0] != '/' && path[0] != '@')) return;
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path, sizeof addr.sun_path - 1);
+  if (path[0] == '@') addr.sun_path[0] = '\0';
+  ::sendto(fd.get(), state, std::strlen(state), 0, reinterpret_cast<sockaddr*>(&addr),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + std::strlen(path)));
+}
+
+int Run(const Config& config) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e ckptd[%P] %l: %v");
+  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return 1;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  PeerRegistry peers;
+  auto service = CheckpointService::Create(config, std::make_shared<PosixStorage>(),
+                                           std::make_unique<ShmImporter>(), &peers);
+  if (!service.ok()) {
+    spdlog::critical("cannot start: {}", service.status().message());
+    return 1;
+  }
+  UniqueFd listener = Listen(config);
+  if (!listener.valid()) return 1;
+
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service->get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
+  builder.SetMaxSendMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    spdlog::critical("cannot start the gRPC server");
+    return 1;
+  }
+  spdlog::info("serving on {} (uid {})", config.socket_path, ::geteuid());
+  if (config.ready_fd >= 0) {
+    [[maybe_unused]] ssize_t n = ::write(config.ready_fd, "ready\n", 6);
+    ::close(config.ready_fd);
+  }
+  NotifySystemd("READY=1");
+
+  for (;;) {
+    pollfd fds[2] = {{listener.get(), POLLIN, 0}, {g_signal_pipe[0], POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents) break;
+    if (!(fds[0].revents & POLLIN)) continue;
+    int conn = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      ::close(conn);
+      continue;
+    }
+    peers.Add(conn, PeerCredentials{cred.pid, cred.uid, cred.gid});
+    grpc::AddInsecureChannelFromFd(server.get(), conn);
+  }
+  spdlog::info("stopping: finishing in-flight shards");
+  NotifySystemd("STOPPING=1");
+  ::unlink(config.socket_path.c_str());
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  service->get()->Shutdown();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  int exit_code = 0;
+  auto config = ckpt::ParseConfig(argc, argv, &exit_code);
+  if (!config) return exit_code;
+  return ckpt::Run(*config);
+}

@@ -1,0 +1,52 @@
+// Importers give the daemon access to memory a trainer registered, and copiers move bytes
+// between that memory and the host pool.
+//
+// An ImportedRegion is one region (a POSIX shm object now; a CUDA IPC allocation in the
+// GPU backend) opened by the daemon. ReadAt/WriteAt are the device copier: for shm they
+// are pread/pwrite on the object's descriptor, for CUDA they will be cudaMemcpyAsync on
+// the daemon's streams. Both report a region that is now smaller than asked as an error,
+// never a crash. Thread-safe: several copy threads may read one region at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+class ImportedRegion {
+ public:
+  virtual ~ImportedRegion() = default;
+  virtual const std::string& name() const = 0;
+  // Size of the region now.
+  virtual Result<std::uint64_t> CurrentSize() const = 0;
+  // Copies `len` bytes at `offset` of the region into `dst` (host memory).
+  virtual Status ReadAt(std::uint64_t offset, void* dst, std::size_t len) const = 0;
+  // Copies `len` bytes from `src` (host memory) to `offset` of the region.
+  virtual Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const = 0;
+  // Removes the region's name if it still names this object (the trainer is gone).
+  virtual void UnlinkIfOrphaned() const = 0;
+};
+
+class RegionImporter {
+ public:
+  virtual ~RegionImporter() = default;
+  // Opens region `name` on behalf of a peer with uid `owner`; fails unless the region
+  // exists, belongs to `owner` and is at least `min_size` bytes.
+  virtual Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, uid_t owner,
+                                                         std::uint64_t min_size) = 0;
+};
+
+// Importer of POSIX shared-memory objects.
+class ShmImporter : public RegionImporter {
+ public:
+  Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, uid_t owner,
+                                                 std::uint64_t min_size) override;
+};
+
+}  // namespace ckpt

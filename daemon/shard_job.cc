@@ -1,0 +1,70 @@
+#include "daemon/shard_job.h"
+
+#include "format/paths.h"
+
+namespace ckpt {
+
+ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io)
+    : layout_(std::move(layout)), sources_(std::move(sources)), dir_(std::move(dir)), direct_io_(direct_io) {
+  final_path_ = dir_ + "/" + ShardFileName(layout_.meta().rank);
+  tmp_path_ = final_path_ + std::string(kTmpSuffix);
+}
+
+void ShardJob::Reach(ShardLevel level) {
+  {
+    std::lock_guard lock(mu_);
+    if (level > level_) level_ = level;
+  }
+  changed_.notify_all();
+}
+
+void ShardJob::Fail(const Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (error_.ok()) error_ = status;
+  }
+  changed_.notify_all();
+}
+
+bool ShardJob::failed() const {
+  std::lock_guard lock(mu_);
+  return !error_.ok();
+}
+
+Status ShardJob::error() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+ShardLevel ShardJob::level() const {
+  std::lock_guard lock(mu_);
+  return level_;
+}
+
+Status ShardJob::WaitFor(ShardLevel level, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  bool done = changed_.wait_until(lock, deadline, [&] { return level_ >= level || !error_.ok(); });
+  if (level_ >= level) return Status::Ok();
+  if (!error_.ok()) return error_;
+  (void)done;
+  return DeadlineExceeded("version " + std::to_string(layout_.meta().version) +
+                          " did not reach the level in time");
+}
+
+void ShardJob::AddPendingWrite() {
+  std::lock_guard lock(mu_);
+  ++pending_writes_;
+}
+
+bool ShardJob::WriteDone() {
+  std::lock_guard lock(mu_);
+  return --pending_writes_ == 0 && copy_done_;
+}
+
+bool ShardJob::CopyDone() {
+  std::lock_guard lock(mu_);
+  copy_done_ = true;
+  return pending_writes_ == 0;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,87 @@
+// ShardJob: one (job, version, rank) shard on its way from trainer memory to a durable
+// file. The snapshot engine fills it, the flush engine writes it, the catalog commits it;
+// waiters block on it until it reaches a level or fails.
+//
+// Thread-safe: progress counters are atomics, the level and error are guarded by a mutex.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "daemon/region_importer.h"
+#include "format/shard_format.h"
+
+namespace ckpt {
+
+enum class ShardLevel { kCopying = 0, kCaptured = 1, kDurable = 2, kCommitted = 3 };
+
+// Where one item's bytes come from: a region of the trainer, or blob bytes the snapshot
+// request carried.
+struct ItemSource {
+  std::shared_ptr<ImportedRegion> region;   // tensor items
+  std::uint64_t region_offset = 0;
+  std::shared_ptr<const std::string> blob;  // blob items
+};
+
+class ShardJob {
+ public:
+  ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io);
+
+  const ShardMeta& meta() const { return layout_.meta(); }
+  ShardLayout& layout() { return layout_; }
+  const std::vector<ItemSource>& sources() const { return sources_; }
+  // Directory of the version and the final and temporary paths of the shard.
+  const std::string& dir() const { return dir_; }
+  const std::string& final_path() const { return final_path_; }
+  const std::string& tmp_path() const { return tmp_path_; }
+  bool direct_io() const { return direct_io_; }
+
+  // The open temporary file; set by the flush engine before the first write.
+  UniqueFd& file() { return file_; }
+
+  std::atomic<std::uint64_t> copied_bytes{0};
+  std::atomic<std::uint64_t> written_bytes{0};
+
+  // Raises the level (never lowers it) and wakes waiters.
+  void Reach(ShardLevel level);
+  // Records the first failure; the level stays where it was. Wakes waiters.
+  void Fail(const Status& status);
+  bool failed() const;
+  Status error() const;
+  ShardLevel level() const;
+
+  // Blocks until the level is at least `level` (ok), the shard failed (its error), or
+  // `deadline` passes (DeadlineExceeded).
+  Status WaitFor(ShardLevel level, std::chrono::steady_clock::time_point deadline);
+
+  // Write accounting between the copy and the writers: the shard is finished when the
+  // copy is done and no write is pending. Each returns true to the one caller that must
+  // finish the shard.
+  void AddPendingWrite();
+  bool WriteDone();
+  bool CopyDone();
+
+ private:
+  ShardLayout layout_;
+  std::vector<ItemSource> sources_;
+  std::string dir_, final_path_, tmp_path_;
+  bool direct_io_;
+  UniqueFd file_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  ShardLevel level_ = ShardLevel::kCopying;
+  Status error_;
+  int pending_writes_ = 0;
+  bool copy_done_ = false;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,103 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/unique_fd.h"
+#include "daemon/region_importer.h"
+#include "shm/shm_region.h"
+
+namespace ckpt {
+namespace {
+
+class ShmImportedRegion : public ImportedRegion {
+ public:
+  ShmImportedRegion(std::string name, UniqueFd fd, ino_t ino)
+      : name_(std::move(name)), fd_(std::move(fd)), ino_(ino) {}
+
+  const std::string& name() const override { return name_; }
+
+  Result<std::uint64_t> CurrentSize() const override {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) return IoError("stat shm " + name_, errno);
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+
+  Status ReadAt(std::uint64_t offset, void* dst, std::size_t len) const override {
+    char* p = static_cast<char*>(dst);
+    std::size_t done = 0;
+    while (done < len) {
+      ssize_t r = ::pread(fd_.get(), p + done, len - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return IoError("read shm region " + name_, errno);
+      if (r == 0) {
+        return FailedPrecondition("shm region " + name_ + " shrank below offset " +
+                                  std::to_string(offset + done) + " while it was being copied");
+      }
+      done += static_cast<std::size_t>(r);
+    }
+    return Status::Ok();
+  }
+
+  Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const override {
+    auto size = CurrentSize();
+    if (!size.ok()) return size.status();
+    if (offset + len > size.value()) {
+      return FailedPrecondition("shm region " + name_ + " is smaller than the item restored into it");
+    }
+    const char* p = static_cast<const char*>(src);
+    std::size_t done = 0;
+    while (done < len) {
+      ssize_t w = ::pwrite(fd_.get(), p + done, len - done, static_cast<off_t>(offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return IoError("write shm region " + name_, w < 0 ? errno : EIO);
+      done += static_cast<std::size_t>(w);
+    }
+    return Status::Ok();
+  }
+
+  void UnlinkIfOrphaned() const override {
+    // Only unlink if the name still refers to our object: a restarted trainer may have
+    // created a new region under the same name.
+    int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return;
+    struct stat st {};
+    bool same = ::fstat(fd, &st) == 0 && st.st_ino == ino_;
+    ::close(fd);
+    if (same) ::shm_unlink(name_.c_str());
+  }
+
+ private:
+  std::string name_;
+  UniqueFd fd_;
+  ino_t ino_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& name, uid_t owner,
+                                                            std::uint64_t min_size) {
+  if (std::string err = CheckShmName(name); !err.empty()) return InvalidArgument(err);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("shm region " + name + " does not exist");
+    return IoError("open shm region " + name, errno);
+  }
+  UniqueFd owned(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return IoError("stat shm region " + name, errno);
+  if (!S_ISREG(st.st_mode)) return InvalidArgument("shm region " + name + " is not a regular object");
+  if (st.st_uid != owner) {
+    return PermissionDenied("shm region " + name + " belongs to uid " + std::to_string(st.st_uid) +
+                            ", not to the registering trainer's uid " + std::to_string(owner));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) < min_size) {
+    return InvalidArgument("shm region " + name + " is " + std::to_string(st.st_size) +
+                           " bytes, smaller than the " + std::to_string(min_size) +
+                           " its items need");
+  }
+  return std::shared_ptr<ImportedRegion>(
+      std::make_shared<ShmImportedRegion>(name, std::move(owned), st.st_ino));
+}
+
+}  // namespace ckpt

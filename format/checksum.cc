@@ -1,0 +1,41 @@
+#include "format/checksum.h"
+
+#include <cstdio>
+#include <new>
+
+namespace ckpt {
+
+Checksum::Checksum() : state_(XXH3_createState()) {
+  if (!state_) throw std::bad_alloc();
+  XXH3_64bits_reset(state_.get());
+}
+
+void Checksum::Update(const void* data, std::size_t len) {
+  XXH3_64bits_update(state_.get(), data, len);
+}
+
+std::uint64_t Checksum::Digest() const { return XXH3_64bits_digest(state_.get()); }
+
+std::uint64_t Checksum::Of(const void* data, std::size_t len) { return XXH3_64bits(data, len); }
+
+std::string ChecksumHex(std::uint64_t value) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+bool ParseChecksumHex(const std::string& text, std::uint64_t* value) {
+  if (text.size() != 16) return false;
+  std::uint64_t v = 0;
+  for (char c : text) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return false;
+    v = (v << 4) | static_cast<std::uint64_t>(d);
+  }
+  *value = v;
+  return true;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,49 @@
+#include "format/paths.h"
+
+#include <cstdio>
+
+namespace ckpt {
+namespace {
+
+std::optional<std::uint64_t> ParseDigits(std::string_view s) {
+  if (s.empty() || s.size() > 19) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string VersionDirName(std::uint64_t version) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "v%010llu", static_cast<unsigned long long>(version));
+  return buf;
+}
+
+std::string ShardFileName(std::uint32_t rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rank-%05u.safetensors", rank);
+  return buf;
+}
+
+std::optional<std::uint64_t> ParseVersionDirName(std::string_view name) {
+  if (name.size() < 2 || name[0] != 'v') return std::nullopt;
+  return ParseDigits(name.substr(1));
+}
+
+std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
+  constexpr std::string_view kPrefix = "rank-";
+  constexpr std::string_view kSuffix = ".safetensors";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.substr(0, kPrefix.size()) != kPrefix ||
+      name.substr(name.size() - kSuffix.size()) != kSuffix) {
+    return std::nullopt;
+  }
+  auto v = ParseDigits(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
+  if (!v || *v > UINT32_MAX) return std::nullopt;
+  return static_cast<std::uint32_t>(*v);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,271 @@
+#include "format/shard_format.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "common/names.h"
+#include "common/unique_fd.h"
+#include "format/checksum.h"
+
+namespace ckpt {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string KindName(ItemKind k) { return k == ItemKind::kBlob ? "blob" : "tensor"; }
+
+std::string ItemMeta(const ShardItem& item) {
+  return "kind=" + KindName(item.kind) + " xxh3=" + ChecksumHex(item.checksum);
+}
+
+std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items) {
+  OrderedJson header;
+  OrderedJson md;
+  md["ckpt.format_version"] = std::string(kFormatVersion);
+  md["ckpt.job"] = meta.job;
+  md["ckpt.version"] = std::to_string(meta.version);
+  md["ckpt.rank"] = std::to_string(meta.rank);
+  md["ckpt.world_size"] = std::to_string(meta.world_size);
+  for (const auto& item : items) md["ckpt.item." + item.name] = ItemMeta(item);
+  header["__metadata__"] = std::move(md);
+  for (const auto& item : items) {
+    OrderedJson t;
+    t["dtype"] = std::string(DTypeName(item.dtype));
+    t["shape"] = item.shape;
+    t["data_offsets"] = {item.offset, item.offset + item.length};
+    header[item.TensorKey()] = std::move(t);
+  }
+  return header.dump();
+}
+
+Status CheckShape(const ShardItem& item) {
+  std::uint64_t elems = 1;
+  for (auto d : item.shape) {
+    if (d < 0) return InvalidArgument("item " + QuoteName(item.name) + " has a negative dimension");
+    if (d != 0 && elems > UINT64_MAX / static_cast<std::uint64_t>(d)) {
+      return InvalidArgument("item " + QuoteName(item.name) + " has a shape that overflows");
+    }
+    elems *= static_cast<std::uint64_t>(d);
+  }
+  std::uint64_t size = DTypeSize(item.dtype);
+  if (elems > UINT64_MAX / size || elems * size != item.length) {
+    return InvalidArgument("item " + QuoteName(item.name) + ": shape and dtype " +
+                           std::string(DTypeName(item.dtype)) + " give " +
+                           std::to_string(elems) + " elements, which does not match its " +
+                           std::to_string(item.length) + " bytes");
+  }
+  return Status::Ok();
+}
+
+Result<std::uint64_t> ParseUint(const OrderedJson& md, const std::string& key) {
+  auto it = md.find(key);
+  if (it == md.end() || !it->is_string()) {
+    return DataLoss("shard metadata lacks " + key);
+  }
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
+    return DataLoss("shard metadata " + key + " is not a number: '" + s + "'");
+  }
+  return static_cast<std::uint64_t>(std::stoull(s));
+}
+
+}  // namespace
+
+std::string ShardItem::TensorKey() const {
+  return kind == ItemKind::kBlob ? std::string(kBlobPrefix) + name : name;
+}
+
+Result<ShardLayout> ShardLayout::Plan(ShardMeta meta, std::vector<ShardItem> items) {
+  ShardLayout layout;
+  std::set<std::string> names;
+  std::uint64_t offset = 0;
+  for (auto& item : items) {
+    if (!names.insert(item.name).second) {
+      return AlreadyExists("duplicate item name " + QuoteName(item.name));
+    }
+    if (Status s = CheckShape(item); !s.ok()) return s;
+    item.offset = offset;
+    offset += item.length;
+  }
+  layout.meta_ = std::move(meta);
+  layout.items_ = std::move(items);
+  layout.data_bytes_ = offset;
+  std::string json = RenderJson(layout.meta_, layout.items_);
+  if (json.size() > kMaxHeaderBytes) {
+    return ResourceExhausted("shard header would be " + std::to_string(json.size()) +
+                             " bytes, over the safetensors limit of 100 MB");
+  }
+  layout.header_bytes_ = AlignUp(8 + json.size(), kDataAlignment);
+  return layout;
+}
+
+std::string ShardLayout::RenderHeader() const {
+  std::string json = RenderJson(meta_, items_);
+  std::uint64_t n = header_bytes_ - 8;
+  // Checksums are fixed width, so the JSON never outgrows the size planned for it.
+  std::string out(header_bytes_, ' ');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, json.data(), std::min<std::size_t>(json.size(), n));
+  return out;
+}
+
+Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_bytes) {
+  OrderedJson header = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return DataLoss("shard header is not a JSON object");
+  }
+  ShardInfo info;
+  info.data_start = 8 + text.size();
+  info.file_bytes = file_bytes;
+  auto md_it = header.find("__metadata__");
+  if (md_it == header.end() || !md_it->is_object()) {
+    return DataLoss("shard header has no __metadata__ (not a ckptd shard)");
+  }
+  const OrderedJson& md = *md_it;
+  auto fv = md.find("ckpt.format_version");
+  if (fv == md.end() || !fv->is_string() || fv->get<std::string>() != kFormatVersion) {
+    return DataLoss("shard has an unknown ckpt.format_version (this reader knows " +
+                    std::string(kFormatVersion) + ")");
+  }
+  auto job = md.find("ckpt.job");
+  if (job == md.end() || !job->is_string()) return DataLoss("shard metadata lacks ckpt.job");
+  info.meta.job = job->get<std::string>();
+  auto version = ParseUint(md, "ckpt.version");
+  auto rank = ParseUint(md, "ckpt.rank");
+  auto world = ParseUint(md, "ckpt.world_size");
+  for (const Status* s : {&version.status(), &rank.status(), &world.status()}) {
+    if (!s->ok()) return *s;
+  }
+  info.meta.version = version.value();
+  info.meta.rank = static_cast<std::uint32_t>(rank.value());
+  info.meta.world_size = static_cast<std::uint32_t>(world.value());
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const OrderedJson& t = it.value();
+    ShardItem item;
+    std::string key = it.key();
+    if (key.rfind(kBlobPrefix, 0) == 0) {
+      item.kind = ItemKind::kBlob;
+      item.name = key.substr(kBlobPrefix.size());
+    } else {
+      item.name = key;
+    }
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
+        !t.contains("data_offsets") || !t["dtype"].is_string() || !t["shape"].is_array() ||
+        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2) {
+      return DataLoss("shard entry " + QuoteName(key) + " is malformed");
+    }
+    auto dtype = ParseDType(t["dtype"].get<std::string>());
+    if (!dtype) return DataLoss("shard entry " + QuoteName(key) + " has an unknown dtype");
+    item.dtype = *dtype;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned()) {
+        return DataLoss("shard entry " + QuoteName(key) + " has a bad shape");
+      }
+      item.shape.push_back(d.get<std::int64_t>());
+    }
+    const auto& off = t["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return DataLoss("shard entry " + QuoteName(key) + " has bad data_offsets");
+    }
+    std::uint64_t begin = off[0].get<std::uint64_t>();
+    std::uint64_t end = off[1].get<std::uint64_t>();
+    if (end < begin) return DataLoss("shard entry " + QuoteName(key) + " ends before it begins");
+    item.offset = begin;
+    item.length = end - begin;
+    if (Status s = CheckShape(item); !s.ok()) return DataLoss(s.message());
+    auto meta_it = md.find("ckpt.item." + item.name);
+    if (meta_it == md.end() || !meta_it->is_string()) {
+      return DataLoss("shard metadata has no checksum for " + QuoteName(item.name));
+    }
+    const std::string m = meta_it->get<std::string>();
+    const std::string want_kind = "kind=" + KindName(item.kind) + " xxh3=";
+    if (m.rfind(want_kind, 0) != 0 ||
+        !ParseChecksumHex(m.substr(want_kind.size()), &item.checksum)) {
+      return DataLoss("shard metadata for " + QuoteName(item.name) + " is malformed: '" + m + "'");
+    }
+    info.items.push_back(std::move(item));
+  }
+  std::sort(info.items.begin(), info.items.end(),
+            [](const ShardItem& a, const ShardItem& b) { return a.offset < b.offset; });
+  std::uint64_t expect = 0;
+  for (const auto& item : info.items) {
+    if (item.offset != expect) {
+      return DataLoss("shard data section has a hole or overlap at item " + QuoteName(item.name));
+    }
+    expect += item.length;
+  }
+  if (info.data_start + expect != file_bytes) {
+    return DataLoss("shard file is " + std::to_string(file_bytes) + " bytes but its header " +
+                    "describes " + std::to_string(info.data_start + expect) + " (truncated?)");
+  }
+  return info;
+}
+
+Result<ShardInfo> ReadShardHeader(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return IoError("cannot open shard " + path, errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return IoError("cannot stat shard " + path, errno);
+  std::uint64_t file_bytes = static_cast<std::uint64_t>(st.st_size);
+  unsigned char prefix[8];
+  if (file_bytes < 8 || ::pread(fd.get(), prefix, 8, 0) != 8) {
+    return DataLoss("shard " + path + " is too short to hold a header");
+  }
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
+  if (n > kMaxHeaderBytes || 8 + n > file_bytes) {
+    return DataLoss("shard " + path + " declares a header of " + std::to_string(n) +
+                    " bytes, which does not fit the file");
+  }
+  std::string json(n, '\0');
+  std::uint64_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd.get(), json.data() + got, n - got, static_cast<off_t>(8 + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return IoError("cannot read shard header of " + path, r < 0 ? errno : EIO);
+    got += static_cast<std::uint64_t>(r);
+  }
+  auto info = ParseShardHeader(json, file_bytes);
+  if (!info.ok()) return info.status().With(path);
+  return info;
+}
+
+Status VerifyShard(const std::string& path) {
+  auto info = ReadShardHeader(path);
+  if (!info.ok()) return info.status();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return IoError("cannot open shard " + path, errno);
+  std::vector<char> buf(8 << 20);
+  for (const auto& item : info->items) {
+    Checksum sum;
+    std::uint64_t done = 0;
+    while (done < item.length) {
+      std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
+      ssize_t r = ::pread(fd.get(), buf.data(), want,
+                          static_cast<off_t>(info->data_start + item.offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return IoError("cannot read " + path, r < 0 ? errno : EIO);
+      sum.Update(buf.data(), static_cast<std::size_t>(r));
+      done += static_cast<std::uint64_t>(r);
+    }
+    if (sum.Digest() != item.checksum) {
+      return DataLoss(path + ": checksum mismatch in item " + QuoteName(item.name) + " (stored " +
+                      ChecksumHex(item.checksum) + ", computed " + ChecksumHex(sum.Digest()) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt

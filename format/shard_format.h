@@ -1,0 +1,97 @@
+// The shard file: one (version, rank) of a checkpoint, as a valid safetensors file.
+//
+//   [8 bytes little-endian N][N bytes JSON header, space-padded][data section]
+//
+// 8 + N is a multiple of 4 KiB, so the data section starts on a 4 KiB boundary and every
+// chunk of it can be written with O_DIRECT. Items are packed in plan order with no gaps
+// (safetensors requires the data section to be fully indexed). Blobs are U8 tensors named
+// kBlobPrefix + name. `__metadata__` holds:
+//   ckpt.format_version  "1"
+//   ckpt.job, ckpt.version, ckpt.rank, ckpt.world_size
+//   ckpt.item.<name>     "kind=tensor xxh3=<16 hex>" (or kind=blob), one per item
+// Checksums are fixed-width, so the header can be rendered with placeholders when the
+// layout is planned and rendered again, the same size, once the checksums are known.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "format/dtype.h"
+
+namespace ckpt {
+
+inline constexpr std::uint64_t kDataAlignment = 4096;
+inline constexpr std::string_view kBlobPrefix = "__blob__/";
+inline constexpr std::string_view kFormatVersion = "1";
+// Limit of the JSON header, as in the safetensors reference implementation.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+enum class ItemKind : std::uint8_t { kTensor = 1, kBlob = 2 };
+
+struct ShardItem {
+  std::string name;            // item name (without kBlobPrefix for blobs)
+  ItemKind kind = ItemKind::kTensor;
+  DType dtype = DType::kU8;
+  std::vector<std::int64_t> shape;
+  std::uint64_t length = 0;    // bytes
+  std::uint64_t offset = 0;    // from the start of the data section
+  std::uint64_t checksum = 0;  // xxh3-64 of the item's bytes
+
+  // The key of this item in the safetensors header.
+  std::string TensorKey() const;
+};
+
+struct ShardMeta {
+  std::string job;
+  std::uint64_t version = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+};
+
+class ShardLayout {
+ public:
+  // Packs `items` in the given order and sizes the header. Fails on duplicate names or an
+  // item whose shape and dtype disagree with its length.
+  static Result<ShardLayout> Plan(ShardMeta meta, std::vector<ShardItem> items);
+
+  const ShardMeta& meta() const { return meta_; }
+  std::vector<ShardItem>& items() { return items_; }
+  const std::vector<ShardItem>& items() const { return items_; }
+  // Offset of the data section in the file: a multiple of kDataAlignment.
+  std::uint64_t header_bytes() const { return header_bytes_; }
+  std::uint64_t data_bytes() const { return data_bytes_; }
+  std::uint64_t file_bytes() const { return header_bytes_ + data_bytes_; }
+
+  // The first header_bytes() bytes of the file, with the items' current checksums.
+  std::string RenderHeader() const;
+
+ private:
+  ShardMeta meta_;
+  std::vector<ShardItem> items_;
+  std::uint64_t header_bytes_ = 0;
+  std::uint64_t data_bytes_ = 0;
+};
+
+// A parsed shard header.
+struct ShardInfo {
+  ShardMeta meta;
+  std::vector<ShardItem> items;  // in file order
+  std::uint64_t data_start = 0;
+  std::uint64_t file_bytes = 0;
+};
+
+// Parses and validates the header of the shard at `path` (safetensors structure, our
+// metadata, offsets covering the data section exactly, file size). Reads no data.
+Result<ShardInfo> ReadShardHeader(const std::string& path);
+
+// Parses a header given as the bytes after the 8-byte prefix; `file_bytes` is the size of
+// the whole file. Exposed for tests.
+Result<ShardInfo> ParseShardHeader(std::string_view json, std::uint64_t file_bytes);
+
+// Reads every item of the shard and checks its checksum. Returns the first mismatch.
+Status VerifyShard(const std::string& path);
+
+}  // namespace ckpt

@@ -1,0 +1,176 @@
+// ckptctl: look at a running ckptd (status, ls) or at checkpoint files (verify, inspect).
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+
+#include "ckpt/v1/ckpt.grpc.pb.h"
+#include "common/socket_path.h"
+#include "format/checksum.h"
+#include "format/shard_format.h"
+
+namespace {
+
+std::string Human(std::uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  else if (bytes >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  else std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
+  return buf;
+}
+
+const char* LevelName(ckpt::v1::Level l) {
+  switch (l) {
+    case ckpt::v1::LEVEL_CAPTURED: return "captured";
+    case ckpt::v1::LEVEL_DURABLE: return "durable";
+    case ckpt::v1::LEVEL_COMMITTED: return "committed";
+    default: return "copying";
+  }
+}
+
+std::unique_ptr<ckpt::v1::Checkpoint::Stub> Connect(const std::string& socket) {
+  return ckpt::v1::Checkpoint::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+}
+
+int Fail(const std::string& what, const grpc::Status& s, const std::string& socket) {
+  std::cerr << "ckptctl: " << what << ": " << s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) std::cerr << " (is ckptd running on " << socket << "?)";
+  std::cerr << "\n";
+  return 1;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  opts.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+int Status(const std::string& socket, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ckpt::v1::StatusReply r;
+  grpc::Status s = stub->Status(&ctx, ckpt::v1::StatusRequest(), &r);
+  if (!s.ok()) return Fail("status", s, socket);
+  if (json) {
+    std::cout << ToJson(r);
+    return 0;
+  }
+  std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(), r.uptime_s(),
+              socket.c_str());
+  std::printf("root %s (%s)\n", r.root().c_str(), r.direct_io() ? "O_DIRECT" : "buffered + fdatasync");
+  std::printf("pool %s used of %s (%s chunks)\n", Human(r.pool_used_bytes()).c_str(), Human(r.pool_bytes()).c_str(),
+              Human(r.chunk_bytes()).c_str());
+  std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
+              Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
+              Human(r.bytes_read_total()).c_str(), r.versions_committed());
+  std::printf("\nclients (%d)\n", r.clients_size());
+  for (const auto& c : r.clients()) {
+    std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n", c.job().c_str(), c.rank(),
+                c.world_size(), c.pid(), c.alive() ? "alive" : "EXITED", c.items(), Human(c.tensor_bytes()).c_str(),
+                c.last_version());
+  }
+  std::printf("\nshards (recent %d)\n", r.shards_size());
+  for (const auto& sh : r.shards()) {
+    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n", sh.job().c_str(),
+                sh.version(), sh.rank(), sh.error().empty() ? LevelName(sh.level()) : "FAILED",
+                Human(sh.copied_bytes()).c_str(), Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
+                sh.error().empty() ? "" : "  ", sh.error().c_str());
+  }
+  std::printf("\nerrors (%d)\n", r.errors_size());
+  for (const auto& e : r.errors()) std::printf("  %s\n", e.c_str());
+  return 0;
+}
+
+int Ls(const std::string& socket, const std::string& job, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ckpt::v1::ListRequest req;
+  req.set_job(job);
+  ckpt::v1::ListReply r;
+  grpc::Status s = stub->List(&ctx, req, &r);
+  if (!s.ok()) return Fail("ls", s, socket);
+  if (json) {
+    std::cout << ToJson(r);
+    return 0;
+  }
+  std::printf("job %s: latest committed %" PRIu64 "\n", job.c_str(), r.latest());
+  for (const auto& v : r.versions()) {
+    std::string ranks;
+    for (auto rk : v.durable_ranks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rk);
+    std::printf("  v%-10" PRIu64 " %-11s ranks %s\n", v.version(), v.committed() ? "committed" : "incomplete",
+                ranks.c_str());
+  }
+  return 0;
+}
+
+int Inspect(const std::string& path) {
+  auto info = ckpt::ReadShardHeader(path);
+  if (!info.ok()) {
+    std::cerr << "ckptctl: " << info.status().message() << "\n";
+    return 1;
+  }
+  std::printf("%s: job %s version %" PRIu64 " rank %u of %u, %zu items, data at offset %" PRIu64 ", %s\n",
+              path.c_str(), info->meta.job.c_str(), info->meta.version, info->meta.rank, info->meta.world_size,
+              info->items.size(), info->data_start, Human(info->file_bytes).c_str());
+  for (const auto& it : info->items) {
+    std::string shape;
+    for (auto d : it.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    std::printf("  %-6s %-40s %-7s [%s] %s xxh3 %s\n", it.kind == ckpt::ItemKind::kBlob ? "blob" : "tensor",
+                it.name.c_str(), std::string(ckpt::DTypeName(it.dtype)).c_str(), shape.c_str(),
+                Human(it.length).c_str(), ckpt::ChecksumHex(it.checksum).c_str());
+  }
+  return 0;
+}
+
+int Verify(const std::vector<std::string>& paths) {
+  int bad = 0;
+  for (const auto& p : paths) {
+    ckpt::Status s = ckpt::VerifyShard(p);
+    if (s.ok()) {
+      std::printf("ok      %s\n", p.c_str());
+    } else {
+      std::printf("FAILED  %s\n", s.message().c_str());
+      ++bad;
+    }
+  }
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptctl: inspect ckptd and its checkpoints"};
+  std::string socket = ckpt::DefaultClientSocketPath();
+  app.add_option("--socket", socket, "ckptd socket")->capture_default_str();
+  app.require_subcommand(1);
+  bool json = false;
+  auto* status = app.add_subcommand("status", "What the daemon is doing");
+  status->add_flag("--json", json, "Print JSON");
+  std::string job;
+  auto* ls = app.add_subcommand("ls", "Versions of a job");
+  ls->add_option("--job", job, "Job id")->required();
+  ls->add_flag("--json", json, "Print JSON");
+  std::vector<std::string> paths;
+  auto* verify = app.add_subcommand("verify", "Check shard files against their checksums (no daemon needed)");
+  verify->add_option("shards", paths, "Shard files")->required()->check(CLI::ExistingFile);
+  std::string path;
+  auto* inspect = app.add_subcommand("inspect", "Print a shard's header (no daemon needed)");
+  inspect->add_option("shard", path, "Shard file")->required()->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
+  if (*status) return Status(socket, json);
+  if (*ls) return Ls(socket, job, json);
+  if (*verify) return Verify(paths);
+  if (*inspect) return Inspect(path);
+  return 2;
+}
