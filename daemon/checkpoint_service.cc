@@ -288,10 +288,12 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   std::shared_ptr<Session> s;
   if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
   std::lock_guard lock(s->mu);
-  if (!s->unreported_failures.empty()) {
+  while (!s->unreported_failures.empty()) {
     std::uint64_t v = *s->unreported_failures.begin();
     s->unreported_failures.erase(s->unreported_failures.begin());
-    ckpt::Status err = s->shards.count(v) ? s->shards[v]->error() : Internal("unknown failure");
+    auto it = s->shards.find(v);
+    if (it == s->shards.end() || it->second->error_reported.exchange(true)) continue;
+    ckpt::Status err = it->second->error();
     return ToGrpc(ckpt::Status(err.code(), "version " + std::to_string(v) + " failed: " + err.message() +
                                                " (reported now; this snapshot of version " +
                                                std::to_string(req->version()) + " was not taken)"));
@@ -413,8 +415,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   }
   if (!st.ok()) {
     if (shard->failed()) {
-      std::lock_guard lock(s->mu);
-      s->unreported_failures.erase(req->version());
+      shard->error_reported = true;
       st = st.With("version " + std::to_string(req->version()) + " failed");
     }
     return ToGrpc(st);
@@ -433,6 +434,24 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
       return ToGrpc(FailedPrecondition("version " + std::to_string(v) +
                                        " is still being captured from this trainer's memory; "
                                        "wait for it before restoring"));
+    }
+  }
+  // Versions of this rank still in flight (typically from a trainer that crashed right
+  // after snapshot) finish first: the daemon holds their data, and the newest of them is
+  // what the restarted trainer wants.
+  std::vector<std::shared_ptr<ShardJob>> inflight;
+  {
+    std::lock_guard glock(mu_);
+    for (const auto& shard : recent_) {
+      if (shard->meta().job == s->job && shard->meta().rank == s->rank) inflight.push_back(shard);
+    }
+  }
+  for (const auto& shard : inflight) {
+    for (;;) {
+      auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      ckpt::Status st = shard->WaitFor(ShardLevel::kDurable, slice);
+      if (st.code() != ckpt::StatusCode::kDeadlineExceeded) break;
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
   }
   std::uint64_t latest = catalog_->Latest(s->job);

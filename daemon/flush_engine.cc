@@ -95,8 +95,9 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     if (on_failed_) on_failed_(shard);
     return;
   }
-  shard->Reach(ShardLevel::kDurable);
+  // Commit runs before waiters of `durable` wake, so a waiter sees the commit decision.
   if (on_durable_) on_durable_(shard);
+  shard->Reach(ShardLevel::kDurable);
 }
 
 Status FlushEngine::Publish(ShardJob& shard) {

@@ -26,7 +26,7 @@ class FlushEngine {
  public:
   using ShardCallback = std::function<void(const std::shared_ptr<ShardJob>&)>;
 
-  // `on_durable` runs (on a writer thread) after a shard is durable; `on_failed` after a
+  // `on_durable` runs (on a writer thread) once a shard is durable, before its waiters wake; `on_failed` after a
   // shard failed and its temporary file was removed.
   FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
               ShardCallback on_durable, ShardCallback on_failed);

@@ -49,6 +49,8 @@ class ShardJob {
 
   std::atomic<std::uint64_t> copied_bytes{0};
   std::atomic<std::uint64_t> written_bytes{0};
+  // Set once the trainer has been told of this shard's failure (so it is told only once).
+  std::atomic<bool> error_reported{false};
 
   // Raises the level (never lowers it) and wakes waiters.
   void Reach(ShardLevel level);

@@ -1,0 +1,344 @@
+// Bad input: each gets a gRPC error naming the problem, the daemon keeps serving others,
+// and nothing committed is touched.
+#include <ckpt/client.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "format/paths.h"
+#include "format/shard_format.h"
+#include "shm/descriptor_table.h"
+#include "support/daemon_process.h"
+#include "support/test_dirs.h"
+#include "support/trainer_state.h"
+
+using namespace ckpt;
+using namespace ckpt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A daemon with one healthy job ("canary") that has a committed version, so each bad call
+// can be followed by proof that others are still served and committed data is intact.
+struct Fixture {
+  TempDir dir{"bad"};
+  DaemonProcess daemon{MakeOptions(dir)};
+  TrainerState canary_state{2, 1 << 20, 99};
+  Client canary = Client::connect(daemon.socket());
+  std::uint64_t canary_version = 1;
+
+  static DaemonOptions MakeOptions(const TempDir& d) {
+    DaemonOptions o;
+    o.root = d.path() + "/root";
+    o.socket = d.path() + "/sock/ckptd.sock";
+    return o;
+  }
+
+  Fixture() {
+    canary.register_items("canary", 0, 1, canary_state.Items());
+    canary_state.Fill(1);
+    canary.snapshot(1);
+    canary.wait_durable(1);
+  }
+
+  std::string CanaryShard(std::uint64_t v) const {
+    return daemon.root() + "/canary/" + VersionDirName(v) + "/" + ShardFileName(0);
+  }
+
+  // The daemon still serves the canary, and its first committed version is untouched.
+  void CheckStillServing() {
+    REQUIRE(daemon.running());
+    ++canary_version;
+    canary_state.Fill(canary_version);
+    canary.snapshot(canary_version);
+    canary.wait_durable(canary_version);
+    REQUIRE(VerifyShard(CanaryShard(1)).ok());
+    REQUIRE(ReadShardItem(CanaryShard(1), "t0") == canary_state.Expected(0, 1));
+    REQUIRE(ReadShardItem(CanaryShard(canary_version), "t1") == canary_state.Expected(1, canary_version));
+  }
+};
+
+// Runs `fn`, which must throw ckpt::Error with `code` and a message containing `text`.
+template <typename Fn>
+void ExpectError(Fn&& fn, grpc::StatusCode code, const std::string& text) {
+  try {
+    fn();
+    FAIL("expected an error containing '" << text << "'");
+  } catch (const Error& e) {
+    INFO("message: " << e.what());
+    CHECK(e.code() == static_cast<int>(code));
+    CHECK(std::string(e.what()).find(text) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("unknown or closed session", "[bad-input]") {
+  Fixture f;
+  auto stub = f.daemon.Stub();
+  {
+    grpc::ClientContext ctx;
+    v1::SnapshotRequest req;
+    req.set_session("0123456789abcdef0123456789abcdef");
+    req.set_version(1);
+    v1::SnapshotReply rep;
+    grpc::Status s = stub->Snapshot(&ctx, req, &rep);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(s.error_message().find("unknown or closed session") != std::string::npos);
+  }
+  // Register by hand to learn the session id, close it, then use it.
+  TrainerState state(1, 4096);
+  auto table = DescriptorTable::Create("", 4);
+  REQUIRE(table.ok());
+  REQUIRE(table->Write({TableItem{"w", DType::kF32, {1024}, state.region()->name(), 0, 4096, 0}}).ok());
+  std::string session;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_job("closed");
+    req.set_rank(0);
+    req.set_world_size(1);
+    req.set_descriptor_table(table->name());
+    v1::RegisterReply rep;
+    REQUIRE(stub->Register(&ctx, req, &rep).ok());
+    session = rep.session();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::UnregisterRequest req;
+    req.set_session(session);
+    v1::UnregisterReply rep;
+    REQUIRE(stub->Unregister(&ctx, req, &rep).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::WaitRequest req;
+    req.set_session(session);
+    req.set_version(1);
+    req.set_level(v1::LEVEL_CAPTURED);
+    v1::WaitReply rep;
+    grpc::Status s = stub->Wait(&ctx, req, &rep);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(s.error_message().find("unknown or closed session") != std::string::npos);
+  }
+  f.CheckStillServing();
+}
+
+TEST_CASE("a version not higher than the last one", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("versions", 0, 1, state.Items());
+  c.snapshot(5);
+  ExpectError([&] { c.snapshot(5); }, grpc::StatusCode::FAILED_PRECONDITION, "version 5 is not higher than 5");
+  ExpectError([&] { c.snapshot(3); }, grpc::StatusCode::FAILED_PRECONDITION, "version 3 is not higher than 5");
+  ExpectError([&] { c.snapshot(0); }, grpc::StatusCode::INVALID_ARGUMENT, "at least 1");
+  c.wait_durable(5);
+  // A version at or below the newest committed one, from a new registration, is refused too.
+  c.unregister();
+  Client again = Client::connect(f.daemon.socket());
+  again.register_items("versions", 0, 1, state.Items());
+  ExpectError([&] { again.snapshot(4); }, grpc::StatusCode::FAILED_PRECONDITION, "newest committed version");
+  ExpectError([&] { again.wait_snapshot(4); }, grpc::StatusCode::NOT_FOUND, "was not snapshotted by this session");
+  f.CheckStillServing();
+}
+
+TEST_CASE("an item beyond its region, a missing region, a region smaller than declared", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  std::vector<TensorItem> items = {{"w", DType::kF32, {1024}, state.region(), 8}};  // 8 bytes past the end
+  ExpectError([&] { c.register_items("bounds", 0, 1, items); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "needs bytes [8, 4104) of region");
+
+  auto stub = f.daemon.Stub();
+  auto table = DescriptorTable::Create("", 4);
+  REQUIRE(table.ok());
+  REQUIRE(table->Write({TableItem{"w", DType::kF32, {1024}, "/ckpt-test-no-such-region", 0, 4096, 0}}).ok());
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req;
+  req.set_job("missing");
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_descriptor_table(table->name());
+  v1::RegisterReply rep;
+  grpc::Status s = stub->Register(&ctx, req, &rep);
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(s.error_message().find("/ckpt-test-no-such-region does not exist") != std::string::npos);
+
+  grpc::ClientContext ctx2;
+  req.set_descriptor_table("/ckpt-test-no-such-table");
+  s = stub->Register(&ctx2, req, &rep);
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(s.error_message().find("descriptor table") != std::string::npos);
+
+  // A region that shrinks after registration: the client notices before the snapshot.
+  Client shrink = Client::connect(f.daemon.socket());
+  TrainerState small(1, 8192);
+  shrink.register_items("shrink", 0, 1, small.Items());
+  small.region()->resize(4096);
+  ExpectError([&] { shrink.snapshot(1); }, grpc::StatusCode::FAILED_PRECONDITION, "changed since registration");
+  f.CheckStillServing();
+}
+
+TEST_CASE("bad item and blob names", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  struct Case {
+    std::string name;
+    std::string why;
+  };
+  std::vector<Case> cases = {
+      {"", "is empty"},
+      {std::string(256, 'x'), "longer than 255"},
+      {"a/b", "contains '/'"},
+      {"..", "contains '..'"},
+      {"up..dir", "contains '..'"},
+      {std::string("nul\0byte", 8), "NUL"},
+      {"tab\there", "control character"},
+      {"bell\x07", "control character"},
+  };
+  for (const auto& bad : cases) {
+    INFO("name " << bad.why);
+    Client c = Client::connect(f.daemon.socket());
+    std::vector<TensorItem> items = {{bad.name, DType::kF32, {1024}, state.region(), 0}};
+    ExpectError([&] { c.register_items("names", 0, 1, items); }, grpc::StatusCode::INVALID_ARGUMENT, bad.why);
+  }
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("names", 0, 1, state.Items());
+  ExpectError([&] { c.snapshot(1, {{"a/b", "x"}}); }, grpc::StatusCode::INVALID_ARGUMENT, "contains '/'");
+  ExpectError([&] { c.snapshot(1, {{"t0", "x"}}); }, grpc::StatusCode::ALREADY_EXISTS, "already used");
+  ExpectError([&] { c.snapshot(1, {{"b", "x"}, {"b", "y"}}); }, grpc::StatusCode::ALREADY_EXISTS, "already used");
+  f.CheckStillServing();
+}
+
+TEST_CASE("duplicate item names", "[bad-input]") {
+  Fixture f;
+  TrainerState state(2, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  std::vector<TensorItem> items = {{"w", DType::kF32, {1024}, state.region(), 0},
+                                   {"w", DType::kF32, {1024}, state.region(), 4096}};
+  ExpectError([&] { c.register_items("dups", 0, 1, items); }, grpc::StatusCode::ALREADY_EXISTS,
+              "duplicate item name 'w'");
+  f.CheckStillServing();
+}
+
+TEST_CASE("rank outside the world size, and a rank registered twice", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  ExpectError([&] { c.register_items("ranks", 2, 2, state.Items()); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "rank 2 is outside world size 2");
+  ExpectError([&] { c.register_items("ranks", 0, 0, state.Items()); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "world size 0");
+  c.register_items("ranks", 1, 2, state.Items());
+  Client twin = Client::connect(f.daemon.socket());
+  ExpectError([&] { twin.register_items("ranks", 1, 2, state.Items()); }, grpc::StatusCode::ALREADY_EXISTS,
+              "rank 1 of job 'ranks' is already registered by pid " + std::to_string(::getpid()));
+  f.CheckStillServing();
+}
+
+TEST_CASE("job ids that would escape the root", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  for (const std::string& job : std::vector<std::string>{"../escape", "a/b", ".hidden", "..", "", "sp ace", std::string(129, 'j')}) {
+    INFO("job " << job);
+    Client c = Client::connect(f.daemon.socket());
+    ExpectError([&] { c.register_items(job, 0, 1, state.Items()); }, grpc::StatusCode::INVALID_ARGUMENT, "job id");
+  }
+  CHECK_FALSE(fs::exists(f.dir.path() + "/escape"));
+  f.CheckStillServing();
+}
+
+TEST_CASE("a peer with another uid is refused", "[bad-input][root]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to act as another uid; skipped");
+    return;
+  }
+  TempDir dir("uid");
+  fs::create_directories(dir.path() + "/sock");
+  ::chmod(dir.path().c_str(), 0755);
+  ::chmod((dir.path() + "/sock").c_str(), 0755);
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/sock/ckptd.sock";
+  o.extra_args = {"--socket-mode", "438"};  // 0666: let the other uid reach the socket, so the daemon must refuse
+  DaemonProcess daemon(o);
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    auto stub = v1::Checkpoint::NewStub(grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::StatusReply rep;
+    grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &rep);
+    bool refused = s.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+                   s.error_message().find("peer uid 65534") != std::string::npos;
+    ::_exit(refused ? 0 : 11);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // The daemon's own uid is still served.
+  REQUIRE(daemon.Status().pid() == daemon.pid());
+}
+
+TEST_CASE("the disk filling up during a flush fails that version only", "[bad-input][root]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to mount a small tmpfs; skipped");
+    return;
+  }
+  TempDir dir("enospc");
+  std::string mnt = dir.path() + "/small";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=40m") != 0) {
+    WARN("cannot mount tmpfs here; skipped");
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  {
+    DaemonOptions o;
+    o.root = mnt + "/root";
+    o.socket = dir.path() + "/sock/ckptd.sock";
+    o.pool_mib = 32;
+    o.chunk_mib = 1;
+    DaemonProcess daemon(o);
+    TrainerState state(4, 4 << 20);  // 16 MiB a version: two fit in 40 MiB, the third does not
+    Client c = Client::connect(daemon.socket());
+    c.register_items("full", 0, 1, state.Items());
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      state.Fill(v);
+      c.snapshot(v);
+      c.wait_durable(v);
+    }
+    state.Fill(3);
+    c.snapshot(3);
+    ExpectError([&] { c.wait_durable(3); }, grpc::StatusCode::RESOURCE_EXHAUSTED, "No space left on device");
+    // Older versions are intact, latest still names 2, no partial file is left.
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      std::string shard = o.root + "/full/" + VersionDirName(v) + "/" + ShardFileName(0);
+      REQUIRE(VerifyShard(shard).ok());
+      REQUIRE(ReadShardItem(shard, "t3") == state.Expected(3, v));
+    }
+    CHECK(ReadFile(o.root + "/full/latest") == "2\n");
+    CHECK_FALSE(fs::exists(o.root + "/full/" + VersionDirName(3) + "/" + ShardFileName(0) + ".tmp"));
+    v1::StatusReply st = daemon.Status();
+    REQUIRE(st.errors_size() >= 1);
+    CHECK(st.errors(st.errors_size() - 1).find("No space left on device") != std::string::npos);
+    // The daemon keeps serving: after space is freed, the next version commits.
+    fs::remove_all(o.root + "/full/" + VersionDirName(1));
+    state.Fill(4);
+    c.snapshot(4);
+    c.wait_durable(4);
+    REQUIRE(VerifyShard(o.root + "/full/" + VersionDirName(4) + "/" + ShardFileName(0)).ok());
+  }
+}

@@ -1,0 +1,154 @@
+#include "support/daemon_process.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "support/test_dirs.h"
+
+namespace ckpt::test {
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int keep_fd) {
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::dup2(out_fd, 1);
+    ::dup2(out_fd, 2);
+    if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options)) {
+  log_path_ = options_.root + ".ckptd.log";
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  std::vector<std::string> argv = {CKPTD_BINARY,
+                                   "--root", options_.root,
+                                   "--socket", options_.socket,
+                                   "--pool-mib", std::to_string(options_.pool_mib),
+                                   "--chunk-mib", std::to_string(options_.chunk_mib),
+                                   "--ready-fd", std::to_string(ready[1]),
+                                   "--log-level", "debug"};
+  argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
+  int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  pid_ = Spawn(argv, log, ready[1]);
+  ::close(log);
+  ::close(ready[1]);
+  pollfd p{ready[0], POLLIN, 0};
+  char buf[16] = {};
+  int n = ::poll(&p, 1, 60000) > 0 ? static_cast<int>(::read(ready[0], buf, sizeof buf - 1)) : -1;
+  ::close(ready[0]);
+  if (n <= 0 || std::string(buf).rfind("ready", 0) != 0) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    throw std::runtime_error("ckptd did not become ready; its log:\n" + Log());
+  }
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) Stop();
+}
+
+void DaemonProcess::Kill9() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+int DaemonProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return ExitCode(status);
+}
+
+std::uint64_t DaemonProcess::PeakRssBytes() const {
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream ss(line.substr(6));
+      std::uint64_t kib = 0;
+      ss >> kib;
+      return kib * 1024;
+    }
+  }
+  throw std::runtime_error("no VmHWM for pid " + std::to_string(pid_));
+}
+
+std::string DaemonProcess::Log() const {
+  try {
+    return ReadFile(log_path_);
+  } catch (const std::exception&) {
+    return "(no log)";
+  }
+}
+
+std::unique_ptr<v1::Checkpoint::Stub> DaemonProcess::Stub() const {
+  return v1::Checkpoint::NewStub(grpc::CreateChannel("unix:" + options_.socket, grpc::InsecureChannelCredentials()));
+}
+
+v1::StatusReply DaemonProcess::Status() const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::StatusReply reply;
+  grpc::Status s = Stub()->Status(&ctx, v1::StatusRequest(), &reply);
+  if (!s.ok()) throw std::runtime_error("Status failed: " + s.error_message());
+  return reply;
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& argv) {
+  char path[] = "/tmp/ckpt-test-out-XXXXXX";
+  int fd = ::mkstemp(path);
+  pid_t pid = Spawn(argv, fd, -1);
+  ::close(fd);
+  ProcessResult r;
+  r.exit_code = WaitProcess(pid);
+  r.output = ReadFile(path);
+  ::unlink(path);
+  return r;
+}
+
+pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  pid_t pid = Spawn(argv, fd, -1);
+  ::close(fd);
+  return pid;
+}
+
+int WaitProcess(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return ExitCode(status);
+}
+
+}  // namespace ckpt::test
