@@ -77,7 +77,7 @@ Status Catalog::RecoverJob(const std::string& job) {
     }
   }
   if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(latest_mu_);
   latest_[job] = newest;
   return Status::Ok();
 }
@@ -110,7 +110,7 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
 
 Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
                                  std::uint32_t world_size, bool* committed) {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(commit_mu_);
   *committed = false;
   std::string dir = VersionDir(job, version);
   std::string marker = dir + "/" + std::string(kCommittedMarker);
@@ -126,22 +126,23 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
                         ",\"committed_at\":" + std::to_string(std::time(nullptr)) + "}\n";
   if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) return s;
   *committed = true;
-  auto it = latest_.find(job);
-  std::uint64_t current = it != latest_.end() ? it->second : ScanLatest(job);
-  if (version >= current) {
+  if (version >= Latest(job)) {
     if (Status s = WriteLatest(job, version); !s.ok()) return s;
+    std::lock_guard cache(latest_mu_);
     latest_[job] = version;
   }
   return Status::Ok();
 }
 
 std::uint64_t Catalog::Latest(const std::string& job) {
-  std::lock_guard lock(mu_);
-  auto it = latest_.find(job);
-  if (it != latest_.end()) return it->second;
+  {
+    std::lock_guard lock(latest_mu_);
+    auto it = latest_.find(job);
+    if (it != latest_.end()) return it->second;
+  }
   std::uint64_t v = ScanLatest(job);
-  latest_[job] = v;
-  return v;
+  std::lock_guard lock(latest_mu_);
+  return latest_.emplace(job, v).first->second;
 }
 
 bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
@@ -176,7 +177,7 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
 Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t version) {
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(commit_mu_);
   std::string aside = JobDir(job) + "/" + std::string(kSetAsideDir);
   int moved = 0;
   for (const auto& e : versions.value()) {
@@ -195,6 +196,7 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (Status s = storage_->SyncDir(aside); !s.ok()) return s;
     if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
     if (Status s = WriteLatest(job, version); !s.ok()) return s;
+    std::lock_guard cache(latest_mu_);
     latest_[job] = version;
   }
   return moved;

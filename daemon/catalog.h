@@ -57,7 +57,11 @@ class Catalog {
 
   std::shared_ptr<Storage> storage_;
   std::string root_;
-  std::mutex mu_;
+  // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;
+  // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
+  // commit's disk flushes.
+  std::mutex commit_mu_;
+  std::mutex latest_mu_;
   std::map<std::string, std::uint64_t> latest_;  // cache; loaded from storage on first use
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <unordered_set>
 
 #include "common/names.h"
 #include "format/paths.h"
@@ -80,6 +81,10 @@ struct CheckpointService::Session {
   std::uint64_t table_generation = 0;
   std::vector<TableItem> items;
   std::vector<std::shared_ptr<ImportedRegion>> item_regions;  // parallel to items
+  // What every snapshot starts from, prepared once per table generation.
+  std::vector<ShardItem> tensor_items;
+  std::vector<ItemSource> tensor_sources;
+  std::unordered_set<std::string> item_names;
   std::uint64_t tensor_bytes = 0;
 
   std::mutex mu;  // serialises this session's calls that change its state (below)
@@ -185,9 +190,19 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   std::map<std::string, std::uint64_t> needed;  // region -> bytes its items need
   std::set<std::string> names;
   std::uint64_t total = 0;
+  std::vector<ShardItem> shard_items;
+  shard_items.reserve(items->size());
   for (const auto& it : items.value()) {
     if (std::string err = CheckItemName(it.name); !err.empty()) return InvalidArgument(err);
     if (!names.insert(it.name).second) return AlreadyExists("duplicate item name " + QuoteName(it.name));
+    ShardItem item;
+    item.name = it.name;
+    item.kind = ItemKind::kTensor;
+    item.dtype = it.dtype;
+    item.shape = it.shape;
+    item.length = it.length;
+    if (ckpt::Status st = CheckItemShape(item); !st.ok()) return st;
+    shard_items.push_back(std::move(item));
     if (it.offset > UINT64_MAX - it.length) {
       return InvalidArgument("item " + QuoteName(it.name) + ": offset + length overflows");
     }
@@ -220,7 +235,14 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   }
   s.items = std::move(items).value();
   s.item_regions.clear();
-  for (const auto& it : s.items) s.item_regions.push_back(fresh.at(it.region));
+  s.tensor_sources.clear();
+  for (const auto& it : s.items) {
+    s.item_regions.push_back(fresh.at(it.region));
+    s.tensor_sources.push_back(ItemSource{s.item_regions.back(), it.offset, nullptr});
+  }
+  s.tensor_items = std::move(shard_items);
+  s.item_names.clear();
+  for (const auto& it : s.items) s.item_names.insert(it.name);
   s.tensor_bytes = total;
   s.table_generation = generation;
   return ckpt::Status::Ok();
@@ -323,25 +345,13 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
     if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st.With("re-reading descriptor table"));
   }
 
-  std::vector<ShardItem> items;
-  std::vector<ItemSource> sources;
-  std::set<std::string> names;
-  for (std::size_t i = 0; i < s->items.size(); ++i) {
-    const TableItem& t = s->items[i];
-    ShardItem item;
-    item.name = t.name;
-    item.kind = ItemKind::kTensor;
-    item.dtype = t.dtype;
-    item.shape = t.shape;
-    item.length = t.length;
-    items.push_back(std::move(item));
-    sources.push_back(ItemSource{s->item_regions[i], t.offset, nullptr});
-    names.insert(t.name);
-  }
+  std::vector<ShardItem> items = s->tensor_items;
+  std::vector<ItemSource> sources = s->tensor_sources;
+  std::unordered_set<std::string_view> blob_names;
   std::uint64_t blob_bytes = 0;
   for (const auto& b : req->blobs()) {
     if (std::string err = CheckItemName(b.name()); !err.empty()) return ToGrpc(InvalidArgument("blob: " + err));
-    if (!names.insert(b.name()).second) {
+    if (s->item_names.count(b.name()) || !blob_names.insert(b.name()).second) {
       return ToGrpc(AlreadyExists("blob name " + QuoteName(b.name()) + " is already used by another item"));
     }
     blob_bytes += b.data().size();
@@ -359,11 +369,9 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
                                     std::to_string(config_.max_blob_mib)));
   }
   ShardMeta meta{s->job, v, s->rank, s->world_size};
-  auto layout = ShardLayout::Plan(meta, std::move(items));
-  if (!layout.ok()) return ToGrpc(layout.status());
-  reply->set_shard_bytes(layout->file_bytes());
-  auto shard = std::make_shared<ShardJob>(std::move(layout).value(), std::move(sources),
-                                          catalog_->VersionDir(s->job, v), direct_io_);
+  auto shard = std::make_shared<ShardJob>(ShardLayout::Unplanned(std::move(meta), std::move(items)),
+                                          std::move(sources), catalog_->VersionDir(s->job, v), direct_io_);
+  reply->set_data_bytes(shard->data_bytes());
   s->last_version = v;
   s->shards[v] = shard;
   while (s->shards.size() > kVersionsKeptPerSession) {
@@ -559,7 +567,7 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
     sh->set_job(shard->meta().job);
     sh->set_rank(shard->meta().rank);
     sh->set_version(shard->meta().version);
-    sh->set_total_bytes(shard->layout().data_bytes());
+    sh->set_total_bytes(shard->data_bytes());
     sh->set_copied_bytes(shard->copied_bytes.load());
     sh->set_written_bytes(shard->written_bytes.load());
     sh->set_level(ToProto(shard->level()));

@@ -8,6 +8,7 @@ ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::str
     : layout_(std::move(layout)), sources_(std::move(sources)), dir_(std::move(dir)), direct_io_(direct_io) {
   final_path_ = dir_ + "/" + ShardFileName(layout_.meta().rank);
   tmp_path_ = final_path_ + std::string(kTmpSuffix);
+  for (const auto& item : layout_.items()) data_bytes_ += item.length;
 }
 
 void ShardJob::Reach(ShardLevel level) {

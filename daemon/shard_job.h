@@ -37,6 +37,8 @@ class ShardJob {
 
   const ShardMeta& meta() const { return layout_.meta(); }
   ShardLayout& layout() { return layout_; }
+  // Bytes of item data (tensors and blobs), known before the layout is planned.
+  std::uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<ItemSource>& sources() const { return sources_; }
   // Directory of the version and the final and temporary paths of the shard.
   const std::string& dir() const { return dir_; }
@@ -73,6 +75,7 @@ class ShardJob {
 
  private:
   ShardLayout layout_;
+  std::uint64_t data_bytes_ = 0;
   std::vector<ItemSource> sources_;
   std::string dir_, final_path_, tmp_path_;
   bool direct_io_;

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unordered_set>
 #include <vector>
 
 #include "common/names.h"
@@ -18,7 +19,8 @@
 namespace ckpt {
 namespace {
 
-using OrderedJson = nlohmann::ordered_json;
+// Parsing uses the map-backed json: key order does not matter, items are sorted by offset.
+using Json = nlohmann::json;
 
 std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -28,27 +30,47 @@ std::string ItemMeta(const ShardItem& item) {
   return "kind=" + KindName(item.kind) + " xxh3=" + ChecksumHex(item.checksum);
 }
 
-std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items) {
-  OrderedJson header;
-  OrderedJson md;
-  md["ckpt.format_version"] = std::string(kFormatVersion);
-  md["ckpt.job"] = meta.job;
-  md["ckpt.version"] = std::to_string(meta.version);
-  md["ckpt.rank"] = std::to_string(meta.rank);
-  md["ckpt.world_size"] = std::to_string(meta.world_size);
-  for (const auto& item : items) md["ckpt.item." + item.name] = ItemMeta(item);
-  header["__metadata__"] = std::move(md);
-  for (const auto& item : items) {
-    OrderedJson t;
-    t["dtype"] = std::string(DTypeName(item.dtype));
-    t["shape"] = item.shape;
-    t["data_offsets"] = {item.offset, item.offset + item.length};
-    header[item.TensorKey()] = std::move(t);
-  }
-  return header.dump();
+// Renders the header by hand: nlohmann's ordered_json inserts in linear time per key,
+// which made headers of thousands of items cost tens of milliseconds.
+void AppendString(std::string& out, std::string_view text) {
+  out += nlohmann::json(text).dump();
 }
 
-Status CheckShape(const ShardItem& item) {
+std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items) {
+  std::string out;
+  out.reserve(256 + items.size() * 160);
+  out += "{\"__metadata__\":{\"ckpt.format_version\":";
+  AppendString(out, kFormatVersion);
+  out += ",\"ckpt.job\":";
+  AppendString(out, meta.job);
+  out += ",\"ckpt.version\":\"" + std::to_string(meta.version) + "\"";
+  out += ",\"ckpt.rank\":\"" + std::to_string(meta.rank) + "\"";
+  out += ",\"ckpt.world_size\":\"" + std::to_string(meta.world_size) + "\"";
+  for (const auto& item : items) {
+    out += ',';
+    AppendString(out, "ckpt.item." + item.name);
+    out += ':';
+    AppendString(out, ItemMeta(item));
+  }
+  out += '}';
+  for (const auto& item : items) {
+    out += ',';
+    AppendString(out, item.TensorKey());
+    out += ":{\"dtype\":\"";
+    out += DTypeName(item.dtype);
+    out += "\",\"shape\":[";
+    for (std::size_t i = 0; i < item.shape.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(item.shape[i]);
+    }
+    out += "],\"data_offsets\":[" + std::to_string(item.offset) + "," +
+           std::to_string(item.offset + item.length) + "]}";
+  }
+  out += '}';
+  return out;
+}
+
+Status CheckItemShapeImpl(const ShardItem& item) {
   std::uint64_t elems = 1;
   for (auto d : item.shape) {
     if (d < 0) return InvalidArgument("item " + QuoteName(item.name) + " has a negative dimension");
@@ -67,7 +89,7 @@ Status CheckShape(const ShardItem& item) {
   return Status::Ok();
 }
 
-Result<std::uint64_t> ParseUint(const OrderedJson& md, const std::string& key) {
+Result<std::uint64_t> ParseUint(const Json& md, const std::string& key) {
   auto it = md.find(key);
   if (it == md.end() || !it->is_string()) {
     return DataLoss("shard metadata lacks " + key);
@@ -85,28 +107,42 @@ std::string ShardItem::TensorKey() const {
   return kind == ItemKind::kBlob ? std::string(kBlobPrefix) + name : name;
 }
 
-Result<ShardLayout> ShardLayout::Plan(ShardMeta meta, std::vector<ShardItem> items) {
+Status CheckItemShape(const ShardItem& item) { return CheckItemShapeImpl(item); }
+
+ShardLayout ShardLayout::Unplanned(ShardMeta meta, std::vector<ShardItem> items) {
   ShardLayout layout;
-  std::set<std::string> names;
+  layout.meta_ = std::move(meta);
+  layout.items_ = std::move(items);
+  return layout;
+}
+
+Result<ShardLayout> ShardLayout::Plan(ShardMeta meta, std::vector<ShardItem> items) {
+  ShardLayout layout = Unplanned(std::move(meta), std::move(items));
+  if (Status s = layout.PlanInPlace(); !s.ok()) return s;
+  return layout;
+}
+
+Status ShardLayout::PlanInPlace() {
+  std::unordered_set<std::string_view> names;
+  names.reserve(items_.size());
   std::uint64_t offset = 0;
-  for (auto& item : items) {
+  for (auto& item : items_) {
     if (!names.insert(item.name).second) {
       return AlreadyExists("duplicate item name " + QuoteName(item.name));
     }
-    if (Status s = CheckShape(item); !s.ok()) return s;
+    if (Status s = CheckItemShapeImpl(item); !s.ok()) return s;
     item.offset = offset;
     offset += item.length;
   }
-  layout.meta_ = std::move(meta);
-  layout.items_ = std::move(items);
-  layout.data_bytes_ = offset;
-  std::string json = RenderJson(layout.meta_, layout.items_);
+  data_bytes_ = offset;
+  std::string json = RenderJson(meta_, items_);
   if (json.size() > kMaxHeaderBytes) {
     return ResourceExhausted("shard header would be " + std::to_string(json.size()) +
                              " bytes, over the safetensors limit of 100 MB");
   }
-  layout.header_bytes_ = AlignUp(8 + json.size(), kDataAlignment);
-  return layout;
+  header_bytes_ = AlignUp(8 + json.size(), kDataAlignment);
+  planned_ = true;
+  return Status::Ok();
 }
 
 std::string ShardLayout::RenderHeader() const {
@@ -120,7 +156,7 @@ std::string ShardLayout::RenderHeader() const {
 }
 
 Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_bytes) {
-  OrderedJson header = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  Json header = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return DataLoss("shard header is not a JSON object");
   }
@@ -131,7 +167,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   if (md_it == header.end() || !md_it->is_object()) {
     return DataLoss("shard header has no __metadata__ (not a ckptd shard)");
   }
-  const OrderedJson& md = *md_it;
+  const Json& md = *md_it;
   auto fv = md.find("ckpt.format_version");
   if (fv == md.end() || !fv->is_string() || fv->get<std::string>() != kFormatVersion) {
     return DataLoss("shard has an unknown ckpt.format_version (this reader knows " +
@@ -152,7 +188,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
 
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
-    const OrderedJson& t = it.value();
+    const Json& t = it.value();
     ShardItem item;
     std::string key = it.key();
     if (key.rfind(kBlobPrefix, 0) == 0) {
@@ -184,7 +220,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     if (end < begin) return DataLoss("shard entry " + QuoteName(key) + " ends before it begins");
     item.offset = begin;
     item.length = end - begin;
-    if (Status s = CheckShape(item); !s.ok()) return DataLoss(s.message());
+    if (Status s = CheckItemShapeImpl(item); !s.ok()) return DataLoss(s.message());
     auto meta_it = md.find("ckpt.item." + item.name);
     if (meta_it == md.end() || !meta_it->is_string()) {
       return DataLoss("shard metadata has no checksum for " + QuoteName(item.name));

@@ -56,6 +56,11 @@ class ShardLayout {
   // Packs `items` in the given order and sizes the header. Fails on duplicate names or an
   // item whose shape and dtype disagree with its length.
   static Result<ShardLayout> Plan(ShardMeta meta, std::vector<ShardItem> items);
+  // Holds `items` without planning them; PlanInPlace() plans later (the daemon defers the
+  // work from the Snapshot call to a copy thread).
+  static ShardLayout Unplanned(ShardMeta meta, std::vector<ShardItem> items);
+  Status PlanInPlace();
+  bool planned() const { return planned_; }
 
   const ShardMeta& meta() const { return meta_; }
   std::vector<ShardItem>& items() { return items_; }
@@ -73,7 +78,11 @@ class ShardLayout {
   std::vector<ShardItem> items_;
   std::uint64_t header_bytes_ = 0;
   std::uint64_t data_bytes_ = 0;
+  bool planned_ = false;
 };
+
+// Checks that an item's shape and dtype give exactly its length in bytes.
+Status CheckItemShape(const ShardItem& item);
 
 // A parsed shard header.
 struct ShardInfo {
