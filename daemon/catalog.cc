@@ -17,8 +17,8 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 
 }  // namespace
 
-Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root)
-    : storage_(std::move(storage)), root_(std::move(root)) {}
+Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last)
+    : storage_(std::move(storage)), root_(std::move(root)), keep_last_(keep_last) {}
 
 std::string Catalog::JobDir(const std::string& job) const { return root_ + "/" + job; }
 
@@ -131,7 +131,32 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
     std::lock_guard cache(latest_mu_);
     latest_[job] = version;
   }
-  return Status::Ok();
+  return ApplyRetention(job);
+}
+
+Status Catalog::ApplyRetention(const std::string& job) {
+  if (keep_last_ == 0) return Status::Ok();
+  auto versions = List(job);
+  if (!versions.ok()) return versions.status();
+  std::vector<std::uint64_t> committed;
+  for (const auto& e : versions.value()) {
+    if (e.committed) committed.push_back(e.version);
+  }
+  if (committed.size() <= keep_last_) return Status::Ok();
+  committed.resize(committed.size() - keep_last_);  // the ones to delete, oldest first
+  for (std::uint64_t v : committed) {
+    std::string dir = VersionDir(job, v);
+    // The marker goes first: a version half deleted is then simply not committed.
+    if (Status s = storage_->Remove(dir + "/" + std::string(kCommittedMarker)); !s.ok()) return s;
+    auto files = storage_->List(dir);
+    if (files.ok()) {
+      for (const auto& f : files.value()) {
+        if (Status s = storage_->Remove(dir + "/" + f); !s.ok()) return s;
+      }
+    }
+    if (Status s = storage_->Remove(dir); !s.ok()) return s;
+  }
+  return storage_->SyncDir(JobDir(job));
 }
 
 std::uint64_t Catalog::Latest(const std::string& job) {

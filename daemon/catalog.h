@@ -27,7 +27,9 @@ struct VersionEntry {
 
 class Catalog {
  public:
-  Catalog(std::shared_ptr<Storage> storage, std::string root);
+  // `keep_last` > 0: after each commit, delete committed versions older than the newest
+  // `keep_last` ones.
+  Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0);
 
   const std::string& root() const { return root_; }
   std::string JobDir(const std::string& job) const;
@@ -54,9 +56,11 @@ class Catalog {
   Status RecoverJob(const std::string& job);
   std::uint64_t ScanLatest(const std::string& job);
   Status WriteLatest(const std::string& job, std::uint64_t version);
+  Status ApplyRetention(const std::string& job);
 
   std::shared_ptr<Storage> storage_;
   std::string root_;
+  std::uint32_t keep_last_;
   // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;
   // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
   // commit's disk flushes.

@@ -101,7 +101,7 @@ Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
   svc->storage_ = std::move(storage);
   svc->importer_ = std::move(importer);
   svc->peers_ = peers;
-  svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root);
+  svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root, config.keep_last);
   if (ckpt::Status s = svc->catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config.root);
   bool direct_ok = svc->storage_->SupportsDirectIo(config.root);
   switch (config.direct_io) {
@@ -572,6 +572,8 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
     sh->set_written_bytes(shard->written_bytes.load());
     sh->set_level(ToProto(shard->level()));
     if (shard->failed()) sh->set_error(shard->error().message());
+    sh->set_capture_ms(shard->MillisTo(ShardLevel::kCaptured));
+    sh->set_durable_ms(shard->MillisTo(ShardLevel::kDurable));
     ShardLevel l = shard->level();
     if (l < ShardLevel::kDurable && !shard->failed()) {
       copied += shard->copied_bytes.load();

@@ -33,6 +33,7 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
       {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
   app.add_option("--direct-io", c.direct_io, "O_DIRECT writes: auto, on or off")
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))->default_str("auto");
+  app.add_option("--keep-last", c.keep_last, "Committed versions kept per job (0: all)")->capture_default_str();
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
   app.add_option("--max-blob-mib", c.max_blob_mib, "Largest blob total per snapshot in MiB")
       ->capture_default_str();

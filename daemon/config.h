@@ -33,6 +33,9 @@ struct Config {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   // Peers allowed besides the daemon's own uid (SO_PEERCRED check).
   std::vector<uid_t> allow_uids;
+  // Committed versions kept per job: after each commit, older committed versions beyond the
+  // newest `keep_last` are deleted. 0 keeps every version.
+  std::uint32_t keep_last = 0;
   // Largest total of blob bytes one snapshot may carry.
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.

@@ -14,7 +14,11 @@ ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::str
 void ShardJob::Reach(ShardLevel level) {
   {
     std::lock_guard lock(mu_);
-    if (level > level_) level_ = level;
+    if (level > level_) {
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - created).count();
+      for (int l = static_cast<int>(level_) + 1; l <= static_cast<int>(level); ++l) reached_ms_[l] = ms;
+      level_ = level;
+    }
   }
   changed_.notify_all();
 }
@@ -35,6 +39,11 @@ bool ShardJob::failed() const {
 Status ShardJob::error() const {
   std::lock_guard lock(mu_);
   return error_;
+}
+
+double ShardJob::MillisTo(ShardLevel level) const {
+  std::lock_guard lock(mu_);
+  return reached_ms_[static_cast<int>(level)];
 }
 
 ShardLevel ShardJob::level() const {

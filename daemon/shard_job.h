@@ -54,6 +54,10 @@ class ShardJob {
   // Set once the trainer has been told of this shard's failure (so it is told only once).
   std::atomic<bool> error_reported{false};
 
+  // When the Snapshot call arrived, and how long until each level (0 until reached).
+  const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
+  double MillisTo(ShardLevel level) const;
+
   // Raises the level (never lowers it) and wakes waiters.
   void Reach(ShardLevel level);
   // Records the first failure; the level stays where it was. Wakes waiters.
@@ -84,6 +88,7 @@ class ShardJob {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   ShardLevel level_ = ShardLevel::kCopying;
+  double reached_ms_[4] = {0, 0, 0, 0};
   Status error_;
   int pending_writes_ = 0;
   bool copy_done_ = false;

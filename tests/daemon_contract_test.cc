@@ -317,3 +317,24 @@ TEST_CASE("ckptctl status reports clients, shards and pool, as text and JSON", "
   CHECK(down.exit_code == 1);
   CHECK(down.output.find("is ckptd running") != std::string::npos);
 }
+
+TEST_CASE("--keep-last deletes older committed versions after each commit", "[contract]") {
+  TempDir dir("keep");
+  DaemonOptions o = Options(dir);
+  o.extra_args = {"--keep-last", "2"};
+  DaemonProcess daemon(o);
+  TrainerState state(2, 1 << 20);
+  Client client = Client::connect(daemon.socket());
+  client.register_items("keep", 0, 1, state.Items());
+  for (std::uint64_t v = 1; v <= 5; ++v) {
+    state.Fill(v);
+    client.snapshot(v);
+    client.wait_durable(v);
+  }
+  std::vector<std::string> expect = {"keep/latest", "keep/v0000000004/COMMITTED", "keep/v0000000004/rank-00000.safetensors",
+                                     "keep/v0000000005/COMMITTED", "keep/v0000000005/rank-00000.safetensors"};
+  REQUIRE(ListFiles(daemon.root()) == expect);
+  std::memset(state.region()->data(), 0, state.total_bytes());
+  REQUIRE(client.restore(4).version == 4);
+  REQUIRE(state.FirstMismatch(4) == -1);
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds ckptd and runs every test (unit tests and end-to-end tests against real ckptd
+# processes). Usage: scripts/test.sh [--sanitize address|thread] [ctest args...]
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+build="$here/build"
+sanitize=""
+if [ "${1:-}" = "--sanitize" ]; then
+  sanitize="$2"
+  build="$here/build-$sanitize"
+  shift 2
+fi
+bash "$here/scripts/install-deps.sh"
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE="$sanitize" >/dev/null
+ninja -C "$build"
+cd "$build"
+ctest --output-on-failure --timeout 900 "$@"
