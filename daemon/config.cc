@@ -19,7 +19,13 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
   app.set_config("--config", "", "Read options from this file (key = value, same names as flags)");
   app.add_option("--socket", c.socket_path, "Unix socket to serve on")->capture_default_str();
-  app.add_option("--socket-mode", c.socket_mode, "Permission bits of the socket (octal as decimal)")
+  std::string socket_mode = "0600";
+  app.add_option("--socket-mode", socket_mode, "Permission bits of the socket, octal")
+      ->check([](const std::string& v) {
+        return v.find_first_not_of("01234567") == std::string::npos && !v.empty() && v.size() <= 4
+                   ? std::string()
+                   : "must be octal permission bits such as 0600";
+      })
       ->capture_default_str();
   app.add_option("--root", c.root, "Checkpoint root directory")->capture_default_str();
   app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
@@ -46,6 +52,7 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
     *exit_code = app.exit(e);
     return std::nullopt;
   }
+  c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
   if (c.chunk_mib * 4 > c.pool_mib) {
     std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of "
               << c.chunk_mib << " MiB\n";
