@@ -6,8 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev libspdlog-dev libfmt-dev catch2
-  liburing-dev libxxhash-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libfmt-dev catch2
+  libxxhash-dev libcli11-dev nlohmann-json3-dev
   python3 python3-numpy fio procps
 )
 
