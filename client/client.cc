@@ -121,7 +121,10 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     row.length = elems * ElementSize(it.dtype);
     row.generation = it.region->generation();
     rows.push_back(std::move(row));
-    registered.push_back({it.region, it.region->generation(), it.region->size(), it.name});
+    // One entry per distinct region: the check before each snapshot is per region.
+    bool seen = false;
+    for (const auto& r : registered) seen = seen || r.region == it.region;
+    if (!seen) registered.push_back({it.region, it.region->generation(), it.region->size(), it.name});
   }
   if (!impl_->table || impl_->table->capacity() < rows.size()) {
     auto table = DescriptorTable::Create("", static_cast<std::uint32_t>(std::max<std::size_t>(rows.size(), 16)));

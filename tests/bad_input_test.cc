@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 
 #include "format/paths.h"
 #include "format/shard_format.h"
@@ -342,4 +343,72 @@ TEST_CASE("the disk filling up during a flush fails that version only", "[bad-in
     c.wait_durable(4);
     REQUIRE(VerifyShard(o.root + "/full/" + VersionDirName(4) + "/" + ShardFileName(0)).ok());
   }
+}
+
+TEST_CASE("restore into a registration that does not match the checkpoint", "[bad-input]") {
+  Fixture f;
+  TrainerState state(2, 4096);
+  {
+    Client writer = Client::connect(f.daemon.socket());
+    writer.register_items("shape", 0, 1, state.Items());
+    state.Fill(1);
+    writer.snapshot(1);
+    writer.wait_durable(1);
+  }
+  struct Case {
+    std::vector<TensorItem> items;
+    std::string why;
+  };
+  auto region = state.region();
+  std::vector<Case> cases = {
+      {{{"t0", DType::kF32, {1024}, region, 0}, {"t1", DType::kF16, {2048}, region, 4096}},
+       "item 't1' is F32 in the checkpoint but registered as F16"},
+      {{{"t0", DType::kF32, {1024}, region, 0}, {"t1", DType::kF32, {32, 32}, region, 4096}},
+       "item 't1' has shape [1024] in the checkpoint but is registered with shape [32, 32]"},
+      {{{"t0", DType::kF32, {1024}, region, 0}, {"t1", DType::kF32, {512}, region, 4096}},
+       "item 't1' has shape [1024] in the checkpoint but is registered with shape [512]"},
+      {{{"t0", DType::kF32, {1024}, region, 0}, {"other", DType::kF32, {1024}, region, 4096}},
+       "the checkpoint has no tensor item 'other'"},
+      {{{"t0", DType::kF32, {1024}, region, 0}}, "the checkpoint has tensor item 't1'"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.why);
+    Client reader = Client::connect(f.daemon.socket());
+    reader.register_items("shape", 0, 1, c.items);
+    std::memset(region->data(), 0x5A, state.total_bytes());
+    ExpectError([&] { reader.restore(); }, grpc::StatusCode::FAILED_PRECONDITION, c.why);
+    // The layout is checked before any byte is written.
+    CHECK(static_cast<unsigned char*>(region->data())[0] == 0x5A);
+  }
+  Client missing = Client::connect(f.daemon.socket());
+  missing.register_items("shape", 0, 1, state.Items());
+  ExpectError([&] { missing.restore(7); }, grpc::StatusCode::NOT_FOUND, "version 7 of job 'shape' is not committed");
+  Client fresh = Client::connect(f.daemon.socket());
+  fresh.register_items("nothing-yet", 0, 1, state.Items());
+  ExpectError([&] { fresh.restore(); }, grpc::StatusCode::NOT_FOUND, "has no committed version");
+  f.CheckStillServing();
+}
+
+TEST_CASE("a corrupted shard is refused on restore with the item named", "[bad-input]") {
+  Fixture f;
+  TrainerState state(2, 8192);
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("corrupt", 0, 1, state.Items());
+  state.Fill(1);
+  c.snapshot(1);
+  c.wait_durable(1);
+  std::string shard = f.daemon.root() + "/corrupt/" + VersionDirName(1) + "/" + ShardFileName(0);
+  {
+    auto info = ReadShardHeader(shard);
+    REQUIRE(info.ok());
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(info->data_start + 8192 + 100);  // inside t1
+    file.seekg(at);
+    char byte = 0;
+    file.get(byte);
+    file.seekp(at);
+    file.put(static_cast<char>(byte ^ 0xff));
+  }
+  ExpectError([&] { c.restore(); }, grpc::StatusCode::DATA_LOSS, "checksum mismatch in item 't1'");
+  f.CheckStillServing();
 }
