@@ -156,7 +156,8 @@ TEST_CASE("kill -9 of the daemon mid-flush loses nothing committed", "[contract]
     // Wait (by state, bounded) until version 2 is being written, then kill the daemon.
     bool writing = false;
     for (int i = 0; i < 20000 && !writing; ++i) {
-      const v1::ShardStatus* sh = FindShard(daemon.Status(), "kill", 2, 0);
+      const v1::StatusReply st = daemon.Status();
+      const v1::ShardStatus* sh = FindShard(st, "kill", 2, 0);
       writing = sh != nullptr && sh->written_bytes() > 0;
     }
     REQUIRE(writing);

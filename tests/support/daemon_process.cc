@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <catch2/catch.hpp>
+
 #include "support/test_dirs.h"
 
 namespace ckpt::test {
@@ -71,7 +73,14 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
 }
 
 DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0) Stop();
+  if (pid_ <= 0) return;
+  // A daemon that does not exit cleanly on SIGTERM (a crash, a sanitizer report) fails
+  // the test that used it.
+  int rc = Stop();
+  if (rc != 0) {
+    UNSCOPED_INFO("ckptd log:\n" << Log());
+    FAIL_CHECK("ckptd exited with status " << rc << " after SIGTERM");
+  }
 }
 
 void DaemonProcess::Kill9() {
