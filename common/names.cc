@@ -52,6 +52,9 @@ std::string CheckItemName(std::string_view name) {
     if (c >= 0x80) return "item name " + QuoteName(name) + " is not printable ASCII";
     if (c == '/') return "item name " + QuoteName(name) + " contains '/'";
   }
+  if (name == "__metadata__") {
+    return "item name '__metadata__' is reserved by the safetensors format";
+  }
   if (name.find("..") != std::string_view::npos) {
     return "item name " + QuoteName(name) + " contains '..'";
   }

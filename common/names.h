@@ -17,7 +17,8 @@ inline constexpr std::size_t kMaxItemNameLength = 255;
 // Job id: 1-128 characters of [A-Za-z0-9._-], not starting with '.'.
 std::string CheckJobId(std::string_view job);
 
-// Item name: 1-255 printable ASCII characters, no '/', no "..", no control characters.
+// Item name: 1-255 printable ASCII characters, no '/', no "..", no control characters,
+// not "__metadata__" (the safetensors metadata key).
 std::string CheckItemName(std::string_view name);
 
 // Renders a name for an error message: quoted, with unprintable bytes as \xNN, cut at 80.

@@ -112,6 +112,7 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
                                  std::uint32_t world_size, bool* committed) {
   std::lock_guard lock(commit_mu_);
   *committed = false;
+  if (world_size == 0) return InvalidArgument("cannot commit a version of a job with world size 0");
   std::string dir = VersionDir(job, version);
   std::string marker = dir + "/" + std::string(kCommittedMarker);
   if (storage_->Exists(marker)) {

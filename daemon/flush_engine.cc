@@ -119,8 +119,14 @@ Status FlushEngine::Publish(ShardJob& shard) {
   if (Status s = storage_->DataSync(fd, what); !s.ok()) return s;
   shard.file().reset();
   if (Status s = storage_->Rename(shard.tmp_path(), shard.final_path()); !s.ok()) return s;
-  if (Status s = storage_->SyncDir(shard.dir()); !s.ok()) return s;
-  return storage_->SyncDir(shard.dir().substr(0, shard.dir().find_last_of('/')));
+  Status synced = storage_->SyncDir(shard.dir());
+  if (synced.ok()) synced = storage_->SyncDir(shard.dir().substr(0, shard.dir().find_last_of('/')));
+  if (!synced.ok()) {
+    // The file has its final name but is not known to be durable: a commit must not count
+    // it, so it goes.
+    storage_->Remove(shard.final_path());
+  }
+  return synced;
 }
 
 }  // namespace ckpt

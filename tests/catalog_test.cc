@@ -1,0 +1,332 @@
+// The commit stage and the daemon's view of the checkpoint tree, on a real directory.
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "daemon/catalog.h"
+#include "daemon/storage.h"
+#include "format/paths.h"
+#include "support/test_dirs.h"
+
+using namespace ckpt;
+using ckpt::test::ListFiles;
+using ckpt::test::ReadFile;
+using ckpt::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+void Touch(const std::string& path, const std::string& content = "shard") {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  REQUIRE(out.good());
+}
+
+// Puts the shard files of `ranks` in place, as the flush engine publishes them.
+void PutShards(const Catalog& catalog, const std::string& job, std::uint64_t version,
+               const std::vector<std::uint32_t>& ranks) {
+  for (auto r : ranks) Touch(catalog.ShardPath(job, version, r), "v" + std::to_string(version));
+}
+
+// Publishes and commits a complete version.
+void Committed(Catalog& catalog, const std::string& job, std::uint64_t version, std::uint32_t world = 1) {
+  std::vector<std::uint32_t> ranks;
+  for (std::uint32_t r = 0; r < world; ++r) ranks.push_back(r);
+  PutShards(catalog, job, version, ranks);
+  bool committed = false;
+  REQUIRE(catalog.CommitIfComplete(job, version, world, &committed).ok());
+  REQUIRE(committed);
+}
+
+std::string LatestText(const Catalog& catalog, const std::string& job) {
+  return ReadFile(catalog.JobDir(job) + "/latest");
+}
+
+bool HasMarker(const Catalog& catalog, const std::string& job, std::uint64_t version) {
+  return fs::exists(catalog.VersionDir(job, version) + "/COMMITTED");
+}
+
+std::shared_ptr<Storage> Posix() { return std::make_shared<PosixStorage>(); }
+
+// Fails every rename whose target ends with `suffix`.
+class FailingRename : public StorageWrapper {
+ public:
+  explicit FailingRename(std::string suffix) : StorageWrapper(Posix()), suffix_(std::move(suffix)) {}
+  Status Rename(const std::string& from, const std::string& to) override {
+    if (to.size() >= suffix_.size() && to.compare(to.size() - suffix_.size(), suffix_.size(), suffix_) == 0) {
+      return IoError("rename " + from + " to " + to, EIO);
+    }
+    return StorageWrapper::Rename(from, to);
+  }
+
+ private:
+  std::string suffix_;
+};
+
+}  // namespace
+
+TEST_CASE("catalog paths follow the tree layout", "[catalog]") {
+  Catalog catalog(Posix(), "/ckpt/root");
+  CHECK(catalog.root() == "/ckpt/root");
+  CHECK(catalog.JobDir("job-1") == "/ckpt/root/job-1");
+  CHECK(catalog.VersionDir("job-1", 42) == "/ckpt/root/job-1/v0000000042");
+  CHECK(catalog.ShardPath("job-1", 42, 3) == "/ckpt/root/job-1/v0000000042/rank-00003.safetensors");
+}
+
+TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path());
+  REQUIRE(catalog.Recover().ok());
+  bool committed = true;
+
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());  // nothing there yet
+  CHECK_FALSE(committed);
+
+  PutShards(catalog, "job", 5, {0, 1});  // the last rank is missing
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  Touch(catalog.ShardPath("job", 5, 2) + ".tmp");  // still being written
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  Touch(catalog.ShardPath("job", 5, 3));  // a rank beyond the world does not count
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  fs::rename(catalog.ShardPath("job", 5, 1), catalog.ShardPath("job", 5, 2));  // now rank 1 is missing
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  CHECK_FALSE(HasMarker(catalog, "job", 5));
+  CHECK_FALSE(fs::exists(catalog.JobDir("job") + "/latest"));
+  CHECK_FALSE(catalog.IsCommitted("job", 5));
+  CHECK(catalog.Latest("job") == 0);
+
+  PutShards(catalog, "job", 5, {1});
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK(committed);
+  REQUIRE(HasMarker(catalog, "job", 5));
+  CHECK(catalog.IsCommitted("job", 5));
+  auto marker = nlohmann::json::parse(ReadFile(catalog.VersionDir("job", 5) + "/COMMITTED"));
+  CHECK(marker["job"] == "job");
+  CHECK(marker["version"] == 5);
+  CHECK(marker["world_size"] == 3);
+  CHECK(LatestText(catalog, "job") == "5\n");
+  CHECK(catalog.Latest("job") == 5);
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 5) + "/COMMITTED.tmp"));
+  CHECK_FALSE(fs::exists(catalog.JobDir("job") + "/latest.tmp"));
+
+  // Asking again (another rank's shard turned durable) changes nothing.
+  std::string before = ReadFile(catalog.VersionDir("job", 5) + "/COMMITTED");
+  committed = false;
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK(committed);
+  CHECK(ReadFile(catalog.VersionDir("job", 5) + "/COMMITTED") == before);
+}
+
+TEST_CASE("latest never moves back when an older version commits late", "[catalog]") {
+  TempDir dir("cat");
+  {
+    Catalog catalog(Posix(), dir.path());
+    Committed(catalog, "job", 5);
+    Committed(catalog, "job", 3);
+    CHECK(LatestText(catalog, "job") == "5\n");
+    CHECK(catalog.Latest("job") == 5);
+    Committed(catalog, "job", 7);
+    CHECK(LatestText(catalog, "job") == "7\n");
+    CHECK(catalog.Latest("job") == 7);
+  }
+  // A fresh catalog (a restarted daemon) knows the newest from storage, not from memory.
+  Catalog restarted(Posix(), dir.path());
+  Committed(restarted, "job", 6);
+  CHECK(LatestText(restarted, "job") == "7\n");
+  CHECK(restarted.Latest("job") == 7);
+}
+
+TEST_CASE("jobs commit independently", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path());
+  Committed(catalog, "a", 10);
+  Committed(catalog, "b", 2, 2);
+  CHECK(catalog.Latest("a") == 10);
+  CHECK(catalog.Latest("b") == 2);
+  CHECK(catalog.Latest("c") == 0);
+  CHECK(LatestText(catalog, "b") == "2\n");
+}
+
+TEST_CASE("a failed commit marker leaves the version uncommitted and latest alone", "[catalog]") {
+  TempDir dir("cat");
+  auto storage = std::make_shared<FailingRename>("/COMMITTED");
+  Catalog catalog(storage, dir.path());
+  {
+    Catalog healthy(Posix(), dir.path());
+    Committed(healthy, "job", 1);
+  }
+  PutShards(catalog, "job", 2, {0});
+  bool committed = true;
+  Status s = catalog.CommitIfComplete("job", 2, 1, &committed);
+  CHECK(s.code() == StatusCode::kIoError);
+  CHECK_FALSE(committed);
+  CHECK_FALSE(HasMarker(catalog, "job", 2));
+  CHECK(LatestText(catalog, "job") == "1\n");
+  CHECK(catalog.Latest("job") == 1);
+  // The leftover temporary marker is what Recover cleans up.
+  CHECK(fs::exists(catalog.VersionDir("job", 2) + "/COMMITTED.tmp"));
+  Catalog recovered(Posix(), dir.path());
+  REQUIRE(recovered.Recover().ok());
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 2) + "/COMMITTED.tmp"));
+  CHECK_FALSE(recovered.IsCommitted("job", 2));
+  CHECK(recovered.Latest("job") == 1);
+}
+
+TEST_CASE("Recover removes temporary files and repairs latest", "[catalog]") {
+  TempDir dir("cat");
+  std::string root = dir.path() + "/root";
+  {
+    Catalog writer(Posix(), root);
+    // job-a: v1 committed, v2 only half written, latest wrongly names v2.
+    Committed(writer, "job-a", 1);
+    PutShards(writer, "job-a", 2, {0});
+    Touch(writer.ShardPath("job-a", 2, 1) + ".tmp");
+    Touch(writer.JobDir("job-a") + "/latest", "2\n");
+    Touch(writer.JobDir("job-a") + "/latest.tmp", "3\n");
+    // job-b: latest names a version that was never committed, and none was.
+    PutShards(writer, "job-b", 4, {0, 1});
+    Touch(writer.JobDir("job-b") + "/latest", "4\n");
+    // job-c: healthy; latest must be left as it is.
+    Committed(writer, "job-c", 3);
+    Committed(writer, "job-c", 8);
+    // job-d: committed, but latest went missing.
+    Committed(writer, "job-d", 6);
+    fs::remove(writer.JobDir("job-d") + "/latest");
+    // Not a job id: not ours to clean.
+    Touch(root + "/.hidden/leftover.tmp");
+  }
+  Catalog catalog(Posix(), root);
+  REQUIRE(catalog.Recover().ok());
+
+  CHECK(ListFiles(catalog.JobDir("job-a")) ==
+        std::vector<std::string>{"latest", "v0000000001/COMMITTED", "v0000000001/rank-00000.safetensors",
+                                 "v0000000002/rank-00000.safetensors"});
+  CHECK(LatestText(catalog, "job-a") == "1\n");
+  CHECK(catalog.Latest("job-a") == 1);
+  CHECK_FALSE(catalog.IsCommitted("job-a", 2));
+
+  CHECK_FALSE(fs::exists(catalog.JobDir("job-b") + "/latest"));
+  CHECK(catalog.Latest("job-b") == 0);
+  CHECK(fs::exists(catalog.ShardPath("job-b", 4, 1)));  // shards stay; only their commit is missing
+
+  CHECK(LatestText(catalog, "job-c") == "8\n");
+  CHECK(catalog.Latest("job-c") == 8);
+
+  CHECK(LatestText(catalog, "job-d") == "6\n");
+  CHECK(catalog.Latest("job-d") == 6);
+
+  CHECK(fs::exists(root + "/.hidden/leftover.tmp"));
+}
+
+TEST_CASE("Recover creates a missing root and accepts an empty one", "[catalog]") {
+  TempDir dir("cat");
+  std::string root = dir.path() + "/a/b/root";
+  Catalog catalog(Posix(), root);
+  REQUIRE(catalog.Recover().ok());
+  REQUIRE(fs::is_directory(root));
+  REQUIRE(catalog.Recover().ok());
+  CHECK(catalog.Latest("anything") == 0);
+}
+
+TEST_CASE("PrepareVersionDir makes the version directory, private", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path() + "/root");
+  REQUIRE(catalog.Recover().ok());
+  REQUIRE(catalog.PrepareVersionDir("job", 9).ok());
+  REQUIRE(fs::is_directory(catalog.VersionDir("job", 9)));
+  struct stat st {};
+  REQUIRE(::stat(catalog.VersionDir("job", 9).c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  REQUIRE(catalog.PrepareVersionDir("job", 9).ok());  // idempotent
+}
+
+TEST_CASE("List reports versions oldest first with their ranks and commit state", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path());
+  CHECK(catalog.List("nope").ok());
+  CHECK(catalog.List("nope")->empty());
+
+  Committed(catalog, "job", 12, 2);
+  PutShards(catalog, "job", 3, {2, 0});
+  Committed(catalog, "job", 100);
+  Touch(catalog.ShardPath("job", 3, 1) + ".tmp");
+  fs::create_directories(catalog.JobDir("job") + "/vjunk");
+  fs::create_directories(catalog.JobDir("job") + "/v7");  // any number of digits is a version
+  fs::create_directories(catalog.JobDir("job") + "/set-aside/v0000000200");
+
+  auto list = catalog.List("job");
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 4);
+  const auto& v = list.value();
+  CHECK(v[0].version == 3);
+  CHECK_FALSE(v[0].committed);
+  CHECK(v[0].ranks == std::vector<std::uint32_t>{0, 2});
+  CHECK(v[1].version == 7);
+  CHECK(v[1].ranks.empty());
+  CHECK(v[2].version == 12);
+  CHECK(v[2].committed);
+  CHECK(v[2].ranks == std::vector<std::uint32_t>{0, 1});
+  CHECK(v[3].version == 100);
+  CHECK(v[3].committed);
+}
+
+TEST_CASE("SetAsideNewerThan moves newer versions away and points latest back", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path());
+  Committed(catalog, "job", 1);
+  Committed(catalog, "job", 2);
+  Committed(catalog, "job", 3);
+  PutShards(catalog, "job", 4, {0});  // in flight when the rollback came
+  REQUIRE(catalog.Latest("job") == 3);
+
+  auto moved = catalog.SetAsideNewerThan("job", 2);
+  REQUIRE(moved.ok());
+  CHECK(moved.value() == 2);
+  std::string aside = catalog.JobDir("job") + "/set-aside";
+  CHECK(fs::exists(aside + "/v0000000003/COMMITTED"));
+  CHECK(fs::exists(aside + "/v0000000003/rank-00000.safetensors"));
+  CHECK(fs::exists(aside + "/v0000000004/rank-00000.safetensors"));
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 3)));
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 4)));
+  CHECK(LatestText(catalog, "job") == "2\n");
+  CHECK(catalog.Latest("job") == 2);
+  auto list = catalog.List("job");
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 2);
+  CHECK(list.value()[1].version == 2);
+
+  // Nothing newer: nothing moves and latest stays.
+  auto none = catalog.SetAsideNewerThan("job", 2);
+  REQUIRE(none.ok());
+  CHECK(none.value() == 0);
+  CHECK(LatestText(catalog, "job") == "2\n");
+
+  // Numbering continues from the rollback point; a second rollback keeps both copies of v3.
+  Committed(catalog, "job", 3);
+  CHECK(LatestText(catalog, "job") == "3\n");
+  moved = catalog.SetAsideNewerThan("job", 2);
+  REQUIRE(moved.ok());
+  CHECK(moved.value() == 1);
+  CHECK(fs::exists(aside + "/v0000000003/COMMITTED"));
+  CHECK(fs::exists(aside + "/v0000000003.1/COMMITTED"));
+  CHECK(catalog.Latest("job") == 2);
+
+  // A restarted daemon agrees: set-aside versions do not count as committed.
+  Catalog restarted(Posix(), dir.path());
+  REQUIRE(restarted.Recover().ok());
+  CHECK(restarted.Latest("job") == 2);
+  CHECK(LatestText(restarted, "job") == "2\n");
+}
