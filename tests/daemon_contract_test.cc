@@ -319,7 +319,7 @@ TEST_CASE("ckptctl status reports clients, shards and pool, as text and JSON", "
   CHECK(down.output.find("is ckptd running") != std::string::npos);
 }
 
-TEST_CASE("--keep-last deletes older committed versions after each commit", "[contract]") {
+TEST_CASE("retention: keep-last deletes older committed versions after each commit", "[contract]") {
   TempDir dir("keep");
   DaemonOptions o = Options(dir);
   o.extra_args = {"--keep-last", "2"};
