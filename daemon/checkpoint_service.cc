@@ -82,8 +82,7 @@ struct CheckpointService::Session {
   std::vector<TableItem> items;
   std::vector<std::shared_ptr<ImportedRegion>> item_regions;  // parallel to items
   // What every snapshot starts from, prepared once per table generation.
-  std::vector<ShardItem> tensor_items;
-  std::vector<ItemSource> tensor_sources;
+  std::shared_ptr<const TensorSet> tensors;
   std::unordered_set<std::string> item_names;
   std::uint64_t tensor_bytes = 0;
 
@@ -235,12 +234,14 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   }
   s.items = std::move(items).value();
   s.item_regions.clear();
-  s.tensor_sources.clear();
+  auto tensors = std::make_shared<TensorSet>();
   for (const auto& it : s.items) {
     s.item_regions.push_back(fresh.at(it.region));
-    s.tensor_sources.push_back(ItemSource{s.item_regions.back(), it.offset, nullptr});
+    tensors->sources.push_back(ItemSource{s.item_regions.back(), it.offset, nullptr});
   }
-  s.tensor_items = std::move(shard_items);
+  tensors->items = std::move(shard_items);
+  tensors->bytes = total;
+  s.tensors = std::move(tensors);
   s.item_names.clear();
   for (const auto& it : s.items) s.item_names.insert(it.name);
   s.tensor_bytes = total;
@@ -345,8 +346,8 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
     if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st.With("re-reading descriptor table"));
   }
 
-  std::vector<ShardItem> items = s->tensor_items;
-  std::vector<ItemSource> sources = s->tensor_sources;
+  std::vector<ShardItem> items;  // the blobs; the tensors come from s->tensors
+  std::vector<ItemSource> sources;
   std::unordered_set<std::string_view> blob_names;
   std::uint64_t blob_bytes = 0;
   for (const auto& b : req->blobs()) {
@@ -369,8 +370,8 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
                                     std::to_string(config_.max_blob_mib)));
   }
   ShardMeta meta{s->job, v, s->rank, s->world_size};
-  auto shard = std::make_shared<ShardJob>(ShardLayout::Unplanned(std::move(meta), std::move(items)),
-                                          std::move(sources), catalog_->VersionDir(s->job, v), direct_io_);
+  auto shard = std::make_shared<ShardJob>(std::move(meta), s->tensors, std::move(items), std::move(sources),
+                                          catalog_->VersionDir(s->job, v), direct_io_);
   reply->set_data_bytes(shard->data_bytes());
   s->last_version = v;
   s->shards[v] = shard;

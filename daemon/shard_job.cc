@@ -11,6 +11,31 @@ ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::str
   for (const auto& item : layout_.items()) data_bytes_ += item.length;
 }
 
+ShardJob::ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std::vector<ShardItem> blobs,
+                   std::vector<ItemSource> blob_sources, std::string dir, bool direct_io)
+    : ShardJob(ShardLayout::Unplanned(std::move(meta), std::move(blobs)), std::move(blob_sources),
+               std::move(dir), direct_io) {
+  tensors_ = std::move(tensors);
+  data_bytes_ += tensors_->bytes;
+}
+
+Status ShardJob::Prepare() {
+  if (tensors_) {
+    std::vector<ShardItem> items;
+    items.reserve(tensors_->items.size() + layout_.items().size());
+    items.insert(items.end(), tensors_->items.begin(), tensors_->items.end());
+    for (auto& blob : layout_.items()) items.push_back(std::move(blob));
+    std::vector<ItemSource> sources;
+    sources.reserve(items.size());
+    sources.insert(sources.end(), tensors_->sources.begin(), tensors_->sources.end());
+    for (auto& src : sources_) sources.push_back(std::move(src));
+    layout_ = ShardLayout::Unplanned(layout_.meta(), std::move(items));
+    sources_ = std::move(sources);
+    tensors_.reset();
+  }
+  return layout_.planned() ? Status::Ok() : layout_.PlanInPlace();
+}
+
 void ShardJob::Reach(ShardLevel level) {
   {
     std::lock_guard lock(mu_);

@@ -31,9 +31,25 @@ struct ItemSource {
   std::shared_ptr<const std::string> blob;  // blob items
 };
 
+// The tensor items of one registration (one descriptor-table generation), shared by every
+// snapshot taken from it so that a Snapshot call does not copy thousands of items.
+struct TensorSet {
+  std::vector<ShardItem> items;
+  std::vector<ItemSource> sources;
+  std::uint64_t bytes = 0;
+};
+
 class ShardJob {
  public:
+  // A shard whose items and sources are given (the layout may be planned or not).
   ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io);
+  // A shard of `tensors` followed by `blobs`; the item list is assembled by Prepare().
+  ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std::vector<ShardItem> blobs,
+           std::vector<ItemSource> blob_sources, std::string dir, bool direct_io);
+
+  // Assembles the item list (if built from a TensorSet) and plans the layout. Called by
+  // the copy thread before the first byte is copied; idempotent.
+  Status Prepare();
 
   const ShardMeta& meta() const { return layout_.meta(); }
   ShardLayout& layout() { return layout_; }
@@ -81,6 +97,7 @@ class ShardJob {
   ShardLayout layout_;
   std::uint64_t data_bytes_ = 0;
   std::vector<ItemSource> sources_;
+  std::shared_ptr<const TensorSet> tensors_;  // consumed by Prepare()
   std::string dir_, final_path_, tmp_path_;
   bool direct_io_;
   UniqueFd file_;

@@ -57,11 +57,9 @@ void SnapshotEngine::CopyLoop() {
 void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   // Planning (offsets, header size) happens here rather than in the Snapshot call, which
   // must return at once even for thousands of items.
-  if (!shard->layout().planned()) {
-    if (Status s = shard->layout().PlanInPlace(); !s.ok()) {
-      shard->Fail(s);
-      return;
-    }
+  if (Status s = shard->Prepare(); !s.ok()) {
+    shard->Fail(s);
+    return;
   }
   if (Status s = flush_.Open(*shard); !s.ok()) {
     shard->Fail(s);
