@@ -142,26 +142,23 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   }
   if (Status s = impl_->table->Write(rows); !s.ok()) Throw(s);
   impl_->registered = std::move(registered);
+  // First registration, or (same table, new generation) a re-registration that the daemon
+  // validates now rather than at the next snapshot.
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req;
+  v1::RegisterReply rep;
+  req.set_job(job);
+  req.set_rank(rank);
+  req.set_world_size(world_size);
+  req.set_descriptor_table(impl_->table->name());
+  req.set_session(impl_->session);
+  grpc::Status s = impl_->stub->Register(&ctx, req, &rep);
+  if (!s.ok()) Throw(s, impl_->session.empty() ? "register" : "re-register");
+  impl_->session = rep.session();
   Registration out;
-  if (impl_->session.empty()) {
-    grpc::ClientContext ctx;
-    v1::RegisterRequest req;
-    v1::RegisterReply rep;
-    req.set_job(job);
-    req.set_rank(rank);
-    req.set_world_size(world_size);
-    req.set_descriptor_table(impl_->table->name());
-    grpc::Status s = impl_->stub->Register(&ctx, req, &rep);
-    if (!s.ok()) Throw(s, "register");
-    impl_->session = rep.session();
-    out.item_count = rep.item_count();
-    out.tensor_bytes = rep.tensor_bytes();
-    out.latest_committed = rep.latest_committed();
-  } else {
-    // Same table, new generation: the daemon re-reads it on the next snapshot.
-    out.item_count = static_cast<std::uint32_t>(rows.size());
-    for (const auto& r : rows) out.tensor_bytes += r.length;
-  }
+  out.item_count = rep.item_count();
+  out.tensor_bytes = rep.tensor_bytes();
+  out.latest_committed = rep.latest_committed();
   return out;
 }
 

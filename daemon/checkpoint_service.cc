@@ -262,6 +262,21 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     return ToGrpc(InvalidArgument("rank " + std::to_string(req->rank()) + " is outside world size " +
                                   std::to_string(req->world_size())));
   }
+  if (!req->session().empty()) {
+    std::shared_ptr<Session> s;
+    if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
+    if (s->job != req->job() || s->rank != req->rank() || s->world_size != req->world_size() ||
+        s->table->name() != req->descriptor_table()) {
+      return ToGrpc(InvalidArgument("re-registration must keep the session's job, rank, world size and table"));
+    }
+    std::lock_guard lock(s->mu);
+    if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st);
+    reply->set_session(s->id);
+    reply->set_item_count(static_cast<std::uint32_t>(s->items.size()));
+    reply->set_tensor_bytes(s->tensor_bytes);
+    reply->set_latest_committed(catalog_->Latest(s->job));
+    return grpc::Status::OK;
+  }
   auto session = std::make_shared<Session>();
   session->id = NewSessionId();
   session->job = req->job();

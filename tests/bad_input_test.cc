@@ -412,3 +412,23 @@ TEST_CASE("a corrupted shard is refused on restore with the item named", "[bad-i
   ExpectError([&] { c.restore(); }, grpc::StatusCode::DATA_LOSS, "checksum mismatch in item 't1'");
   f.CheckStillServing();
 }
+
+TEST_CASE("a re-registration is validated at once and a good one takes effect", "[bad-input]") {
+  Fixture f;
+  TrainerState state(2, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("rereg", 0, 1, state.Items());
+  std::vector<TensorItem> bad = {{"t0", DType::kF32, {2048}, state.region(), 4096}};  // past the end
+  ExpectError([&] { c.register_items("rereg", 0, 1, bad); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "needs bytes [4096, 12288) of region");
+  // A good re-registration (one tensor instead of two) is what the next snapshot stores.
+  std::vector<TensorItem> one = {{"only", DType::kF32, {2048}, state.region(), 0}};
+  REQUIRE(c.register_items("rereg", 0, 1, one).item_count == 1);
+  c.snapshot(1);
+  c.wait_durable(1);
+  auto info = ReadShardHeader(f.daemon.root() + "/rereg/" + VersionDirName(1) + "/" + ShardFileName(0));
+  REQUIRE(info.ok());
+  REQUIRE(info->items.size() == 1);
+  CHECK(info->items[0].name == "only");
+  f.CheckStillServing();
+}
