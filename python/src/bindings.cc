@@ -1,0 +1,281 @@
+// _ckpt: Python bindings of libckpt (ckpt/client.h), imported through the `ckpt` package.
+//
+// This is the thin first layer: it mirrors the C++ client one to one, with Python types at
+// the edges (str dtype names, tuples, dicts of bytes, seconds as floats). Framework glue
+// (torch state dicts, optimizer state) belongs in pure Python on top of it.
+//
+// Rules every binding here follows:
+//  - Every call that may block on the daemon (connect excepted: it does not block) releases
+//    the GIL for its whole C++ part, so other Python threads (data loaders, async savers)
+//    keep running while the trainer waits. Python objects are converted to C++ values
+//    before the GIL is released and results are converted back after it is re-acquired.
+//  - ckpt::Error becomes ckpt.Error (a RuntimeError subclass) with the daemon's message as
+//    its text and the gRPC status code in its `code` attribute.
+//  - SharedRegion exports its memory through the buffer protocol (1-D, unsigned bytes,
+//    writable), so memoryview(region), numpy.frombuffer(region, ...) and
+//    torch.frombuffer(region, dtype=...) view the daemon-visible memory without a copy.
+//    Such views keep the region object (and so the mapping) alive.
+#include <ckpt/client.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// The safetensors dtype names, as the shard format writes them.
+constexpr std::array<std::pair<std::string_view, ckpt::DType>, 15> kDTypes{{
+    {"F64", ckpt::DType::kF64},
+    {"F32", ckpt::DType::kF32},
+    {"F16", ckpt::DType::kF16},
+    {"BF16", ckpt::DType::kBF16},
+    {"F8_E4M3", ckpt::DType::kF8E4M3},
+    {"F8_E5M2", ckpt::DType::kF8E5M2},
+    {"I64", ckpt::DType::kI64},
+    {"I32", ckpt::DType::kI32},
+    {"I16", ckpt::DType::kI16},
+    {"I8", ckpt::DType::kI8},
+    {"U64", ckpt::DType::kU64},
+    {"U32", ckpt::DType::kU32},
+    {"U16", ckpt::DType::kU16},
+    {"U8", ckpt::DType::kU8},
+    {"BOOL", ckpt::DType::kBool},
+}};
+
+ckpt::DType ParseDType(const std::string& name) {
+  for (const auto& [n, d] : kDTypes) {
+    if (n == name) return d;
+  }
+  std::string known;
+  for (const auto& [n, d] : kDTypes) known += (known.empty() ? "" : ", ") + std::string(n);
+  throw py::value_error("unknown dtype '" + name + "' (expected one of: " + known + ")");
+}
+
+// Seconds (None or <= 0: wait forever) to the client's milliseconds (0: forever). A positive
+// timeout shorter than 1 ms becomes 1 ms rather than "forever".
+std::chrono::milliseconds ToTimeout(std::optional<double> seconds) {
+  if (!seconds || *seconds <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000.0)));
+}
+
+// bytes, bytearray, memoryview or any C-contiguous buffer -> std::string (a copy).
+std::string BlobBytes(const std::string& name, const py::handle& value) {
+  if (py::isinstance<py::bytes>(value)) return std::string(py::reinterpret_borrow<py::bytes>(value));
+  if (PyObject_CheckBuffer(value.ptr()) && !py::isinstance<py::str>(value)) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(value.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    std::string out(static_cast<const char*>(view.buf), static_cast<std::size_t>(view.len));
+    PyBuffer_Release(&view);
+    return out;
+  }
+  throw py::type_error("blob '" + name + "' must be bytes-like, not " +
+                       std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+}
+
+std::vector<ckpt::Blob> ToBlobs(const std::optional<py::dict>& blobs) {
+  std::vector<ckpt::Blob> out;
+  if (!blobs) return out;
+  out.reserve(blobs->size());
+  for (const auto& [k, v] : *blobs) {
+    if (!py::isinstance<py::str>(k)) throw py::type_error("blob names must be str");
+    std::string name = py::cast<std::string>(k);
+    out.push_back(ckpt::Blob{name, BlobBytes(name, v)});
+  }
+  return out;
+}
+
+py::dict FromBlobs(const std::vector<ckpt::Blob>& blobs) {
+  py::dict out;
+  for (const auto& b : blobs) out[py::str(b.name)] = py::bytes(b.data);
+  return out;
+}
+
+// One item as Python passes it: (name, dtype, shape, region, offset).
+using PyItem = std::tuple<std::string, std::string, std::vector<std::int64_t>,
+                          std::shared_ptr<ckpt::SharedRegion>, std::uint64_t>;
+
+}  // namespace
+
+PYBIND11_MODULE(_ckpt, m) {
+  m.doc() = "Bindings of libckpt, the client of the ckptd checkpoint daemon (use the `ckpt` package)";
+
+  // ckpt.Error: raised for every failure the client or the daemon reports. Created once;
+  // the module keeps the reference (released here on purpose so that no static object
+  // drops a reference after the interpreter has shut down).
+  static PyObject* error_type =
+      py::exception<ckpt::Error>(m, "Error", PyExc_RuntimeError).release().ptr();
+  py::setattr(error_type, "__doc__",
+              py::str("Error reported by libckpt or ckptd. str(e) is the message; e.code is the gRPC "
+                      "status code (int) of the failed call."));
+  py::setattr(error_type, "code", py::none());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ckpt::Error& e) {
+      py::object inst = py::reinterpret_borrow<py::object>(error_type)(e.what());
+      inst.attr("code") = e.code();
+      PyErr_SetObject(error_type, inst.ptr());
+    }
+  });
+
+  py::enum_<ckpt::Level>(m, "Level", "Durability levels of a version (see wait_durable)")
+      .value("CAPTURED", ckpt::Level::kCaptured, "every byte copied out of trainer memory")
+      .value("DURABLE", ckpt::Level::kDurable, "durable on this rank's storage tier")
+      .value("COMMITTED", ckpt::Level::kCommitted, "durable on all ranks and the commit marker written");
+
+  m.attr("DTYPES") = [] {
+    py::tuple t(kDTypes.size());
+    for (std::size_t i = 0; i < kDTypes.size(); ++i) t[i] = py::str(std::string(kDTypes[i].first));
+    return t;
+  }();
+
+  py::class_<ckpt::SharedRegion, std::shared_ptr<ckpt::SharedRegion>>(
+      m, "SharedRegion", py::buffer_protocol(),
+      "POSIX shared memory that the trainer owns and the daemon may read (and write on restore).\n\n"
+      "Supports the buffer protocol (1-D unsigned bytes, writable): torch.frombuffer(region, "
+      "dtype=torch.float32, count=n, offset=off) views it without a copy. The name is removed "
+      "when the last reference to the region goes away.")
+      .def_static(
+          "create",
+          [](std::size_t bytes, const std::string& name) {
+            py::gil_scoped_release release;
+            return ckpt::SharedRegion::create(bytes, name);
+          },
+          py::arg("bytes"), py::arg("name") = "",
+          "Creates a zero-filled region of `bytes` bytes (name: optional shm name; default chosen).")
+      .def_buffer([](ckpt::SharedRegion& r) {
+        return py::buffer_info(r.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(r.size())}, {1}, /*readonly=*/false);
+      })
+      .def_property_readonly("size", &ckpt::SharedRegion::size, "Size in bytes")
+      .def_property_readonly("name", &ckpt::SharedRegion::name, "Name of the shm object")
+      .def_property_readonly(
+          "address", [](const ckpt::SharedRegion& r) { return reinterpret_cast<std::uintptr_t>(r.data()); },
+          "Address of the mapping in this process")
+      .def_property_readonly("generation", &ckpt::SharedRegion::generation,
+                             "Changes when the region is resized (registrations then go stale)")
+      .def("__len__", &ckpt::SharedRegion::size)
+      .def("__repr__", [](const ckpt::SharedRegion& r) {
+        return "<ckpt.SharedRegion name='" + r.name() + "' size=" + std::to_string(r.size()) + ">";
+      });
+  // resize() is left out on purpose: it remaps the memory under any memoryview or tensor
+  // built over the region. It needs export tracking before it can be offered safely.
+
+  py::class_<ckpt::Registration>(m, "Registration", "What register_items returns")
+      .def_readonly("item_count", &ckpt::Registration::item_count)
+      .def_readonly("tensor_bytes", &ckpt::Registration::tensor_bytes)
+      .def_readonly("latest_committed", &ckpt::Registration::latest_committed,
+                    "Newest committed version of the job (0: none)")
+      .def("__repr__", [](const ckpt::Registration& r) {
+        return "<ckpt.Registration items=" + std::to_string(r.item_count) +
+               " tensor_bytes=" + std::to_string(r.tensor_bytes) +
+               " latest_committed=" + std::to_string(r.latest_committed) + ">";
+      });
+
+  py::class_<ckpt::Client>(
+      m, "Client",
+      "Connection of one trainer process (one rank) to ckptd. Per iteration: snapshot(v) after the "
+      "optimizer step, wait_snapshot(v) before the next one. Usable as a context manager "
+      "(unregisters on exit). Blocking calls release the GIL.")
+      .def_static(
+          "connect", [](const std::string& socket) { return ckpt::Client::connect(socket); },
+          py::arg("socket") = "",
+          "Connects to the daemon at `socket` (default: $CKPTD_SOCKET, else $XDG_RUNTIME_DIR/ckptd.sock, "
+          "else /tmp/ckptd-$UID/ckptd.sock). Does not block.")
+      .def(
+          "register_items",
+          [](ckpt::Client& c, const std::string& job, std::uint32_t rank, std::uint32_t world,
+             const std::vector<PyItem>& items) {
+            std::vector<ckpt::TensorItem> out;
+            out.reserve(items.size());
+            for (const auto& [name, dtype, shape, region, offset] : items) {
+              if (!region) throw py::type_error("item '" + name + "': region must be a ckpt.SharedRegion");
+              out.push_back(ckpt::TensorItem{name, ParseDType(dtype), shape, region, offset});
+            }
+            py::gil_scoped_release release;
+            return c.register_items(job, rank, world, out);
+          },
+          py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("items"),
+          "Registers (or re-registers) this rank's tensors. items: list of (name, dtype, shape, region, "
+          "offset) with dtype a safetensors name (see ckpt.DTYPES), shape a list of ints, region a "
+          "SharedRegion and offset a byte offset into it.")
+      .def(
+          "snapshot",
+          [](ckpt::Client& c, std::uint64_t version, const std::optional<py::dict>& blobs) {
+            std::vector<ckpt::Blob> b = ToBlobs(blobs);
+            py::gil_scoped_release release;
+            c.snapshot(version, b);
+          },
+          py::arg("version"), py::arg("blobs") = py::none(),
+          "Asks the daemon to capture `version` and returns at once. blobs: dict name -> bytes stored "
+          "with the version (pickled optimizer groups, RNG state, ...).")
+      .def(
+          "wait_snapshot",
+          [](ckpt::Client& c, std::uint64_t version, std::optional<double> timeout) {
+            std::chrono::nanoseconds stall;
+            {
+              py::gil_scoped_release release;
+              stall = c.wait_snapshot(version, ToTimeout(timeout));
+            }
+            return std::chrono::duration<double>(stall).count();
+          },
+          py::arg("version"), py::arg("timeout") = py::none(),
+          "Blocks until every byte of `version` is out of trainer memory; returns the time blocked in "
+          "seconds. timeout: seconds (None: forever).")
+      .def(
+          "wait_durable",
+          [](ckpt::Client& c, std::uint64_t version, ckpt::Level level, std::optional<double> timeout) {
+            py::gil_scoped_release release;
+            c.wait_durable(version, level, ToTimeout(timeout));
+          },
+          py::arg("version"), py::arg("level") = ckpt::Level::kCommitted, py::arg("timeout") = py::none(),
+          "Blocks until `version` reaches `level` (default: COMMITTED). timeout: seconds (None: forever).")
+      .def(
+          "restore",
+          [](ckpt::Client& c, std::optional<std::uint64_t> version) {
+            ckpt::RestoreResult r;
+            {
+              py::gil_scoped_release release;
+              r = c.restore(version);
+            }
+            return py::make_tuple(r.version, FromBlobs(r.blobs));
+          },
+          py::arg("version") = py::none(),
+          "Fills the registered regions from `version` (None: the newest committed) and returns "
+          "(version, blobs) with blobs a dict name -> bytes.")
+      .def(
+          "status",
+          [](ckpt::Client& c) {
+            ckpt::DaemonStatus s;
+            {
+              py::gil_scoped_release release;
+              s = c.status();
+            }
+            return s.json;
+          },
+          "The daemon's status as a JSON string.")
+      .def(
+          "unregister",
+          [](ckpt::Client& c) {
+            py::gil_scoped_release release;
+            c.unregister();
+          },
+          "Ends the registration (in-flight versions still complete).")
+      .def_property_readonly("socket_path", &ckpt::Client::socket_path)
+      .def("__enter__", [](ckpt::Client& c) -> ckpt::Client& { return c; }, py::return_value_policy::reference)
+      .def("__exit__", [](ckpt::Client& c, const py::object&, const py::object&, const py::object&) {
+        py::gil_scoped_release release;
+        c.unregister();
+      });
+}
