@@ -53,9 +53,13 @@ echo "== trainer: $state_mib MiB in 16 tensors, checkpoint every iteration, $ite
 "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
   --iters "$iters" --every 1 --compute-ms "$compute_ms" --quiet --summary "$work/trainer.json"
 "$build/ckptctl" --socket "$work/ckptd.sock" status --json >"$work/status.json"
+echo "== restore: a new trainer process restores the newest version (O_DIRECT reads) and checks every byte"
+"$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
+  --iters "$iters" --resume --quiet | tee "$work/restore.txt"
+restore_ms=$(sed -n 's/.*restored version [0-9]* ([0-9.]* MiB) in \([0-9.]*\) ms.*/\1/p' "$work/restore.txt")
 rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$daemon/status)
 
-python3 - "$work/trainer.json" "$work/status.json" "$write_mbps" "$read_mbps" "$compute_ms" "$rss_kib" "$out" "$dir" <<'PY'
+python3 - "$work/trainer.json" "$work/status.json" "$write_mbps" "$read_mbps" "$compute_ms" "$rss_kib" "$out" "$dir" "$restore_ms" <<'PY'
 import json, statistics, sys
 trainer = json.load(open(sys.argv[1]))
 status = json.load(open(sys.argv[2]))
@@ -72,7 +76,10 @@ result = {
     "capture_ms_p50": statistics.median(capture),
     "flush_MBps_p50": statistics.median(flush), "flush_fraction_of_fio": statistics.median(flush) / write_mbps,
     "shards_measured": len(shards), "daemon_peak_rss_MB": rss_kib / 1024,
+    "restore_ms": float(sys.argv[9]),
+    "restore_MBps": trainer["state_bytes"] / 1e6 / (float(sys.argv[9]) / 1000),
 }
+result["restore_fraction_of_fio"] = result["restore_MBps"] / read_mbps
 json.dump(result, open(sys.argv[7], "w"), indent=2)
 print(f"== result ({len(shards)} checkpoints of {trainer['state_bytes'] >> 20} MiB)")
 print(f"   stall per checkpoint      p50 {result['stall_ms_p50']:.3f} ms   p99 {result['stall_ms_p99']:.3f} ms"
@@ -80,6 +87,7 @@ print(f"   stall per checkpoint      p50 {result['stall_ms_p50']:.3f} ms   p99 {
 print(f"   snapshot call             p50 {result['snapshot_call_us_p50']:.0f} us")
 print(f"   capture (copy out)        p50 {result['capture_ms_p50']:.0f} ms")
 print(f"   flush throughput          p50 {result['flush_MBps_p50']:.0f} MB/s = {100 * result['flush_fraction_of_fio']:.0f} % of fio write {write_mbps:.0f} MB/s")
+print(f"   restore                   {result['restore_ms']:.0f} ms = {result['restore_MBps']:.0f} MB/s = {100 * result['restore_fraction_of_fio']:.0f} % of fio read {read_mbps:.0f} MB/s")
 print(f"   daemon peak RSS           {result['daemon_peak_rss_MB']:.0f} MB (pool 1024 MiB)")
 print(f"   written to {sys.argv[7]}")
 PY
