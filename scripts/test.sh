@@ -10,6 +10,10 @@ if [ "${1:-}" = "--sanitize" ]; then
   build="$here/build-$sanitize"
   shift 2
 fi
+if [ "$sanitize" = "thread" ]; then
+  # Debian's gRPC and abseil are not built with TSan; their internals are suppressed.
+  export TSAN_OPTIONS="suppressions=$here/tests/tsan.supp ${TSAN_OPTIONS:-}"
+fi
 bash "$here/scripts/install-deps.sh"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE="$sanitize" >/dev/null
 ninja -C "$build"

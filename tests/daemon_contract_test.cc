@@ -134,7 +134,12 @@ TEST_CASE("a checkpoint larger than the pool goes through with bounded daemon me
   client.wait_durable(1);
   std::uint64_t peak = daemon.PeakRssBytes();
   INFO("daemon peak RSS " << (peak >> 20) << " MiB with a " << pool_mib << " MiB pool");
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer's shadow memory counts in the daemon's RSS; the bound is for real builds.
+  WARN("TSan build: RSS bound not checked (" << (peak >> 20) << " MiB)");
+#else
   CHECK(peak < ((pool_mib + 100) << 20));
+#endif
   std::string shard = ShardPath(daemon.root(), "big", 1, 0);
   REQUIRE(fs::file_size(shard) > state.total_bytes());
   CheckShardHolds(shard, state, 1);
