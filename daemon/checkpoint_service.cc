@@ -87,8 +87,12 @@ struct CheckpointService::Session {
   std::uint64_t tensor_bytes = 0;
 
   std::mutex mu;  // serialises this session's calls that change its state (below)
+  std::uint64_t epoch = 0;
   std::uint64_t last_version = 0;
   std::map<std::uint64_t, std::shared_ptr<ShardJob>> shards;
+  // Guarded by failures_mu, not mu: engine threads record failures here and must never
+  // wait behind a long call (a Restore) holding mu.
+  std::mutex failures_mu;
   std::set<std::uint64_t> unreported_failures;
   std::atomic<bool> open{true};
 };
@@ -295,6 +299,10 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     if (ckpt::Status s = storage_->SyncDir(config_.root); !s.ok()) return ToGrpc(s);
   }
 
+  // A new registration starts a new epoch of the rank, under which the rank's earlier
+  // shards no longer count towards commits; the ones still in flight finish (and commit,
+  // if their version is complete) first.
+  if (ckpt::Status st = WaitForRankInFlight(ctx, session->job, session->rank); !st.ok()) return ToGrpc(st);
   std::shared_ptr<Session> replaced;
   {
     std::lock_guard lock(mu_);
@@ -310,6 +318,7 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     }
     sessions_[session->id] = session;
     rank_owner_[key] = session->id;
+    session->epoch = NewEpochLocked(session->job, session->rank);
   }
   if (replaced) CloseSession(replaced, /*trainer_gone=*/true);
   reply->set_session(session->id);
@@ -326,9 +335,14 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   std::shared_ptr<Session> s;
   if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
   std::lock_guard lock(s->mu);
-  while (!s->unreported_failures.empty()) {
-    std::uint64_t v = *s->unreported_failures.begin();
-    s->unreported_failures.erase(s->unreported_failures.begin());
+  for (;;) {
+    std::uint64_t v;
+    {
+      std::lock_guard flock(s->failures_mu);
+      if (s->unreported_failures.empty()) break;
+      v = *s->unreported_failures.begin();
+      s->unreported_failures.erase(s->unreported_failures.begin());
+    }
     auto it = s->shards.find(v);
     if (it == s->shards.end() || it->second->error_reported.exchange(true)) continue;
     ckpt::Status err = it->second->error();
@@ -388,6 +402,7 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   auto shard = std::make_shared<ShardJob>(std::move(meta), s->tensors, std::move(items), std::move(sources),
                                           catalog_->VersionDir(s->job, v), direct_io_);
   reply->set_data_bytes(shard->data_bytes());
+  shard->epoch = s->epoch;
   s->last_version = v;
   s->shards[v] = shard;
   while (s->shards.size() > kVersionsKeptPerSession) {
@@ -463,21 +478,7 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   // Versions of this rank still in flight (typically from a trainer that crashed right
   // after snapshot) finish first: the daemon holds their data, and the newest of them is
   // what the restarted trainer wants.
-  std::vector<std::shared_ptr<ShardJob>> inflight;
-  {
-    std::lock_guard glock(mu_);
-    for (const auto& shard : recent_) {
-      if (shard->meta().job == s->job && shard->meta().rank == s->rank) inflight.push_back(shard);
-    }
-  }
-  for (const auto& shard : inflight) {
-    for (;;) {
-      auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      ckpt::Status st = shard->WaitFor(ShardLevel::kDurable, slice);
-      if (st.code() != ckpt::StatusCode::kDeadlineExceeded) break;
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
-  }
+  if (ckpt::Status st = WaitForRankInFlight(ctx, s->job, s->rank); !st.ok()) return ToGrpc(st);
   std::uint64_t latest = catalog_->Latest(s->job);
   std::uint64_t v = req->version() == 0 ? latest : req->version();
   if (v == 0) {
@@ -515,6 +516,11 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
     auto moved = catalog_->SetAsideNewerThan(s->job, v);
     if (!moved.ok()) return ToGrpc(moved.status().With("set aside versions newer than " + std::to_string(v)));
     spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s->job, v, moved.value());
+  }
+  {
+    // What this rank published before belongs to the timeline it just left.
+    std::lock_guard glock(mu_);
+    s->epoch = NewEpochLocked(s->job, s->rank);
   }
   s->last_version = v;
   reply->set_version(v);
@@ -634,6 +640,17 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
   copied_done_total_ += shard->copied_bytes.load();
   written_done_total_ += shard->written_bytes.load();
   const ShardMeta& m = shard->meta();
+  {
+    std::lock_guard lock(mu_);
+    if (shard->epoch != rank_epoch_[{m.job, m.rank}]) {
+      spdlog::info("job {} rank {} version {}: durable, but from an earlier registration of the rank; "
+                   "not counted towards a commit", m.job, m.rank, m.version);
+      return;
+    }
+    auto& ranks = published_[{m.job, m.version}];
+    ranks.insert(m.rank);
+    if (ranks.size() < m.world_size) return;
+  }
   bool committed = false;
   ckpt::Status st = catalog_->CommitIfComplete(m.job, m.version, m.world_size, &committed);
   if (!st.ok()) {
@@ -650,11 +667,16 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
       }
       by_version_.erase(it);
     }
+    if (committed) published_.erase({m.job, m.version});
   }
   if (committed) {
     ++committed_total_;
     spdlog::info("job {}: version {} committed ({} ranks)", m.job, m.version, m.world_size);
-    for (const auto& p : peers) p->Reach(ShardLevel::kCommitted);
+    // Only shards that are durable are part of the commit; the one that just became
+    // durable is raised by its own writer right after this returns.
+    for (const auto& p : peers) {
+      if (p == shard || p->level() >= ShardLevel::kDurable) p->Reach(ShardLevel::kCommitted);
+    }
   } else {
     for (const auto& p : peers) p->Fail(st.With("commit"));
   }
@@ -671,11 +693,37 @@ void CheckpointService::OnFailed(const std::shared_ptr<ShardJob>& shard) {
     if (it != rank_owner_.end()) owner = sessions_.at(it->second);
   }
   if (owner) {
-    std::lock_guard lock(owner->mu);
-    if (auto it = owner->shards.find(m.version); it != owner->shards.end() && it->second == shard) {
-      owner->unreported_failures.insert(m.version);
+    std::lock_guard lock(owner->failures_mu);
+    owner->unreported_failures.insert(m.version);
+  }
+}
+
+ckpt::Status CheckpointService::WaitForRankInFlight(grpc::ServerContext* ctx, const std::string& job,
+                                                    std::uint32_t rank) {
+  std::vector<std::shared_ptr<ShardJob>> inflight;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& shard : recent_) {
+      if (shard->meta().job == job && shard->meta().rank == rank) inflight.push_back(shard);
     }
   }
+  for (const auto& shard : inflight) {
+    for (;;) {
+      auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      ckpt::Status st = shard->WaitFor(ShardLevel::kDurable, slice);
+      if (st.code() != ckpt::StatusCode::kDeadlineExceeded) break;
+      if (ctx->IsCancelled()) return ckpt::Status(ckpt::StatusCode::kDeadlineExceeded, "client went away");
+    }
+  }
+  return ckpt::Status::Ok();
+}
+
+std::uint64_t CheckpointService::NewEpochLocked(const std::string& job, std::uint32_t rank) {
+  for (auto it = published_.begin(); it != published_.end();) {
+    if (it->first.first == job) it->second.erase(rank);
+    it = it->second.empty() ? published_.erase(it) : std::next(it);
+  }
+  return ++rank_epoch_[{job, rank}];
 }
 
 void CheckpointService::RecordError(const std::string& message) {

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +68,9 @@ class CheckpointService final : public v1::Checkpoint::Service {
   void OnDurable(const std::shared_ptr<ShardJob>& shard);
   void OnFailed(const std::shared_ptr<ShardJob>& shard);
   void RecordError(const std::string& message);
+  // Blocks until no shard of (job, rank) is in flight (each durable or failed); CANCELLED
+  // if the caller goes away meanwhile.
+  ckpt::Status WaitForRankInFlight(grpc::ServerContext* ctx, const std::string& job, std::uint32_t rank);
   void ReapLoop();
 
   Config config_;
@@ -86,6 +90,15 @@ class CheckpointService final : public v1::Checkpoint::Service {
   std::map<std::pair<std::string, std::uint32_t>, std::string> rank_owner_;  // (job, rank) -> id
   // Shards of each (job, version) in this daemon, so a commit can raise all of them.
   std::map<std::pair<std::string, std::uint64_t>, std::vector<std::weak_ptr<ShardJob>>> by_version_;
+  // Ranks whose shard of (job, version) this daemon made durable since that rank last
+  // restored. Only these count towards a commit: a shard file left by an earlier run (a
+  // crash before its version committed) must never complete a version of this run.
+  std::map<std::pair<std::string, std::uint64_t>, std::set<std::uint32_t>> published_;
+  // Bumped for a (job, rank) by every registration and restore: shards snapshotted under an
+  // older epoch (a dead trainer's versions still in flight) never count towards a commit.
+  std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> rank_epoch_;
+  // Starts a new epoch for the rank (caller holds mu_); returns it.
+  std::uint64_t NewEpochLocked(const std::string& job, std::uint32_t rank);
   std::deque<std::shared_ptr<ShardJob>> recent_;  // for Status: in flight and recently done
   std::deque<std::string> errors_;
 

@@ -118,6 +118,11 @@ Status FlushEngine::Publish(ShardJob& shard) {
   }
   if (Status s = storage_->DataSync(fd, what); !s.ok()) return s;
   shard.file().reset();
+  // A committed version is immutable: never replace one of its shards.
+  if (storage_->Exists(shard.dir() + "/" + std::string(kCommittedMarker))) {
+    return FailedPrecondition("version " + std::to_string(shard.meta().version) +
+                              " is already committed; its shard is not replaced");
+  }
   if (Status s = storage_->Rename(shard.tmp_path(), shard.final_path()); !s.ok()) return s;
   Status synced = storage_->SyncDir(shard.dir());
   if (synced.ok()) synced = storage_->SyncDir(shard.dir().substr(0, shard.dir().find_last_of('/')));

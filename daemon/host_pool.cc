@@ -38,6 +38,14 @@ std::optional<HostPool::Chunk> HostPool::Acquire() {
   return Chunk{i, base_ + std::uint64_t{i} * chunk_bytes_};
 }
 
+std::optional<HostPool::Chunk> HostPool::TryAcquire() {
+  std::lock_guard lock(mu_);
+  if (shutdown_ || free_.empty()) return std::nullopt;
+  std::uint32_t i = free_.back();
+  free_.pop_back();
+  return Chunk{i, base_ + std::uint64_t{i} * chunk_bytes_};
+}
+
 void HostPool::Release(const Chunk& chunk) {
   {
     std::lock_guard lock(mu_);

@@ -32,6 +32,9 @@ class HostPool {
 
   // Blocks until a chunk is free; nullopt once Shutdown() was called.
   std::optional<Chunk> Acquire();
+  // Takes a chunk if one is free now; never blocks. A caller that already holds chunks
+  // must use this for more, or several such callers can deadlock holding parts of the pool.
+  std::optional<Chunk> TryAcquire();
   void Release(const Chunk& chunk);
   // Wakes every waiter; later Acquire calls return nullopt.
   void Shutdown();

@@ -101,9 +101,14 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
   };
   std::deque<Pending> inflight;
   std::uint64_t next = 0;
-  auto launch = [&]() -> Status {
-    auto chunk = pool_.Acquire();
-    if (!chunk) return FailedPrecondition("daemon is shutting down");
+  // Returns false (and launches nothing) when more reads in flight would need a chunk the
+  // pool does not have now: only a restore holding no chunk may block for one.
+  auto launch = [&]() -> Result<bool> {
+    auto chunk = inflight.empty() ? pool_.Acquire() : pool_.TryAcquire();
+    if (!chunk) {
+      if (inflight.empty()) return FailedPrecondition("daemon is shutting down");
+      return false;
+    }
     std::uint64_t offset = info->data_start + next * chunk_bytes;
     int raw_fd = fd->get();
     inflight.push_back(Pending{*chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset,
@@ -111,7 +116,7 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
                                  return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
                                })});
     ++next;
-    return Status::Ok();
+    return true;
   };
   auto drain = [&] {
     for (auto& p : inflight) {
@@ -141,10 +146,12 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
 
   for (std::uint64_t k = 0; k < chunks; ++k) {
     while (next < chunks && inflight.size() < window) {
-      if (Status s = launch(); !s.ok()) {
+      auto launched = launch();
+      if (!launched.ok()) {
         drain();
-        return s;
+        return launched.status();
       }
+      if (!launched.value()) break;
     }
     Pending p = std::move(inflight.front());
     inflight.pop_front();

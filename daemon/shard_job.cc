@@ -1,13 +1,20 @@
 #include "daemon/shard_job.h"
 
+#include <unistd.h>
+
 #include "format/paths.h"
 
 namespace ckpt {
 
 ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io)
-    : layout_(std::move(layout)), sources_(std::move(sources)), dir_(std::move(dir)), direct_io_(direct_io) {
-  final_path_ = dir_ + "/" + ShardFileName(layout_.meta().rank);
-  tmp_path_ = final_path_ + std::string(kTmpSuffix);
+    : meta_(layout.meta()), layout_(std::move(layout)), sources_(std::move(sources)), dir_(std::move(dir)),
+      direct_io_(direct_io) {
+  // Unique per shard object: a crashed trainer's version still in flight and a new
+  // snapshot of the same version never write the same temporary file.
+  static std::atomic<std::uint64_t> serial{0};
+  final_path_ = dir_ + "/" + ShardFileName(meta_.rank);
+  tmp_path_ = final_path_ + "." + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1)) +
+              std::string(kTmpSuffix);
   for (const auto& item : layout_.items()) data_bytes_ += item.length;
 }
 
@@ -29,7 +36,7 @@ Status ShardJob::Prepare() {
     sources.reserve(items.size());
     sources.insert(sources.end(), tensors_->sources.begin(), tensors_->sources.end());
     for (auto& src : sources_) sources.push_back(std::move(src));
-    layout_ = ShardLayout::Unplanned(layout_.meta(), std::move(items));
+    layout_ = ShardLayout::Unplanned(meta_, std::move(items));
     sources_ = std::move(sources);
     tensors_.reset();
   }
@@ -82,7 +89,7 @@ Status ShardJob::WaitFor(ShardLevel level, std::chrono::steady_clock::time_point
   if (level_ >= level) return Status::Ok();
   if (!error_.ok()) return error_;
   (void)done;
-  return DeadlineExceeded("version " + std::to_string(layout_.meta().version) +
+  return DeadlineExceeded("version " + std::to_string(meta_.version) +
                           " did not reach the level in time");
 }
 

@@ -51,7 +51,8 @@ class ShardJob {
   // the copy thread before the first byte is copied; idempotent.
   Status Prepare();
 
-  const ShardMeta& meta() const { return layout_.meta(); }
+  // Fixed at construction (Prepare() rebuilds the layout, never this).
+  const ShardMeta& meta() const { return meta_; }
   ShardLayout& layout() { return layout_; }
   // Bytes of item data (tensors and blobs), known before the layout is planned.
   std::uint64_t data_bytes() const { return data_bytes_; }
@@ -69,6 +70,8 @@ class ShardJob {
   std::atomic<std::uint64_t> written_bytes{0};
   // Set once the trainer has been told of this shard's failure (so it is told only once).
   std::atomic<bool> error_reported{false};
+  // The registration epoch of its rank when it was snapshotted (see CheckpointService).
+  std::uint64_t epoch = 0;
 
   // When the Snapshot call arrived, and how long until each level (0 until reached).
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
@@ -94,6 +97,7 @@ class ShardJob {
   bool CopyDone();
 
  private:
+  const ShardMeta meta_;
   ShardLayout layout_;
   std::uint64_t data_bytes_ = 0;
   std::vector<ItemSource> sources_;

@@ -344,3 +344,44 @@ TEST_CASE("retention: keep-last deletes older committed versions after each comm
   REQUIRE(client.restore(4).version == 4);
   REQUIRE(state.FirstMismatch(4) == -1);
 }
+
+TEST_CASE("a shard left by an earlier run never completes a version of the new run", "[contract][crash]") {
+  TempDir dir("stale");
+  DaemonProcess daemon(Options(dir));
+  TrainerState s0(2, 1 << 20, 10), s1(2, 1 << 20, 11);
+  std::string marker = daemon.root() + "/stale/" + VersionDirName(2) + "/COMMITTED";
+  {
+    Client r0 = Client::connect(daemon.socket()), r1 = Client::connect(daemon.socket());
+    r0.register_items("stale", 0, 2, s0.Items());
+    r1.register_items("stale", 1, 2, s1.Items());
+    s0.Fill(1);
+    s1.Fill(1);
+    r0.snapshot(1);
+    r1.snapshot(1);
+    r0.wait_durable(1);
+    // Rank 0 gets version 2 to disk; rank 1 never does before the run ends.
+    s0.Fill(2);
+    r0.snapshot(2);
+    r0.wait_durable(2, Level::kDurable);
+  }
+  REQUIRE(fs::exists(ShardPath(daemon.root(), "stale", 2, 0)));
+  // The new run restores version 1 and computes version 2 anew, with other content.
+  TrainerState n0(2, 1 << 20, 20), n1(2, 1 << 20, 21);
+  Client r0 = Client::connect(daemon.socket()), r1 = Client::connect(daemon.socket());
+  r0.register_items("stale", 0, 2, n0.Items());
+  r1.register_items("stale", 1, 2, n1.Items());
+  REQUIRE(r0.restore().version == 1);
+  REQUIRE(r1.restore().version == 1);
+  n1.Fill(2);
+  r1.snapshot(2);
+  r1.wait_durable(2, Level::kDurable);
+  // Rank 0's old shard of version 2 is on disk, but it is not part of this run.
+  CHECK_FALSE(fs::exists(marker));
+  n0.Fill(2);
+  r0.snapshot(2);
+  r0.wait_durable(2);
+  r1.wait_durable(2);
+  REQUIRE(fs::exists(marker));
+  CheckShardHolds(ShardPath(daemon.root(), "stale", 2, 0), n0, 2);
+  CheckShardHolds(ShardPath(daemon.root(), "stale", 2, 1), n1, 2);
+}
