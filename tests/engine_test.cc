@@ -417,7 +417,12 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
   REQUIRE(layout.ok());
   ShardJob job(std::move(layout).value(), {}, "/nonexistent/j/v0000000003", false);
   CHECK(job.final_path() == "/nonexistent/j/v0000000003/rank-00000.safetensors");
-  CHECK(job.tmp_path() == job.final_path() + ".tmp");
+  // The temporary name is the final name plus a suffix unique to this shard object.
+  CHECK(job.tmp_path().rfind(job.final_path() + ".", 0) == 0);
+  CHECK(job.tmp_path().size() > job.final_path().size() + 4);
+  CHECK(job.tmp_path().substr(job.tmp_path().size() - 4) == ".tmp");
+  ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1}, {}), {}, "/nonexistent/j/v0000000003", false);
+  CHECK(twin.tmp_path() != job.tmp_path());
   CHECK(job.level() == ShardLevel::kCopying);
 
   auto past = std::chrono::steady_clock::now();
