@@ -146,6 +146,7 @@ Status Catalog::ApplyRetention(const std::string& job) {
   if (committed.size() <= keep_last_) return Status::Ok();
   committed.resize(committed.size() - keep_last_);  // the ones to delete, oldest first
   for (std::uint64_t v : committed) {
+    if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
     std::string dir = VersionDir(job, v);
     // The marker goes first: a version half deleted is then simply not committed.
     if (Status s = storage_->Remove(dir + "/" + std::string(kCommittedMarker)); !s.ok()) return s;
@@ -200,10 +201,21 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
   return out;
 }
 
+void Catalog::Pin(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(commit_mu_);
+  pinned_.insert({job, version});
+}
+
+void Catalog::Unpin(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(commit_mu_);
+  if (auto it = pinned_.find({job, version}); it != pinned_.end()) pinned_.erase(it);
+}
+
 Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t version) {
+  // Listing under the lock: two ranks rolling back at once must not both move a version.
+  std::lock_guard lock(commit_mu_);
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
-  std::lock_guard lock(commit_mu_);
   std::string aside = JobDir(job) + "/" + std::string(kSetAsideDir);
   int moved = 0;
   for (const auto& e : versions.value()) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ class Catalog {
   // Rollback: moves committed versions newer than `version` under JOB/set-aside/ and
   // points `latest` at `version`. Returns how many were set aside.
   Result<int> SetAsideNewerThan(const std::string& job, std::uint64_t version);
+  // While a version is pinned (a restore reads it), retention does not delete it.
+  void Pin(const std::string& job, std::uint64_t version);
+  void Unpin(const std::string& job, std::uint64_t version);
 
  private:
   Status RecoverJob(const std::string& job);
@@ -67,6 +71,7 @@ class Catalog {
   std::mutex commit_mu_;
   std::mutex latest_mu_;
   std::map<std::string, std::uint64_t> latest_;  // cache; loaded from storage on first use
+  std::multiset<std::pair<std::string, std::uint64_t>> pinned_;  // guarded by commit_mu_
 };
 
 }  // namespace ckpt

@@ -21,6 +21,14 @@ constexpr std::size_t kRecentShards = 64;
 constexpr std::size_t kRecentErrors = 32;
 constexpr std::size_t kVersionsKeptPerSession = 16;
 constexpr std::uint32_t kMaxWorldSize = 1u << 20;
+// Versions have at most 18 digits, so version directory names always parse back.
+constexpr std::uint64_t kMaxVersion = 999'999'999'999'999'999ull;
+// Versions of one registration that may be in flight (not yet durable or failed) at once.
+// Beyond that the trainer is outrunning its storage: the Snapshot call waits (backpressure),
+// so queued versions and their blobs cannot grow without bound.
+constexpr std::size_t kMaxInFlightPerSession = 32;
+// Waits longer than this are waits without limit (and never overflow a deadline).
+constexpr std::uint64_t kMaxWaitMs = 30ull * 24 * 3600 * 1000;
 
 grpc::Status ToGrpc(const ckpt::Status& s) {
   using grpc::StatusCode;
@@ -188,8 +196,6 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   std::uint64_t generation = 0;
   auto items = ReadDescriptorTable(read, size.value(), &generation);
   if (!items.ok()) return items.status();
-  std::map<std::string, std::shared_ptr<ImportedRegion>> regions;
-  for (std::size_t i = 0; i < s.items.size(); ++i) regions[s.items[i].region] = s.item_regions[i];
   std::map<std::string, std::uint64_t> needed;  // region -> bytes its items need
   std::set<std::string> names;
   std::uint64_t total = 0;
@@ -215,14 +221,10 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   }
   std::map<std::string, std::shared_ptr<ImportedRegion>> fresh;
   for (const auto& [name, need] : needed) {
-    std::shared_ptr<ImportedRegion> region;
-    if (auto found = regions.find(name); found != regions.end()) {
-      region = found->second;
-    } else {
-      auto imported = importer_->Import(name, s.peer.uid, 0);
-      if (!imported.ok()) return imported.status();
-      region = std::move(imported).value();
-    }
+    // Opened afresh on every (re-)registration: the name may now refer to a new object.
+    auto imported = importer_->Import(name, s.peer.uid, 0);
+    if (!imported.ok()) return imported.status();
+    std::shared_ptr<ImportedRegion> region = std::move(imported).value();
     auto cur = region->CurrentSize();
     if (!cur.ok()) return cur.status();
     if (cur.value() < need) {
@@ -351,7 +353,21 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
                                                std::to_string(req->version()) + " was not taken)"));
   }
   const std::uint64_t v = req->version();
-  if (v == 0) return ToGrpc(InvalidArgument("version must be at least 1"));
+  if (v == 0 || v > kMaxVersion) {
+    return ToGrpc(InvalidArgument("version " + std::to_string(v) + " is not in [1, " + std::to_string(kMaxVersion) + "]"));
+  }
+  for (;;) {
+    std::shared_ptr<ShardJob> oldest;
+    std::size_t in_flight = 0;
+    for (const auto& [ver, shard] : s->shards) {
+      if (shard->level() >= ShardLevel::kDurable || shard->failed()) continue;
+      if (!oldest) oldest = shard;
+      ++in_flight;
+    }
+    if (in_flight < kMaxInFlightPerSession) break;
+    oldest->WaitFor(ShardLevel::kDurable, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
   if (v <= s->last_version) {
     return ToGrpc(FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
                                      std::to_string(s->last_version) +
@@ -442,7 +458,8 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
     }
     shard = it->second;
   }
-  auto deadline = req->timeout_ms() == 0 ? std::chrono::steady_clock::time_point::max()
+  auto deadline = req->timeout_ms() == 0 || req->timeout_ms() > kMaxWaitMs
+                      ? std::chrono::steady_clock::time_point::max()
                                          : std::chrono::steady_clock::now() + std::chrono::milliseconds(req->timeout_ms());
   ckpt::Status st;
   // Waits in slices so a client that goes away frees the thread.
@@ -484,6 +501,13 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   if (v == 0) {
     return ToGrpc(NotFound("job '" + s->job + "' has no committed version under " + config_.root));
   }
+  catalog_->Pin(s->job, v);
+  struct Unpin {
+    Catalog& catalog;
+    std::string job;
+    std::uint64_t version;
+    ~Unpin() { catalog.Unpin(job, version); }
+  } unpin{*catalog_, s->job, v};
   if (!catalog_->IsCommitted(s->job, v)) {
     return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + s->job + "' is not committed" +
                            (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));

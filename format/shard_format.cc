@@ -95,7 +95,7 @@ Result<std::uint64_t> ParseUint(const Json& md, const std::string& key) {
     return DataLoss("shard metadata lacks " + key);
   }
   const std::string& s = it->get_ref<const std::string&>();
-  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) {
     return DataLoss("shard metadata " + key + " is not a number: '" + s + "'");
   }
   return static_cast<std::uint64_t>(std::stoull(s));

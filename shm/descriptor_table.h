@@ -25,7 +25,8 @@ inline constexpr char kTableMagic[8] = {'C', 'K', 'P', 'T', 'T', 'B', 'L', '1'};
 inline constexpr std::uint32_t kMaxDims = 8;
 inline constexpr std::uint32_t kMaxNameBytes = 256;
 inline constexpr std::uint32_t kMaxRegionNameBytes = 224;
-inline constexpr std::uint32_t kMaxTableItems = 1u << 20;
+// Bounds the memory one registration costs the daemon (about 600 bytes an item).
+inline constexpr std::uint32_t kMaxTableItems = 1u << 17;
 
 struct TableHeader {
   char magic[8];

@@ -41,6 +41,8 @@ Result<ShmRegion> ShmRegion::Create(std::string name, std::size_t bytes) {
   ShmRegion region;
   region.name_ = std::move(name);
   region.fd_.reset(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) region.inode_ = st.st_ino;
   if (Status s = region.Resize(bytes); !s.ok()) return s;
   region.generation_ = 0;
   return region;
@@ -51,19 +53,30 @@ ShmRegion::ShmRegion(ShmRegion&& other) noexcept { *this = std::move(other); }
 ShmRegion& ShmRegion::operator=(ShmRegion&& other) noexcept {
   if (this != &other) {
     Unmap();
-    if (!name_.empty()) ::shm_unlink(name_.c_str());
+    UnlinkIfStillOurs();
     name_ = std::exchange(other.name_, {});
     fd_ = std::move(other.fd_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     generation_ = other.generation_;
+    inode_ = other.inode_;
   }
   return *this;
 }
 
 ShmRegion::~ShmRegion() {
   Unmap();
-  if (!name_.empty()) ::shm_unlink(name_.c_str());
+  UnlinkIfStillOurs();
+}
+
+void ShmRegion::UnlinkIfStillOurs() {
+  if (name_.empty() || !fd_.valid()) return;
+  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return;
+  struct stat st {};
+  bool ours = ::fstat(fd, &st) == 0 && st.st_ino == inode_;
+  ::close(fd);
+  if (ours) ::shm_unlink(name_.c_str());
 }
 
 void ShmRegion::Unmap() {

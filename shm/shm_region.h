@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstddef>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -44,12 +46,15 @@ class ShmRegion {
 
  private:
   void Unmap();
+  // Removes the name if it still refers to this object (not to a newer one of that name).
+  void UnlinkIfStillOurs();
 
   std::string name_;
   UniqueFd fd_;
   void* data_ = nullptr;
   std::size_t size_ = 0;
   std::uint64_t generation_ = 0;
+  ino_t inode_ = 0;
 };
 
 // Checks that `name` is an acceptable shm_open name; returns "" or what is wrong.

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 
 #include "format/paths.h"
@@ -138,7 +139,8 @@ TEST_CASE("a version not higher than the last one", "[bad-input]") {
   c.snapshot(5);
   ExpectError([&] { c.snapshot(5); }, grpc::StatusCode::FAILED_PRECONDITION, "version 5 is not higher than 5");
   ExpectError([&] { c.snapshot(3); }, grpc::StatusCode::FAILED_PRECONDITION, "version 3 is not higher than 5");
-  ExpectError([&] { c.snapshot(0); }, grpc::StatusCode::INVALID_ARGUMENT, "at least 1");
+  ExpectError([&] { c.snapshot(0); }, grpc::StatusCode::INVALID_ARGUMENT, "version 0 is not in [1, ");
+  ExpectError([&] { c.snapshot(std::uint64_t{1} << 62); }, grpc::StatusCode::INVALID_ARGUMENT, "is not in [1, ");
   c.wait_durable(5);
   // A version at or below the newest committed one, from a new registration, is refused too.
   c.unregister();
@@ -430,5 +432,28 @@ TEST_CASE("a re-registration is validated at once and a good one takes effect", 
   REQUIRE(info.ok());
   REQUIRE(info->items.size() == 1);
   CHECK(info->items[0].name == "only");
+  f.CheckStillServing();
+}
+
+TEST_CASE("re-registering a new region under an old name snapshots the new memory", "[bad-input]") {
+  Fixture f;
+  const std::string name = "/ckpt-test-rename-" + std::to_string(::getpid());
+  auto first = SharedRegion::create(4096, name);
+  std::memset(first->data(), 0x22, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("rename", 0, 1, {{"w", DType::kU8, {4096}, first, 0}});
+  c.snapshot(1);
+  c.wait_durable(1);
+  // The trainer reallocates: a new object takes the name (the old one is unlinked but alive).
+  auto second = SharedRegion::create(4096, name);
+  std::memset(second->data(), 0x33, 4096);
+  c.register_items("rename", 0, 1, {{"w", DType::kU8, {4096}, second, 0}});
+  c.snapshot(2);
+  c.wait_durable(2);
+  std::string shard = f.daemon.root() + "/rename/" + VersionDirName(2) + "/" + ShardFileName(0);
+  REQUIRE(ReadShardItem(shard, "w") == std::string(4096, '\x33'));
+  // Dropping the old region object must not remove the name the new one now holds.
+  first.reset();
+  CHECK(fs::exists("/dev/shm" + name));
   f.CheckStillServing();
 }
