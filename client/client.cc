@@ -76,7 +76,18 @@ struct Client::Impl {
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::Client(Client&&) noexcept = default;
-Client& Client::operator=(Client&&) noexcept = default;
+Client& Client::operator=(Client&& other) noexcept {
+  if (this != &other) {
+    if (impl_) {
+      try {
+        unregister();  // the registration being replaced ends, as in the destructor
+      } catch (const Error&) {
+      }
+    }
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
 
 Client::~Client() {
   if (!impl_) return;

@@ -1,6 +1,7 @@
 #include "daemon/checkpoint_service.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -70,8 +71,10 @@ std::string NewSessionId() {
   return buf;
 }
 
-bool PidfdExited(int pidfd) {
-  if (pidfd < 0) return false;
+// Whether the trainer behind a session has exited: its pidfd is readable, or, where no
+// pidfd could be opened, its pid no longer exists.
+bool TrainerExited(int pidfd, pid_t pid) {
+  if (pidfd < 0) return pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH);
   pollfd p{pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;
 }
@@ -309,9 +312,17 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
   {
     std::lock_guard lock(mu_);
     auto key = std::make_pair(session->job, session->rank);
+    for (const auto& [id, other] : sessions_) {
+      if (other->job == session->job && other->world_size != session->world_size &&
+          !TrainerExited(other->pidfd.get(), other->peer.pid)) {
+        return ToGrpc(InvalidArgument("job '" + session->job + "' runs with world size " +
+                                      std::to_string(other->world_size) + " (rank " + std::to_string(other->rank) +
+                                      "), not " + std::to_string(session->world_size)));
+      }
+    }
     if (auto it = rank_owner_.find(key); it != rank_owner_.end()) {
       auto old = sessions_.at(it->second);
-      if (!PidfdExited(old->pidfd.get())) {
+      if (!TrainerExited(old->pidfd.get(), old->peer.pid)) {
         return ToGrpc(AlreadyExists("rank " + std::to_string(session->rank) + " of job '" + session->job +
                                     "' is already registered by pid " + std::to_string(old->peer.pid) +
                                     ", which is still running"));
@@ -601,11 +612,13 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
     c->set_rank(sess->rank);
     c->set_world_size(sess->world_size);
     c->set_pid(sess->peer.pid);
-    c->set_items(static_cast<std::uint32_t>(sess->items.size()));
-    c->set_tensor_bytes(sess->tensor_bytes);
-    c->set_alive(!PidfdExited(sess->pidfd.get()));
+    c->set_alive(!TrainerExited(sess->pidfd.get(), sess->peer.pid));
     std::unique_lock lock(sess->mu, std::try_to_lock);  // never block status on a busy session
-    c->set_last_version(lock.owns_lock() ? sess->last_version : 0);
+    if (lock.owns_lock()) {
+      c->set_items(static_cast<std::uint32_t>(sess->items.size()));
+      c->set_tensor_bytes(sess->tensor_bytes);
+      c->set_last_version(sess->last_version);
+    }
   }
   std::uint64_t copied = copied_done_total_, written = written_done_total_;
   for (const auto& shard : shards) {
@@ -765,7 +778,7 @@ void CheckpointService::ReapLoop() {
     {
       std::lock_guard glock(mu_);
       for (const auto& [id, s] : sessions_) {
-        if (PidfdExited(s->pidfd.get())) gone.push_back(s);
+        if (TrainerExited(s->pidfd.get(), s->peer.pid)) gone.push_back(s);
       }
     }
     for (const auto& s : gone) CloseSession(s, /*trainer_gone=*/true);

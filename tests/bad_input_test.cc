@@ -457,3 +457,13 @@ TEST_CASE("re-registering a new region under an old name snapshots the new memor
   CHECK(fs::exists("/dev/shm" + name));
   f.CheckStillServing();
 }
+
+TEST_CASE("ranks of one job must agree on the world size", "[bad-input]") {
+  Fixture f;
+  TrainerState a(1, 4096), b(1, 4096);
+  Client r0 = Client::connect(f.daemon.socket()), r1 = Client::connect(f.daemon.socket());
+  r0.register_items("world", 0, 2, a.Items());
+  ExpectError([&] { r1.register_items("world", 1, 3, b.Items()); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "job 'world' runs with world size 2 (rank 0), not 3");
+  f.CheckStillServing();
+}
