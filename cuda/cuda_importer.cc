@@ -1,0 +1,304 @@
+#include "cuda/cuda_importer.h"
+
+#include <cstring>
+#include <utility>
+
+#include "cuda/cuda_error.h"
+#include "cuda/driver_api.h"
+
+namespace ckpt::cuda {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == IpcHandle::kBytes);
+static_assert(sizeof(cudaUUID_t) == sizeof(DeviceUuid{}.bytes));
+
+namespace {
+
+int Nibble(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The devices this process sees, read once.
+struct DeviceTable {
+  Status status;
+  std::vector<DeviceUuid> uuids;  // by ordinal
+};
+
+const DeviceTable& Devices() {
+  static const DeviceTable table = [] {
+    DeviceTable t;
+    const auto& driver = Driver();
+    if (!driver.ok()) {
+      t.status = driver.status();
+      return t;
+    }
+    for (int i = 0; i < driver.value().device_count; ++i) {
+      cudaDeviceProp prop{};
+      if (Status s = CudaStatus(::cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties"); !s.ok()) {
+        t.status = s;
+        return t;
+      }
+      DeviceUuid u;
+      std::memcpy(u.bytes.data(), prop.uuid.bytes, u.bytes.size());
+      t.uuids.push_back(u);
+    }
+    return t;
+  }();
+  return table;
+}
+
+class CudaImportedRegion : public ImportedRegion {
+ public:
+  CudaImportedRegion(std::string name, IpcHandleCache::Registration registration,
+                     std::shared_ptr<CopyStreamPool> streams)
+      : name_(std::move(name)), registration_(std::move(registration)), streams_(std::move(streams)) {}
+
+  const std::string& name() const override { return name_; }
+
+  Result<std::uint64_t> CurrentSize() const override { return registration_.mapping().size; }
+
+  Status ReadAt(std::uint64_t offset, void* dst, std::size_t len) const override {
+    return Copy(offset, len, [&](char* device_ptr, cudaStream_t stream) {
+      return CudaStatus(::cudaMemcpyAsync(dst, device_ptr, len, cudaMemcpyDeviceToHost, stream),
+                        "cudaMemcpyAsync device to host");
+    });
+  }
+
+  Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const override {
+    return Copy(offset, len, [&](char* device_ptr, cudaStream_t stream) {
+      return CudaStatus(::cudaMemcpyAsync(device_ptr, src, len, cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync host to device");
+    });
+  }
+
+  void UnlinkIfOrphaned() const override {}
+
+ private:
+  template <typename Enqueue>
+  Status Copy(std::uint64_t offset, std::size_t len, Enqueue enqueue) const {
+    // Holding the mapping keeps it open even if the client is released meanwhile.
+    std::shared_ptr<const IpcMapping> mapping = registration_.Lock();
+    if (!mapping) {
+      return FailedPrecondition("CUDA region " + name_ + " is closed: its client was released");
+    }
+    if (offset > mapping->size || len > mapping->size - offset) {
+      return FailedPrecondition("CUDA region " + name_ + " is " + std::to_string(mapping->size) +
+                                " bytes, smaller than offset " + std::to_string(offset) + " + " +
+                                std::to_string(len));
+    }
+    if (len == 0) return Status::Ok();
+    auto lease = streams_->Borrow(mapping->device);
+    if (!lease.ok()) return lease.status().With("CUDA region " + name_);
+    char* device_ptr = static_cast<char*>(mapping->base) + offset;
+    if (Status s = enqueue(device_ptr, lease.value().stream()); !s.ok()) {
+      (void)::cudaStreamSynchronize(lease.value().stream());  // let anything enqueued finish
+      return s.With("CUDA region " + name_);
+    }
+    return CudaStatus(::cudaStreamSynchronize(lease.value().stream()), "cudaStreamSynchronize")
+        .With("CUDA region " + name_);
+  }
+
+  std::string name_;
+  IpcHandleCache::Registration registration_;
+  std::shared_ptr<CopyStreamPool> streams_;
+};
+
+}  // namespace
+
+// ---- names ------------------------------------------------------------------------------
+
+std::string DeviceUuid::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (std::uint8_t b : bytes) {
+    out.push_back(kDigits[b >> 4]);
+    out.push_back(kDigits[b & 0xf]);
+  }
+  return out;
+}
+
+std::string DeviceUuid::Pretty() const {
+  std::string hex = Hex();
+  return "GPU-" + hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
+         hex.substr(16, 4) + "-" + hex.substr(20);
+}
+
+Result<DeviceUuid> DeviceUuid::Parse(std::string_view text) {
+  std::string_view digits = text;
+  std::string compact;
+  if (text.starts_with("GPU-")) {
+    // GPU-8-4-4-4-12
+    std::string_view rest = text.substr(4);
+    static constexpr std::size_t kDashes[] = {8, 13, 18, 23};
+    if (rest.size() != 36) return InvalidArgument("device UUID " + std::string(text) + " is malformed");
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      bool dash_here = false;
+      for (std::size_t d : kDashes) dash_here |= (i == d);
+      if (dash_here != (rest[i] == '-')) {
+        return InvalidArgument("device UUID " + std::string(text) + " is malformed");
+      }
+      if (!dash_here) compact.push_back(rest[i]);
+    }
+    digits = compact;
+  }
+  if (digits.size() != 32) {
+    return InvalidArgument("device UUID " + std::string(text) + " is not 32 hex digits");
+  }
+  DeviceUuid u;
+  for (std::size_t i = 0; i < 16; ++i) {
+    int hi = Nibble(digits[2 * i]), lo = Nibble(digits[2 * i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgument("device UUID " + std::string(text) + " is not hex");
+    u.bytes[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return u;
+}
+
+bool IsCudaRegionName(std::string_view name) { return name.starts_with(kCudaRegionPrefix); }
+
+std::string FormatCudaRegionName(const CudaRegionRef& ref) {
+  return std::string(kCudaRegionPrefix) + ref.device.Hex() + ":" + ref.handle.Hex();
+}
+
+Result<CudaRegionRef> ParseCudaRegionName(std::string_view name) {
+  if (!IsCudaRegionName(name)) {
+    return InvalidArgument("region name does not start with " + std::string(kCudaRegionPrefix));
+  }
+  std::string_view rest = name.substr(kCudaRegionPrefix.size());
+  const std::size_t colon = rest.find(':');
+  if (colon == std::string_view::npos) {
+    return InvalidArgument("CUDA region name lacks the ':' between device UUID and IPC handle");
+  }
+  CudaRegionRef ref;
+  auto uuid = DeviceUuid::Parse(rest.substr(0, colon));
+  if (!uuid.ok()) return uuid.status().With("CUDA region name");
+  ref.device = uuid.value();
+  auto handle = IpcHandle::FromHex(rest.substr(colon + 1));
+  if (!handle.ok()) return handle.status().With("CUDA region name");
+  ref.handle = handle.value();
+  return ref;
+}
+
+Result<int> DeviceOrdinalForUuid(const DeviceUuid& uuid) {
+  const DeviceTable& t = Devices();
+  if (!t.status.ok()) return t.status;
+  for (std::size_t i = 0; i < t.uuids.size(); ++i) {
+    if (t.uuids[i] == uuid) return static_cast<int>(i);
+  }
+  return NotFound("CUDA device " + uuid.Pretty() + " is not visible to ckptd (it sees " +
+                  std::to_string(t.uuids.size()) + " devices; check CUDA_VISIBLE_DEVICES of the daemon)");
+}
+
+// ---- opener -----------------------------------------------------------------------------
+
+Result<IpcMapping> CudaIpcOpener::Open(const IpcHandle& handle, int device) {
+  const auto& driver = Driver();
+  if (!driver.ok()) return driver.status();
+  if (Status s = CudaStatus(::cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  cudaIpcMemHandle_t h;
+  std::memcpy(h.reserved, handle.bytes.data(), IpcHandle::kBytes);
+  void* ptr = nullptr;
+  if (Status s = CudaStatus(::cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
+                            "cudaIpcOpenMemHandle");
+      !s.ok()) {
+    return s;
+  }
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  Status s = driver.value().Check(
+      driver.value().cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)),
+      "cuMemGetAddressRange");
+  if (s.ok() && base != reinterpret_cast<CUdeviceptr>(ptr)) {
+    s = InvalidArgument("the CUDA IPC handle does not refer to the base of its allocation");
+  }
+  if (!s.ok()) {
+    (void)::cudaIpcCloseMemHandle(ptr);
+    return s;
+  }
+  return IpcMapping{ptr, size, device};
+}
+
+Status CudaIpcOpener::Close(const IpcMapping& mapping) {
+  if (Status s = CudaStatus(::cudaSetDevice(mapping.device), "cudaSetDevice"); !s.ok()) return s;
+  return CudaStatus(::cudaIpcCloseMemHandle(mapping.base), "cudaIpcCloseMemHandle");
+}
+
+// ---- streams ----------------------------------------------------------------------------
+
+CopyStreamPool::Lease& CopyStreamPool::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (pool_ != nullptr) pool_->Return(device_, stream_);
+    pool_ = std::exchange(other.pool_, nullptr);
+    device_ = std::exchange(other.device_, -1);
+    stream_ = std::exchange(other.stream_, nullptr);
+  }
+  return *this;
+}
+
+CopyStreamPool::Lease::~Lease() {
+  if (pool_ != nullptr) pool_->Return(device_, stream_);
+}
+
+CopyStreamPool::~CopyStreamPool() {
+  for (auto& [device, stream] : all_) {
+    if (::cudaSetDevice(device) == cudaSuccess) (void)::cudaStreamDestroy(stream);
+  }
+}
+
+Result<CopyStreamPool::Lease> CopyStreamPool::Borrow(int device) {
+  if (Status s = CudaStatus(::cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  Lease lease;
+  {
+    std::lock_guard lock(mu_);
+    auto& idle = idle_[device];
+    if (!idle.empty()) {
+      lease.stream_ = idle.back();
+      idle.pop_back();
+    }
+  }
+  if (lease.stream_ == nullptr) {
+    cudaStream_t stream = nullptr;
+    if (Status s = CudaStatus(::cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                              "cudaStreamCreateWithFlags");
+        !s.ok()) {
+      return s;
+    }
+    std::lock_guard lock(mu_);
+    all_.emplace_back(device, stream);
+    lease.stream_ = stream;
+  }
+  lease.pool_ = this;
+  lease.device_ = device;
+  return lease;
+}
+
+void CopyStreamPool::Return(int device, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  idle_[device].push_back(stream);
+}
+
+// ---- importer ---------------------------------------------------------------------------
+
+CudaIpcImporter::CudaIpcImporter(std::shared_ptr<IpcHandleCache> cache,
+                                 std::shared_ptr<CopyStreamPool> streams, pid_t client_pid)
+    : cache_(std::move(cache)), streams_(std::move(streams)), pid_(client_pid) {}
+
+Result<std::shared_ptr<ImportedRegion>> CudaIpcImporter::Import(const std::string& name, uid_t /*owner*/,
+                                                                std::uint64_t min_size) {
+  auto ref = ParseCudaRegionName(name);
+  if (!ref.ok()) return ref.status();
+  auto device = DeviceOrdinalForUuid(ref.value().device);
+  if (!device.ok()) return device.status().With("import CUDA region");
+  auto registration = cache_->Register(pid_, ref.value().handle, device.value());
+  if (!registration.ok()) return registration.status();
+  if (registration.value().mapping().size < min_size) {
+    return InvalidArgument("CUDA allocation of region " + name + " is " +
+                           std::to_string(registration.value().mapping().size) + " bytes, smaller than the " +
+                           std::to_string(min_size) + " its items need");
+  }
+  return std::shared_ptr<ImportedRegion>(
+      std::make_shared<CudaImportedRegion>(name, std::move(registration).value(), streams_));
+}
+
+}  // namespace ckpt::cuda

@@ -1,0 +1,65 @@
+// DriverApi: the few CUDA driver functions the backend needs, reached without linking the
+// driver library.
+//
+// Binaries link only the CUDA runtime (libcudart); libcuda.so.1 exists only where an NVIDIA
+// driver is installed, and a binary linked against it would not even start elsewhere.
+// The driver functions (cuMemGetAddressRange, cuPointerGetAttribute, ...) are looked up
+// through cudaGetDriverEntryPointByVersion, pinned to the ABI of kDriverAbiVersion so the
+// function types below stay right whatever driver is installed.
+//
+// In: nothing (the process-wide table) or a DriverProbe (tests inject fakes).
+// Out: a table of function pointers, or a Status. On a machine without a driver or
+// without a device, the status is kFailedPrecondition and its message starts with
+// "no CUDA driver/device"; nothing aborts and nothing crashes.
+//
+// Thread-safety: Driver() loads the table once (C++ static initialisation) and returns
+// the same immutable result to every caller afterwards, success or failure. The table's
+// functions are the driver's own and are thread-safe.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <functional>
+
+#include "common/status.h"
+
+namespace ckpt::cuda {
+
+// Every entry point is requested with the ABI of CUDA 12.0; the PFN_*_vNNNN types below are
+// the newest ABI of each function at or before that version.
+inline constexpr unsigned kDriverAbiVersion = 12000;
+
+struct DriverApi {
+  PFN_cuMemGetAddressRange_v3020 cuMemGetAddressRange = nullptr;
+  PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute = nullptr;
+  PFN_cuPointerGetAttributes_v7000 cuPointerGetAttributes = nullptr;
+  PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  int driver_version = 0;  // as cudaDriverGetVersion reports it, e.g. 13000
+  int device_count = 0;    // devices visible to this process (at least 1 when loaded)
+
+  // "cuX: CUDA_ERROR_Y (text)" for a driver result, Ok for CUDA_SUCCESS.
+  Status Check(CUresult r, const char* what) const;
+};
+
+// What the loader asks of the CUDA runtime; the default calls the real runtime, tests
+// replace single functions.
+struct DriverProbe {
+  std::function<cudaError_t(int*)> driver_version = [](int* v) { return ::cudaDriverGetVersion(v); };
+  std::function<cudaError_t(int*)> device_count = [](int* n) { return ::cudaGetDeviceCount(n); };
+  std::function<cudaError_t(const char*, void**, cudaDriverEntryPointQueryResult*)> entry_point =
+      [](const char* symbol, void** fn, cudaDriverEntryPointQueryResult* q) {
+        return ::cudaGetDriverEntryPointByVersion(symbol, fn, kDriverAbiVersion, cudaEnableDefault, q);
+      };
+};
+
+// Loads the table through `probe`. Fails with "no CUDA driver/device: ..." when the driver
+// is missing or sees no device, and with a message naming the symbol when an entry point
+// cannot be found.
+Result<DriverApi> LoadDriverApi(const DriverProbe& probe = DriverProbe());
+
+// The process-wide table, loaded on first use.
+const Result<DriverApi>& Driver();
+
+}  // namespace ckpt::cuda
