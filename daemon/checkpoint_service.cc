@@ -439,9 +439,13 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   }
   {
     std::lock_guard glock(mu_);
-    auto& list = by_version_[{s->job, v}];
-    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
-    list.push_back(shard);
+    // Versions that never commit leave entries whose shards are all gone: drop them.
+    for (auto it = by_version_.begin(); it != by_version_.end();) {
+      auto& weak = it->second;
+      weak.erase(std::remove_if(weak.begin(), weak.end(), [](const auto& w) { return w.expired(); }), weak.end());
+      it = weak.empty() ? by_version_.erase(it) : std::next(it);
+    }
+    by_version_[{s->job, v}].push_back(shard);
     recent_.push_back(shard);
     while (recent_.size() > kRecentShards) recent_.pop_front();
   }
@@ -704,7 +708,13 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
       }
       by_version_.erase(it);
     }
-    if (committed) published_.erase({m.job, m.version});
+    if (committed) {
+      // Older versions that never completed will not be needed: this one is newer.
+      for (auto it = published_.begin(); it != published_.end();) {
+        bool older = it->first.first == m.job && it->first.second <= m.version;
+        it = older ? published_.erase(it) : std::next(it);
+      }
+    }
   }
   if (committed) {
     ++committed_total_;
@@ -715,7 +725,11 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
       if (p == shard || p->level() >= ShardLevel::kDurable) p->Reach(ShardLevel::kCommitted);
     }
   } else {
-    for (const auto& p : peers) p->Fail(st.With("commit"));
+    // Every rank of the version hears of the failed commit, as of any flush failure.
+    for (const auto& p : peers) {
+      p->Fail(st.With("commit"));
+      OnFailed(p);
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <system_error>
 
 #include "common/names.h"
 #include "format/checksum.h"
@@ -111,10 +112,15 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
     }
     std::uint64_t offset = info->data_start + next * chunk_bytes;
     int raw_fd = fd->get();
-    inflight.push_back(Pending{*chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset,
-                                                                      chunk_bytes, &path] {
-                                 return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
-                               })});
+    try {
+      inflight.push_back(Pending{*chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset,
+                                                                        chunk_bytes, &path] {
+                                   return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
+                                 })});
+    } catch (const std::system_error& e) {  // no thread could be started
+      pool_.Release(*chunk);
+      return Internal(std::string("cannot start a reader thread: ") + e.what());
+    }
     ++next;
     return true;
   };
