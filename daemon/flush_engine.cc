@@ -33,13 +33,20 @@ void FlushEngine::Stop() {
 }
 
 Status FlushEngine::Open(ShardJob& shard) {
-  // The version's directory is made here, on a copy thread, not in the Snapshot call: the
-  // call must return at once. Publish() makes its entry durable.
-  if (Status s = storage_->MakeDirs(shard.dir()); !s.ok()) return s;
-  auto fd = storage_->CreateFile(shard.tmp_path(), shard.direct_io());
-  if (!fd.ok()) return fd.status();
-  shard.file() = std::move(fd).value();
-  return Status::Ok();
+  std::call_once(shard.open_once(), [&] {
+    // Publish() makes the directory entry durable.
+    if (Status s = storage_->MakeDirs(shard.dir()); !s.ok()) {
+      shard.open_status() = s;
+      return;
+    }
+    auto fd = storage_->CreateFile(shard.tmp_path(), shard.direct_io());
+    if (!fd.ok()) {
+      shard.open_status() = fd.status();
+      return;
+    }
+    shard.file() = std::move(fd).value();
+  });
+  return shard.open_status();
 }
 
 void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
@@ -68,6 +75,9 @@ void FlushEngine::WriterLoop() {
     }
     ShardJob& shard = *task.shard;
     if (!shard.failed()) {
+      if (Status s = Open(shard); !s.ok()) shard.Fail(s);
+    }
+    if (!shard.failed()) {
       // With O_DIRECT the tail of the last chunk is written padded to a whole block; the
       // file is cut to its exact size when the shard is published.
       std::size_t len = shard.direct_io() ? AlignUp(task.len, kDataAlignment) : task.len;
@@ -91,7 +101,7 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
   }
   if (shard->failed()) {
     shard->file().reset();
-    storage_->Remove(shard->tmp_path());
+    storage_->Remove(shard->tmp_path());  // harmless if it was never created
     if (on_failed_) on_failed_(shard);
     return;
   }
@@ -101,6 +111,7 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
 }
 
 Status FlushEngine::Publish(ShardJob& shard) {
+  if (Status s = Open(shard); !s.ok()) return s;  // a shard without data chunks
   const ShardLayout& layout = shard.layout();
   std::string header = layout.RenderHeader();
   // O_DIRECT needs an aligned buffer; the header is a whole number of blocks.

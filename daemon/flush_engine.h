@@ -32,7 +32,9 @@ class FlushEngine {
               ShardCallback on_durable, ShardCallback on_failed);
   ~FlushEngine();
 
-  // Creates the shard's temporary file. Called once per shard before its first Submit.
+  // Creates the shard's version directory and temporary file, once per shard, whoever
+  // calls first (a writer with the first chunk, or the publish of an empty shard). Kept
+  // off the copy path: capture never waits for mkdir or file creation.
   Status Open(ShardJob& shard);
   // Queues `len` bytes of `chunk` for writing at `file_offset`; the chunk returns to the
   // pool once written (or dropped because the shard failed).

@@ -63,8 +63,11 @@ class ShardJob {
   const std::string& tmp_path() const { return tmp_path_; }
   bool direct_io() const { return direct_io_; }
 
-  // The open temporary file; set by the flush engine before the first write.
+  // The open temporary file; opened by the flush engine on the first write.
   UniqueFd& file() { return file_; }
+  // Guards the one opening of file().
+  std::once_flag& open_once() { return open_once_; }
+  Status& open_status() { return open_status_; }
 
   std::atomic<std::uint64_t> copied_bytes{0};
   std::atomic<std::uint64_t> written_bytes{0};
@@ -105,6 +108,8 @@ class ShardJob {
   std::string dir_, final_path_, tmp_path_;
   bool direct_io_;
   UniqueFd file_;
+  std::once_flag open_once_;
+  Status open_status_;
 
   mutable std::mutex mu_;
   std::condition_variable changed_;

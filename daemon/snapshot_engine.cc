@@ -61,10 +61,6 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     shard->Fail(s);
     return;
   }
-  if (Status s = flush_.Open(*shard); !s.ok()) {
-    shard->Fail(s);
-    return;
-  }
   auto& items = shard->layout().items();
   const auto& sources = shard->sources();
   const std::uint64_t data_bytes = shard->layout().data_bytes();
