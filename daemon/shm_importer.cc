@@ -56,16 +56,7 @@ class ShmImportedRegion : public ImportedRegion {
     return Status::Ok();
   }
 
-  void UnlinkIfOrphaned() const override {
-    // Only unlink if the name still refers to our object: a restarted trainer may have
-    // created a new region under the same name.
-    int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return;
-    struct stat st {};
-    bool same = ::fstat(fd, &st) == 0 && st.st_ino == ino_;
-    ::close(fd);
-    if (same) ::shm_unlink(name_.c_str());
-  }
+  void UnlinkIfOrphaned() const override { UnlinkShmIfInode(name_, ino_); }
 
  private:
   std::string name_;

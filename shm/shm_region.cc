@@ -69,14 +69,17 @@ ShmRegion::~ShmRegion() {
   UnlinkIfStillOurs();
 }
 
-void ShmRegion::UnlinkIfStillOurs() {
-  if (name_.empty() || !fd_.valid()) return;
-  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+void UnlinkShmIfInode(const std::string& name, ino_t inode) {
+  int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) return;
   struct stat st {};
-  bool ours = ::fstat(fd, &st) == 0 && st.st_ino == inode_;
+  bool same = ::fstat(fd, &st) == 0 && st.st_ino == inode;
   ::close(fd);
-  if (ours) ::shm_unlink(name_.c_str());
+  if (same) ::shm_unlink(name.c_str());
+}
+
+void ShmRegion::UnlinkIfStillOurs() {
+  if (!name_.empty() && fd_.valid()) UnlinkShmIfInode(name_, inode_);
 }
 
 void ShmRegion::Unmap() {

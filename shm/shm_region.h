@@ -60,4 +60,8 @@ class ShmRegion {
 // Checks that `name` is an acceptable shm_open name; returns "" or what is wrong.
 std::string CheckShmName(const std::string& name);
 
+// Removes shm object `name` only if the name still refers to inode `inode`: a newer object
+// created under the same name (a restarted trainer's) is left alone.
+void UnlinkShmIfInode(const std::string& name, ino_t inode);
+
 }  // namespace ckpt
