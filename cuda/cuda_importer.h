@@ -37,37 +37,10 @@
 
 #include "common/status.h"
 #include "cuda/ipc_handle_cache.h"
+#include "cuda/region_name.h"
 #include "daemon/region_importer.h"
 
 namespace ckpt::cuda {
-
-inline constexpr std::string_view kCudaRegionPrefix = "cuda:";
-
-struct DeviceUuid {
-  std::array<std::uint8_t, 16> bytes{};
-  auto operator<=>(const DeviceUuid&) const = default;
-  // 32 lowercase hex digits.
-  std::string Hex() const;
-  // As nvidia-smi shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
-  std::string Pretty() const;
-  // Accepts the 32-digit form or nvidia-smi's form.
-  static Result<DeviceUuid> Parse(std::string_view text);
-};
-
-// What a CUDA region name carries.
-struct CudaRegionRef {
-  DeviceUuid device;
-  IpcHandle handle;
-};
-
-bool IsCudaRegionName(std::string_view name);
-std::string FormatCudaRegionName(const CudaRegionRef& ref);
-Result<CudaRegionRef> ParseCudaRegionName(std::string_view name);
-
-// The ordinal (in this process's numbering) of the device with `uuid`. The table of
-// devices is read once; fails with "no CUDA driver/device" on a machine without one and
-// with kNotFound naming the UUID when no visible device has it.
-Result<int> DeviceOrdinalForUuid(const DeviceUuid& uuid);
 
 // Opens handles with cudaIpcOpenMemHandle (lazy peer access) and sizes the allocation
 // with the driver's cuMemGetAddressRange.

@@ -143,6 +143,28 @@ Status EventRing::WaitVersion(std::uint64_t version, void* stream) {
                                                         std::to_string(version));
 }
 
+namespace {
+Status BadSlot(std::uint32_t slot, std::size_t size) {
+  return InvalidArgument("event slot " + std::to_string(slot) + " is outside the ring of " +
+                         std::to_string(size) + " events");
+}
+}  // namespace
+
+Status EventRing::RecordSlot(std::uint32_t slot, void* stream) {
+  if (slot >= events_.size()) return BadSlot(slot, events_.size());
+  return events_[slot]->Record(stream).With("record event slot " + std::to_string(slot));
+}
+
+Status EventRing::WaitSlot(std::uint32_t slot, void* stream) {
+  if (slot >= events_.size()) return BadSlot(slot, events_.size());
+  return events_[slot]->StreamWait(stream).With("wait on event slot " + std::to_string(slot));
+}
+
+Status EventRing::SynchronizeSlot(std::uint32_t slot) {
+  if (slot >= events_.size()) return BadSlot(slot, events_.size());
+  return events_[slot]->Synchronize().With("synchronize event slot " + std::to_string(slot));
+}
+
 // ---- CUDA events ------------------------------------------------------------------------
 
 namespace {

@@ -124,6 +124,13 @@ class EventRing {
   // ring assigns slots as the versions are announced to it, with Assign.
   Status WaitVersion(std::uint64_t version, void* stream);
 
+  // Slot-addressed use, where the peer names the slot over the wire (the daemon's and the
+  // client's rings are then independent; the caller keeps the reuse rule through slots()).
+  std::uint32_t size() const { return static_cast<std::uint32_t>(events_.size()); }
+  Status RecordSlot(std::uint32_t slot, void* stream);
+  Status WaitSlot(std::uint32_t slot, void* stream);
+  Status SynchronizeSlot(std::uint32_t slot);
+
  private:
   EventRing() = default;
   std::unique_ptr<EventSlotRing> slots_;

@@ -94,6 +94,9 @@ struct CheckpointService::Session {
   std::vector<std::shared_ptr<ImportedRegion>> item_regions;  // parallel to items
   // What every snapshot starts from, prepared once per table generation.
   std::shared_ptr<const TensorSet> tensors;
+  // Device regions: their device (-1 if none) and the session's interprocess events.
+  int device = -1;
+  std::unique_ptr<SessionEvents> events;
   std::unordered_set<std::string> item_names;
   std::uint64_t tensor_bytes = 0;
 
@@ -110,10 +113,12 @@ struct CheckpointService::Session {
 
 Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
     const Config& config, std::shared_ptr<Storage> storage, std::unique_ptr<RegionImporter> importer,
-    const PeerRegistry* peers) {
+    const PeerRegistry* peers, std::shared_ptr<DeviceBackend> backend, std::string no_backend_reason) {
   std::unique_ptr<CheckpointService> svc(new CheckpointService(config));
   svc->storage_ = std::move(storage);
   svc->importer_ = std::move(importer);
+  svc->backend_ = std::move(backend);
+  svc->no_backend_reason_ = std::move(no_backend_reason);
   svc->peers_ = peers;
   svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root, config.keep_last);
   if (ckpt::Status s = svc->catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config.root);
@@ -129,17 +134,34 @@ Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
   auto pool = HostPool::Create(config.pool_bytes(), config.chunk_bytes());
   if (!pool.ok()) return pool.status();
   svc->pool_ = std::move(pool).value();
+  if (svc->backend_) {
+    // Device copies into pageable memory go through a staging buffer at a fraction of the
+    // speed; the pool is page-locked once, here, never per checkpoint.
+    if (ckpt::Status s = svc->backend_->Pin(svc->pool_->base(), svc->pool_->pool_bytes()); !s.ok()) {
+      spdlog::warn("host pool not page-locked, device copies will be slower: {}", s.message());
+    } else {
+      std::shared_ptr<DeviceBackend> b = svc->backend_;
+      void* base = svc->pool_->base();
+      svc->pool_->OnDestroy([b, base] { b->Unpin(base); });
+    }
+  }
   CheckpointService* self = svc.get();
   svc->flush_ = std::make_unique<FlushEngine>(
       svc->storage_, *svc->pool_, config.writers,
       [self](const std::shared_ptr<ShardJob>& s) { self->OnDurable(s); },
       [self](const std::shared_ptr<ShardJob>& s) { self->OnFailed(s); });
-  svc->snapshot_ = std::make_unique<SnapshotEngine>(*svc->pool_, *svc->flush_, config.copiers);
+  svc->snapshot_ = std::make_unique<SnapshotEngine>(*svc->pool_, *svc->flush_, config.copiers,
+                                                    svc->backend_.get(), config.copy_streams);
   svc->restore_ = std::make_unique<RestoreEngine>(svc->storage_, *svc->pool_, config.writers);
   svc->reaper_ = std::thread([self] { self->ReapLoop(); });
   spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks, {} writers, {} copiers", config.root,
                svc->direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync", config.pool_mib,
                config.chunk_mib, config.writers, config.copiers);
+  if (svc->backend_) {
+    spdlog::info("device backend: {}; {} copy streams per shard", svc->backend_->Describe(), config.copy_streams);
+  } else {
+    spdlog::info("no device backend ({}): GPU tensors are refused", svc->no_backend_reason_);
+  }
   return svc;
 }
 
@@ -225,7 +247,12 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   std::map<std::string, std::shared_ptr<ImportedRegion>> fresh;
   for (const auto& [name, need] : needed) {
     // Opened afresh on every (re-)registration: the name may now refer to a new object.
-    auto imported = importer_->Import(name, s.peer.uid, 0);
+    const bool device_region = backend_ && backend_->Owns(name);
+    if (!device_region && name.starts_with("cuda:")) {
+      return FailedPrecondition("region " + name.substr(0, 40) + "... is GPU memory, but this daemon has no CUDA backend (" +
+                                no_backend_reason_ + ")");
+    }
+    auto imported = device_region ? backend_->Import(name, s.peer.pid, 0) : importer_->Import(name, s.peer.uid, 0);
     if (!imported.ok()) return imported.status();
     std::shared_ptr<ImportedRegion> region = std::move(imported).value();
     auto cur = region->CurrentSize();
@@ -241,6 +268,19 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
     }
     fresh[name] = std::move(region);
   }
+  int device = -1;
+  for (const auto& [name, region] : fresh) {
+    if (region->device() < 0) continue;
+    if (device >= 0 && region->device() != device) {
+      return InvalidArgument("tensors of one registration are on two GPUs (daemon devices " + std::to_string(device) +
+                             " and " + std::to_string(region->device()) + "); register one rank's GPU only");
+    }
+    device = region->device();
+  }
+  if (s.events && device >= 0 && device != s.events->device()) {
+    return FailedPrecondition("the tensors moved to another GPU than the session's; register again");
+  }
+  s.device = device;
   s.items = std::move(items).value();
   s.item_regions.clear();
   auto tensors = std::make_shared<TensorSet>();
@@ -255,6 +295,25 @@ ckpt::Status CheckpointService::LoadTable(Session& s) {
   for (const auto& it : s.items) s.item_names.insert(it.name);
   s.tensor_bytes = total;
   s.table_generation = generation;
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status CheckpointService::AttachDevice(Session& s, const v1::RegisterRequest& req, v1::RegisterReply* reply) {
+  if (s.device < 0) return ckpt::Status::Ok();
+  if (!req.has_cuda() || req.cuda().trainer_events().empty()) {
+    return InvalidArgument("GPU tensors need the registration's CUDA session (device UUID and trainer events)");
+  }
+  if (!s.events) {
+    std::vector<std::string> handles(req.cuda().trainer_events().begin(), req.cuda().trainer_events().end());
+    auto events = backend_->OpenSession(req.cuda().device_uuid(), handles);
+    if (!events.ok()) return events.status().With("open the trainer's CUDA events");
+    if (events.value()->device() != s.device) {
+      return InvalidArgument("the registration names GPU " + req.cuda().device_uuid() +
+                             " but its tensors are on another GPU");
+    }
+    s.events = std::move(events).value();
+  }
+  for (const auto& h : s.events->daemon_handles()) reply->add_daemon_events(h);
   return ckpt::Status::Ok();
 }
 
@@ -280,6 +339,7 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     }
     std::lock_guard lock(s->mu);
     if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st);
+    if (ckpt::Status st = AttachDevice(*s, *req, reply); !st.ok()) return ToGrpc(st);
     reply->set_session(s->id);
     reply->set_item_count(static_cast<std::uint32_t>(s->items.size()));
     reply->set_tensor_bytes(s->tensor_bytes);
@@ -297,6 +357,7 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
   if (!table.ok()) return ToGrpc(table.status().With("descriptor table"));
   session->table = std::move(table).value();
   if (ckpt::Status s = LoadTable(*session); !s.ok()) return ToGrpc(s);
+  if (ckpt::Status s = AttachDevice(*session, *req, reply); !s.ok()) return ToGrpc(s);
   {
     // The job directory exists (durably) before any shard is written into it.
     std::string job_dir = catalog_->JobDir(session->job);
@@ -400,6 +461,9 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   }
   if (gen.value() != s->table_generation) {
     if (ckpt::Status st = LoadTable(*s); !st.ok()) return ToGrpc(st.With("re-reading descriptor table"));
+    if (s->device >= 0 && !s->events) {
+      return ToGrpc(FailedPrecondition("the descriptor table now lists GPU tensors; register again"));
+    }
   }
 
   std::vector<ShardItem> items;  // the blobs; the tensors come from s->tensors
@@ -425,9 +489,17 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
     return ToGrpc(ResourceExhausted("blobs total " + std::to_string(blob_bytes) + " bytes, over --max-blob-mib " +
                                     std::to_string(config_.max_blob_mib)));
   }
+  std::shared_ptr<VersionSync> sync;
+  if (s->events && s->device >= 0) {
+    auto begun = s->events->Begin(v, req->trainer_event_slot());
+    if (!begun.ok()) return ToGrpc(begun.status().With("version " + std::to_string(v)));
+    sync = std::move(begun).value();
+  }
   ShardMeta meta{s->job, v, s->rank, s->world_size};
   auto shard = std::make_shared<ShardJob>(std::move(meta), s->tensors, std::move(items), std::move(sources),
                                           catalog_->VersionDir(s->job, v), direct_io_);
+  shard->device = s->device;
+  shard->sync = std::move(sync);
   reply->set_data_bytes(shard->data_bytes());
   shard->epoch = s->epoch;
   s->last_version = v;
@@ -476,11 +548,17 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   auto deadline = req->timeout_ms() == 0 || req->timeout_ms() > kMaxWaitMs
                       ? std::chrono::steady_clock::time_point::max()
                                          : std::chrono::steady_clock::now() + std::chrono::milliseconds(req->timeout_ms());
+  if (req->stream_ordered() && want != ShardLevel::kCaptured) {
+    return ToGrpc(InvalidArgument("a stream-ordered wait is for level captured only"));
+  }
+  // Stream-ordered waits of host-memory sessions are plain waits.
+  const bool ordered = req->stream_ordered() && shard->sync != nullptr;
   ckpt::Status st;
+  bool ordered_only = false;
   // Waits in slices so a client that goes away frees the thread.
   for (;;) {
     auto slice = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
-    st = shard->WaitFor(want, slice);
+    st = ordered ? shard->WaitOrdered(slice, &ordered_only) : shard->WaitFor(want, slice);
     if (st.code() != ckpt::StatusCode::kDeadlineExceeded || slice == deadline) break;
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   }
@@ -490,6 +568,12 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
       st = st.With("version " + std::to_string(req->version()) + " failed");
     }
     return ToGrpc(st);
+  }
+  if (ordered_only) {
+    reply->set_reached(v1::LEVEL_UNSPECIFIED);
+    reply->set_has_daemon_event(true);
+    reply->set_daemon_event_slot(shard->sync->daemon_slot());
+    return grpc::Status::OK;
   }
   reply->set_reached(ToProto(shard->level()));
   return grpc::Status::OK;
@@ -601,6 +685,7 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
   reply->set_pool_bytes(pool_->pool_bytes());
   reply->set_pool_used_bytes(pool_->used_bytes());
   reply->set_chunk_bytes(pool_->chunk_bytes());
+  reply->set_device_backend(backend_ ? backend_->Describe() : "none (" + no_backend_reason_ + ")");
   std::vector<std::shared_ptr<Session>> sessions;
   std::vector<std::shared_ptr<ShardJob>> shards;
   {
@@ -671,6 +756,8 @@ void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool tra
     // their descriptors, so removing the names loses nothing.
     for (const auto& r : s->item_regions) r->UnlinkIfOrphaned();
     s->table->UnlinkIfOrphaned();
+    // Its CUDA allocations are closed now, or when the copies still using them end.
+    if (backend_) backend_->ReleaseClient(s->peer.pid);
     spdlog::info("job {} rank {}: trainer pid {} exited; session closed", s->job, s->rank, s->peer.pid);
   } else {
     spdlog::info("job {} rank {}: unregistered", s->job, s->rank);

@@ -25,6 +25,7 @@
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "daemon/catalog.h"
 #include "daemon/config.h"
+#include "daemon/device_copier.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
 #include "daemon/peer_registry.h"
@@ -38,11 +39,15 @@ namespace ckpt {
 
 class CheckpointService final : public v1::Checkpoint::Service {
  public:
-  // Builds the pipeline. `storage` and `importer` are injectable for tests.
+  // Builds the pipeline. `storage` and `importer` are injectable for tests. `backend` (may
+  // be null) imports and copies device regions; without one, `no_backend_reason` says why
+  // in the error a GPU registration gets.
   static Result<std::unique_ptr<CheckpointService>> Create(const Config& config,
                                                            std::shared_ptr<Storage> storage,
                                                            std::unique_ptr<RegionImporter> importer,
-                                                           const PeerRegistry* peers);
+                                                           const PeerRegistry* peers,
+                                                           std::shared_ptr<DeviceBackend> backend = nullptr,
+                                                           std::string no_backend_reason = "");
   ~CheckpointService() override;
 
   // Stops taking work, lets in-flight shards finish, stops the threads.
@@ -64,6 +69,8 @@ class CheckpointService final : public v1::Checkpoint::Service {
   ckpt::Status CheckPeer(grpc::ServerContext* ctx, PeerCredentials* peer) const;
   ckpt::Status FindSession(grpc::ServerContext* ctx, const std::string& id, std::shared_ptr<Session>* out);
   ckpt::Status LoadTable(Session& s);
+  // Opens (or checks) the session's device events after LoadTable found device regions.
+  ckpt::Status AttachDevice(Session& s, const v1::RegisterRequest& req, v1::RegisterReply* reply);
   void CloseSession(const std::shared_ptr<Session>& s, bool trainer_gone);
   void OnDurable(const std::shared_ptr<ShardJob>& shard);
   void OnFailed(const std::shared_ptr<ShardJob>& shard);
@@ -78,6 +85,8 @@ class CheckpointService final : public v1::Checkpoint::Service {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::shared_ptr<Storage> storage_;
   std::unique_ptr<RegionImporter> importer_;
+  std::shared_ptr<DeviceBackend> backend_;
+  std::string no_backend_reason_;
   const PeerRegistry* peers_ = nullptr;
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<Catalog> catalog_;

@@ -35,6 +35,9 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   app.add_option("--writers", c.writers, "Writer threads (writes in flight)")
       ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--copiers", c.copiers, "Copy threads")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--copy-streams", c.copy_streams, "CUDA streams copying one shard (chunk i on stream i % N)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   std::map<std::string, DirectIoMode> modes{
       {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
   app.add_option("--direct-io", c.direct_io, "O_DIRECT writes: auto, on or off")

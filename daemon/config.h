@@ -29,6 +29,8 @@ struct Config {
   std::uint32_t writers = 4;
   // Threads copying from trainer memory (shards captured in parallel).
   std::uint32_t copiers = 2;
+  // CUDA streams one shard's device copies are spread over (chunk i on stream i % N).
+  std::uint32_t copy_streams = 2;
   // O_DIRECT use: auto probes each directory, on requires it, off never uses it.
   DirectIoMode direct_io = DirectIoMode::kAuto;
   // Peers allowed besides the daemon's own uid (SO_PEERCRED check).

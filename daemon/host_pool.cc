@@ -26,6 +26,7 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std
 }
 
 HostPool::~HostPool() {
+  if (on_destroy_) on_destroy_();
   if (base_ != nullptr) ::munmap(base_, chunk_bytes_ * chunk_count_);
 }
 

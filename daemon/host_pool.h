@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -42,11 +43,16 @@ class HostPool {
   std::uint64_t chunk_bytes() const { return chunk_bytes_; }
   std::uint64_t pool_bytes() const { return chunk_bytes_ * chunk_count_; }
   std::uint64_t used_bytes() const;
+  // The pool's memory (pool_bytes() long), e.g. to page-lock it for device copies.
+  void* base() const { return base_; }
+  // Runs `f` in the destructor before the memory is unmapped (e.g. to unpin it).
+  void OnDestroy(std::function<void()> f) { on_destroy_ = std::move(f); }
 
  private:
   HostPool() = default;
 
   char* base_ = nullptr;
+  std::function<void()> on_destroy_;
   std::uint64_t chunk_bytes_ = 0;
   std::uint32_t chunk_count_ = 0;
   mutable std::mutex mu_;

@@ -24,6 +24,9 @@
 #include "daemon/checkpoint_service.h"
 #include "daemon/config.h"
 #include "daemon/peer_registry.h"
+#ifdef CKPT_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace ckpt {
 namespace {
@@ -116,8 +119,18 @@ int Run(const Config& config) {
   ::signal(SIGPIPE, SIG_IGN);
 
   PeerRegistry peers;
+  std::shared_ptr<DeviceBackend> backend;
+  std::string no_backend_reason = "ckptd was built without CUDA";
+#ifdef CKPT_HAVE_CUDA
+  if (auto made = cuda::MakeCudaBackend(); made.ok()) {
+    backend = std::move(made).value();
+  } else {
+    no_backend_reason = made.status().message();
+  }
+#endif
   auto service = CheckpointService::Create(config, std::make_shared<PosixStorage>(),
-                                           std::make_unique<ShmImporter>(), &peers);
+                                           std::make_unique<ShmImporter>(), &peers, std::move(backend),
+                                           no_backend_reason);
   if (!service.ok()) {
     spdlog::critical("cannot start: {}", service.status().message());
     return 1;

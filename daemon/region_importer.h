@@ -2,9 +2,10 @@
 // between that memory and the host pool.
 //
 // An ImportedRegion is one region (a POSIX shm object now; a CUDA IPC allocation in the
-// GPU backend) opened by the daemon. ReadAt/WriteAt are the device copier: for shm they
-// are pread/pwrite on the object's descriptor, for CUDA they will be cudaMemcpyAsync on
-// the daemon's streams. Both report a region that is now smaller than asked as an error,
+// GPU backend) opened by the daemon. ReadAt/WriteAt are synchronous copies: for shm they
+// are pread/pwrite on the object's descriptor, for CUDA cudaMemcpyAsync on a daemon stream
+// then a stream synchronise (restore uses them; snapshots go through the copy lanes of
+// daemon/device_copier.h, which read CUDA regions asynchronously via DeviceAt). Both report a region that is now smaller than asked as an error,
 // never a crash. Thread-safe: several copy threads may read one region at once.
 #pragma once
 
@@ -19,6 +20,12 @@
 
 namespace ckpt {
 
+// Device memory a copy lane may read directly: the address, valid while `keep` is held.
+struct DeviceSpan {
+  void* ptr = nullptr;
+  std::shared_ptr<const void> keep;
+};
+
 class ImportedRegion {
  public:
   virtual ~ImportedRegion() = default;
@@ -31,6 +38,15 @@ class ImportedRegion {
   virtual Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const = 0;
   // Removes the region's name if it still names this object (the trainer is gone).
   virtual void UnlinkIfOrphaned() const = 0;
+  // The device the region lives on (an ordinal of the daemon's backend), -1 for host memory.
+  virtual int device() const { return -1; }
+  // For device regions: the device address of `len` bytes at `offset`, checked against the
+  // region's size, for a lane to copy asynchronously.
+  virtual Result<DeviceSpan> DeviceAt(std::uint64_t offset, std::size_t len) const {
+    (void)offset;
+    (void)len;
+    return FailedPrecondition("region " + name() + " is host memory");
+  }
 };
 
 class RegionImporter {

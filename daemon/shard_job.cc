@@ -93,6 +93,29 @@ Status ShardJob::WaitFor(ShardLevel level, std::chrono::steady_clock::time_point
                           " did not reach the level in time");
 }
 
+void ShardJob::MarkOrdered() {
+  {
+    std::lock_guard lock(mu_);
+    ordered_ = true;
+  }
+  changed_.notify_all();
+}
+
+Status ShardJob::WaitOrdered(std::chrono::steady_clock::time_point deadline, bool* ordered_only) {
+  std::unique_lock lock(mu_);
+  auto ready = [&] { return level_ >= ShardLevel::kCaptured || ordered_ || !error_.ok(); };
+  changed_.wait_until(lock, deadline, ready);
+  *ordered_only = false;
+  if (level_ >= ShardLevel::kCaptured) return Status::Ok();
+  if (!error_.ok()) return error_;
+  if (ordered_) {
+    *ordered_only = true;
+    return Status::Ok();
+  }
+  return DeadlineExceeded("the copies of version " + std::to_string(meta_.version) +
+                          " were not queued in time");
+}
+
 void ShardJob::AddPendingWrite() {
   std::lock_guard lock(mu_);
   ++pending_writes_;

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "daemon/device_copier.h"
 #include "daemon/region_importer.h"
 #include "format/shard_format.h"
 
@@ -75,6 +76,10 @@ class ShardJob {
   std::atomic<bool> error_reported{false};
   // The registration epoch of its rank when it was snapshotted (see CheckpointService).
   std::uint64_t epoch = 0;
+  // Device regions: the device they are on (-1: host memory only) and the ordering of
+  // the copies against the trainer (null without device events). Set before queueing.
+  int device = -1;
+  std::shared_ptr<VersionSync> sync;
 
   // When the Snapshot call arrived, and how long until each level (0 until reached).
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
@@ -91,6 +96,12 @@ class ShardJob {
   // Blocks until the level is at least `level` (ok), the shard failed (its error), or
   // `deadline` passes (DeadlineExceeded).
   Status WaitFor(ShardLevel level, std::chrono::steady_clock::time_point deadline);
+
+  // Every copy is queued on the device and the completion event recorded (sync->Signal).
+  void MarkOrdered();
+  // Blocks until the shard is ordered or captured (ok; *ordered_only is true when it was
+  // not yet captured), failed (its error), or `deadline` passes.
+  Status WaitOrdered(std::chrono::steady_clock::time_point deadline, bool* ordered_only);
 
   // Write accounting between the copy and the writers: the shard is finished when the
   // copy is done and no write is pending. Each returns true to the one caller that must
@@ -114,6 +125,7 @@ class ShardJob {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   ShardLevel level_ = ShardLevel::kCopying;
+  bool ordered_ = false;
   double reached_ms_[4] = {0, 0, 0, 0};
   Status error_;
   int pending_writes_ = 0;

@@ -13,8 +13,9 @@ constexpr std::uint64_t kPieceBytes = 1 << 20;
 
 }  // namespace
 
-SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers)
-    : pool_(pool), flush_(flush) {
+SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers,
+                               DeviceBackend* backend, unsigned lanes)
+    : pool_(pool), flush_(flush), backend_(backend), lanes_(lanes == 0 ? 1 : lanes) {
   for (unsigned i = 0; i < copiers; ++i) threads_.emplace_back([this] { CopyLoop(); });
 }
 
@@ -54,70 +55,180 @@ void SnapshotEngine::CopyLoop() {
   }
 }
 
+namespace {
+
+// The running checksum of a shard: bytes must be fed in file order. Closes every item
+// whose bytes are all summed (empty items included) and stores its digest.
+class ItemSummer {
+ public:
+  explicit ItemSummer(std::vector<ShardItem>& items) : items_(items) { Close(); }
+  void Update(const char* p, std::uint64_t n) {
+    while (n > 0) {
+      const std::uint64_t take = std::min(n, items_[item_].length - in_item_);
+      sum_.Update(p, take);
+      p += take;
+      n -= take;
+      in_item_ += take;
+      Close();
+    }
+  }
+
+ private:
+  void Close() {
+    while (item_ < items_.size() && in_item_ == items_[item_].length) {
+      items_[item_].checksum = sum_.Digest();
+      sum_ = Checksum();
+      ++item_;
+      in_item_ = 0;
+    }
+  }
+  std::vector<ShardItem>& items_;
+  std::size_t item_ = 0;
+  std::uint64_t in_item_ = 0;
+  Checksum sum_;
+};
+
+// A chunk whose copies are queued and not yet waited for.
+struct PendingChunk {
+  HostPool::Chunk chunk;
+  std::size_t lane = 0;
+  std::uint64_t ticket = 0;
+  std::uint64_t data_off = 0;
+  std::uint64_t fill = 0;
+  bool summed = false;  // checksummed as it was copied (synchronous lane)
+};
+
+}  // namespace
+
 void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
+  // Whatever happens, the daemon is done with this version's device events at the end.
+  struct ReleaseSync {
+    VersionSync* sync;
+    ~ReleaseSync() {
+      if (sync != nullptr) sync->Release();
+    }
+  } release_sync{shard->sync.get()};
+
   // Planning (offsets, header size) happens here rather than in the Snapshot call, which
   // must return at once even for thousands of items.
   if (Status s = shard->Prepare(); !s.ok()) {
     shard->Fail(s);
     return;
   }
+  std::vector<std::unique_ptr<CopyLane>> lanes;
+  if (shard->device >= 0) {
+    if (backend_ == nullptr) {
+      shard->Fail(FailedPrecondition("this daemon has no device backend for device regions"));
+      return;
+    }
+    auto made = backend_->MakeLanes(shard->device, lanes_);
+    if (!made.ok()) {
+      shard->Fail(made.status().With("create copy streams"));
+      return;
+    }
+    lanes = std::move(made).value();
+  } else {
+    lanes.push_back(std::make_unique<HostCopyLane>());
+  }
+  const bool synchronous = lanes.front()->synchronous();
+  std::vector<bool> gated(lanes.size(), false);
+
   auto& items = shard->layout().items();
   const auto& sources = shard->sources();
   const std::uint64_t data_bytes = shard->layout().data_bytes();
   const std::uint64_t header_bytes = shard->layout().header_bytes();
   const std::uint64_t chunk_bytes = pool_.chunk_bytes();
 
-  std::size_t item = 0;       // current item
-  std::uint64_t in_item = 0;  // bytes of it already copied
-  Checksum sum;
+  ItemSummer summer(items);
+  std::size_t item = 0;       // next item to copy
+  std::uint64_t in_item = 0;  // bytes of it already queued
   std::uint64_t data_off = 0;
-  auto finish_items = [&] {
-    // Closes every item that is complete at the current position, including empty ones.
-    while (item < items.size() && in_item == items[item].length) {
-      items[item].checksum = sum.Digest();
-      sum = Checksum();
-      ++item;
-      in_item = 0;
-    }
-  };
-  finish_items();
-  while (data_off < data_bytes) {
-    if (shard->failed()) return;
-    auto chunk = pool_.Acquire();
-    if (!chunk) {
-      shard->Fail(FailedPrecondition("daemon is shutting down"));
+  std::deque<PendingChunk> pending;
+
+  // Waits for the oldest pending chunk; on success checksums it (if not done yet) and
+  // hands it to the flush engine, otherwise gives its memory back.
+  auto complete_oldest = [&] {
+    PendingChunk p = pending.front();
+    pending.pop_front();
+    Status s = lanes[p.lane]->WaitChunk(p.ticket);
+    if (!s.ok()) shard->Fail(s.With("copy version " + std::to_string(shard->meta().version)));
+    if (shard->failed()) {
+      pool_.Release(p.chunk);
       return;
+    }
+    if (!p.summed) summer.Update(p.chunk.data, p.fill);
+    shard->copied_bytes.fetch_add(p.fill, std::memory_order_relaxed);
+    flush_.Submit(shard, p.chunk, header_bytes + p.data_off, static_cast<std::size_t>(p.fill));
+  };
+
+  std::uint64_t chunk_index = 0;
+  while (data_off < data_bytes && !shard->failed()) {
+    // A synchronous lane has finished its chunk already: pass it on before the next.
+    if (synchronous && !pending.empty()) complete_oldest();
+    // A thread that holds chunks may only take more without blocking (see HostPool).
+    auto chunk = pending.empty() ? pool_.Acquire() : pool_.TryAcquire();
+    if (!chunk) {
+      if (!pending.empty()) {
+        complete_oldest();
+        continue;
+      }
+      shard->Fail(FailedPrecondition("daemon is shutting down"));
+      break;
+    }
+    const std::size_t lane_index = chunk_index % lanes.size();
+    CopyLane& lane = *lanes[lane_index];
+    Status status;
+    if (shard->sync && !gated[lane_index]) {
+      status = shard->sync->Gate(lane);
+      gated[lane_index] = true;
     }
     const std::uint64_t fill = std::min(chunk_bytes, data_bytes - data_off);
     std::uint64_t filled = 0;
-    Status status;
     while (filled < fill && status.ok()) {
       const ShardItem& it = items[item];
       const ItemSource& src = sources[item];
-      std::size_t n = static_cast<std::size_t>(
+      const std::size_t n = static_cast<std::size_t>(
           std::min({fill - filled, it.length - in_item, kPieceBytes}));
       char* dst = chunk->data + filled;
       if (src.blob) {
         std::memcpy(dst, src.blob->data() + in_item, n);
       } else {
-        status = src.region->ReadAt(src.region_offset + in_item, dst, n);
+        status = lane.CopyOut(*src.region, src.region_offset + in_item, dst, n);
         if (!status.ok()) status = status.With("item " + it.name);
       }
-      sum.Update(dst, n);
+      if (synchronous) summer.Update(dst, n);
       filled += n;
       in_item += n;
-      finish_items();
+      while (item < items.size() && in_item == items[item].length) {
+        ++item;
+        in_item = 0;
+      }
     }
-    if (!status.ok()) {
+    auto ticket = status.ok() ? lane.EndChunk() : Result<std::uint64_t>(status);
+    if (!ticket.ok()) {
+      // Copies already queued on the lane may still be writing into the chunk.
+      if (auto last = lane.EndChunk(); last.ok()) (void)lane.WaitChunk(last.value());
       pool_.Release(*chunk);
-      shard->Fail(status);
-      return;
+      shard->Fail(ticket.status());
+      break;
     }
-    shard->copied_bytes.fetch_add(fill, std::memory_order_relaxed);
-    flush_.Submit(shard, *chunk, header_bytes + data_off, static_cast<std::size_t>(fill));
+    pending.push_back(PendingChunk{*chunk, lane_index, ticket.value(), data_off, fill, synchronous});
     data_off += fill;
+    ++chunk_index;
   }
-  shard->Reach(ShardLevel::kCaptured);
+  if (shard->sync && !shard->failed()) {
+    // Every copy is queued: record the daemon's completion event after all of them.
+    std::vector<CopyLane*> all;
+    for (auto& l : lanes) all.push_back(l.get());
+    if (Status s = shard->sync->Signal(all); !s.ok()) {
+      shard->Fail(s.With("record the completion event of version " + std::to_string(shard->meta().version)));
+    } else {
+      shard->MarkOrdered();
+    }
+  }
+  // Pending chunks are waited for even after a failure: their copies may still be landing.
+  while (!pending.empty()) complete_oldest();
+  if (!shard->failed()) shard->Reach(ShardLevel::kCaptured);
 }
 
 }  // namespace ckpt

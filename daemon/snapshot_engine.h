@@ -5,6 +5,13 @@
 // `captured` when its last byte is out of trainer memory. When the pool is empty the copy
 // waits for writes to return chunks (backpressure). Each shard is copied by one thread
 // (so its checksums stream in order); several threads copy several shards at once.
+//
+// Copies go through copy lanes (daemon/device_copier.h). Host regions use one synchronous
+// lane: each piece is copied and checksummed at once, one chunk in flight. Device regions
+// use `lanes` lanes of the backend: chunk i is queued on lane i % lanes after the lane
+// waited for the trainer's event; the copy thread queues as many chunks as the pool lends
+// it, records the daemon's completion event once the last is queued (the shard is then
+// `ordered`), and completes chunks oldest first: wait, checksum, hand to the flush engine.
 #pragma once
 
 #include <condition_variable>
@@ -14,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/device_copier.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
 #include "daemon/shard_job.h"
@@ -22,7 +30,9 @@ namespace ckpt {
 
 class SnapshotEngine {
  public:
-  SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers);
+  // `backend` (may be null) provides the lanes of device regions; `lanes` per shard.
+  SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers,
+                 DeviceBackend* backend = nullptr, unsigned lanes = 2);
   ~SnapshotEngine();
 
   void Enqueue(std::shared_ptr<ShardJob> shard);
@@ -35,6 +45,8 @@ class SnapshotEngine {
 
   HostPool& pool_;
   FlushEngine& flush_;
+  DeviceBackend* backend_;
+  unsigned lanes_;
   std::mutex mu_;
   std::condition_variable queued_;
   std::deque<std::shared_ptr<ShardJob>> queue_;

@@ -46,7 +46,7 @@ struct ItemDescriptor {
   std::uint8_t ndim;
   std::uint8_t reserved[2];
   char name[kMaxNameBytes];          // name_len bytes, not NUL-terminated
-  char region[kMaxRegionNameBytes];  // region_len bytes: the shm name of the region
+  char region[kMaxRegionNameBytes];  // region_len bytes: shm name, or "cuda:..." (cuda/region_name.h)
 };
 
 static_assert(sizeof(TableHeader) == 24);

@@ -467,3 +467,28 @@ TEST_CASE("ranks of one job must agree on the world size", "[bad-input]") {
               "job 'world' runs with world size 2 (rank 0), not 3");
   f.CheckStillServing();
 }
+
+TEST_CASE("GPU tensors on a daemon without a CUDA device are refused with the reason", "[bad-input][cuda]") {
+  Fixture f;
+  auto stub = f.daemon.Stub();
+  auto table = DescriptorTable::Create("", 4);
+  REQUIRE(table.ok());
+  // What a client on a GPU node writes: device UUID and the allocation's IPC handle.
+  const std::string region = "cuda:" + std::string(32, 'a') + ":" + std::string(128, '0');
+  REQUIRE(table->Write({TableItem{"w", DType::kF32, {1024}, region, 0, 4096, 0}}).ok());
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req;
+  req.set_job("gpu");
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_descriptor_table(table->name());
+  req.mutable_cuda()->set_device_uuid(std::string(32, 'a'));
+  req.mutable_cuda()->add_trainer_events(std::string(64, '\0'));
+  v1::RegisterReply rep;
+  grpc::Status s = stub->Register(&ctx, req, &rep);
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("is GPU memory, but this daemon has no CUDA backend") != std::string::npos);
+  CHECK(s.error_message().find("no CUDA driver/device") != std::string::npos);
+  f.CheckStillServing();
+}

@@ -10,6 +10,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/device_copier.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
 #include "daemon/region_importer.h"
@@ -148,14 +151,14 @@ class FaultyStorage : public StorageWrapper {
 class Engines {
  public:
   Engines(std::shared_ptr<Storage> storage, std::uint64_t pool_bytes, std::uint64_t chunk_bytes,
-          unsigned writers = 3, unsigned copiers = 2) {
+          unsigned writers = 3, unsigned copiers = 2, DeviceBackend* backend = nullptr, unsigned lanes = 2) {
     auto pool = HostPool::Create(pool_bytes, chunk_bytes);
     REQUIRE(pool.ok());
     pool_ = std::move(pool).value();
     flush_ = std::make_unique<FlushEngine>(
         std::move(storage), *pool_, writers, [this](const std::shared_ptr<ShardJob>& s) { Done(s, true); },
         [this](const std::shared_ptr<ShardJob>& s) { Done(s, false); });
-    snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, copiers);
+    snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, copiers, backend, lanes);
   }
   ~Engines() { Stop(); }
 
@@ -807,4 +810,324 @@ TEST_CASE("an engine shard passes the independent safetensors spec check", "[eng
   fs::resize_file(shard.job->final_path(), fs::file_size(shard.job->final_path()) - 1);
   cmd = "python3 '" + script + "' '" + shard.job->final_path() + "' >/dev/null 2>&1";
   CHECK(std::system(cmd.c_str()) != 0);
+}
+
+// ---- device copies, without a device -----------------------------------------------------
+//
+// The engine's device path (lanes that complete later, the trainer's event before the
+// copies, the daemon's completion event after them) driven by a fake device whose "streams"
+// are threads running queued operations in order.
+
+namespace {
+
+// Bytes standing for GPU memory: DeviceAt hands out addresses for lanes to copy from.
+class FakeDeviceRegion : public MemoryRegion {
+ public:
+  using MemoryRegion::MemoryRegion;
+  int device() const override { return 0; }
+  Result<DeviceSpan> DeviceAt(std::uint64_t offset, std::size_t len) const override {
+    if (closed) return FailedPrecondition("CUDA region " + name() + " is closed: its client was released");
+    if (offset + len > bytes().size()) return FailedPrecondition("region " + name() + " is too small");
+    return DeviceSpan{const_cast<char*>(bytes().data()) + offset, keep_};
+  }
+  // Stands for the trainer's update, which the trainer's event orders before the copies.
+  void Overwrite(const std::string& data) { std::memcpy(const_cast<char*>(bytes().data()), data.data(), data.size()); }
+  std::atomic<bool> closed{false};
+
+ private:
+  std::shared_ptr<const void> keep_ = std::make_shared<int>(0);
+};
+
+// A one-shot latch standing for the trainer's interprocess event.
+class Latch {
+ public:
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+struct FakeDevice {
+  std::atomic<int> lanes_made{0};
+  std::atomic<std::uint64_t> bytes_queued{0};
+  std::atomic<std::uint64_t> bytes_done{0};
+  std::mutex mu;
+  std::map<const void*, std::uint64_t> chunks_per_lane;
+};
+
+// A stream: a thread running queued operations in order.
+class AsyncLane : public CopyLane {
+ public:
+  explicit AsyncLane(FakeDevice& device) : device_(device), worker_([this] { Run(); }) {}
+  ~AsyncLane() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  bool synchronous() const override { return false; }
+  void* native() const override { return const_cast<AsyncLane*>(this); }
+
+  Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
+    if (region.device() < 0) return region.ReadAt(offset, dst, len);
+    auto span = region.DeviceAt(offset, len);
+    if (!span.ok()) return span.status();
+    device_.bytes_queued += len;
+    Enqueue([this, dst, len, span = std::move(span).value()] {
+      std::memcpy(dst, span.ptr, len);
+      device_.bytes_done += len;
+    });
+    return Status::Ok();
+  }
+  Result<std::uint64_t> EndChunk() override {
+    std::lock_guard lock(mu_);
+    {
+      std::lock_guard dlock(device_.mu);
+      ++device_.chunks_per_lane[this];
+    }
+    ticket_end_[++tickets_] = queued_;
+    return tickets_;
+  }
+  Status WaitChunk(std::uint64_t ticket) override {
+    std::unique_lock lock(mu_);
+    const std::uint64_t end = ticket_end_.at(ticket);
+    cv_.wait(lock, [&] { return done_ >= end; });
+    return Status::Ok();
+  }
+  Status After(CopyLane& other) override {
+    auto* o = static_cast<AsyncLane*>(other.native());
+    if (o == this) return Status::Ok();
+    const std::uint64_t until = o->queued();
+    Enqueue([o, until] { o->WaitDone(until); });
+    return Status::Ok();
+  }
+
+  void Enqueue(std::function<void()> op) {
+    {
+      std::lock_guard lock(mu_);
+      ops_.push_back(std::move(op));
+      ++queued_;
+    }
+    cv_.notify_all();
+  }
+  std::uint64_t queued() {
+    std::lock_guard lock(mu_);
+    return queued_;
+  }
+  void WaitDone(std::uint64_t n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= n; });
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+        if (ops_.empty()) return;
+        op = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      op();
+      {
+        std::lock_guard lock(mu_);
+        ++done_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  FakeDevice& device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  std::uint64_t queued_ = 0, done_ = 0, tickets_ = 0;
+  std::map<std::uint64_t, std::uint64_t> ticket_end_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+// The ordering of one version: Gate queues a wait for the trainer's latch; Signal queues,
+// after every lane's copies, the "completion event", which records what was done then.
+class FakeSync : public VersionSync {
+ public:
+  explicit FakeSync(FakeDevice& device) : device_(device) {}
+  Status Gate(CopyLane& lane) override {
+    ++gates;
+    static_cast<AsyncLane*>(lane.native())->Enqueue([this] { trainer_event.Wait(); });
+    return Status::Ok();
+  }
+  Status Signal(const std::vector<CopyLane*>& lanes) override {
+    ++signals;
+    bytes_queued_at_signal = device_.bytes_queued.load();
+    for (std::size_t i = 1; i < lanes.size(); ++i) lanes[0]->After(*lanes[i]);
+    static_cast<AsyncLane*>(lanes[0]->native())->Enqueue([this] {
+      bytes_done_at_completion = device_.bytes_done.load();
+      completion.Open();
+    });
+    return Status::Ok();
+  }
+  void Release() override { ++releases; }
+  std::uint32_t daemon_slot() const override { return 5; }
+
+  Latch trainer_event;
+  Latch completion;
+  std::atomic<int> gates{0}, signals{0}, releases{0};
+  std::atomic<std::uint64_t> bytes_queued_at_signal{0};
+  std::atomic<std::uint64_t> bytes_done_at_completion{0};
+
+ private:
+  FakeDevice& device_;
+};
+
+class FakeBackend : public DeviceBackend {
+ public:
+  std::string Describe() const override { return "fake device"; }
+  bool Owns(std::string_view) const override { return false; }
+  Result<std::shared_ptr<ImportedRegion>> Import(const std::string&, pid_t, std::uint64_t) override {
+    return Internal("not used");
+  }
+  void ReleaseClient(pid_t) override {}
+  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&, const std::vector<std::string>&) override {
+    return Internal("not used");
+  }
+  Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override {
+    if (device != 0) return NotFound("no device " + std::to_string(device));
+    std::vector<std::unique_ptr<CopyLane>> lanes;
+    for (std::uint32_t i = 0; i < count; ++i) lanes.push_back(std::make_unique<AsyncLane>(fake));
+    fake.lanes_made += static_cast<int>(count);
+    return lanes;
+  }
+  Status Pin(void*, std::size_t) override { return Status::Ok(); }
+  void Unpin(void*) override {}
+  FakeDevice fake;
+};
+
+// A shard of MixedItems from a device region, ordered by `sync`.
+TestShard DeviceShard(const std::string& dir, const std::shared_ptr<FakeDeviceRegion>& region,
+                      const std::shared_ptr<FakeSync>& sync) {
+  TestShard shard = MakeShard(dir, region, MixedItems(), false, 0, 1, /*planned=*/false);
+  shard.job->device = 0;
+  shard.job->sync = sync;
+  return shard;
+}
+
+}  // namespace
+
+TEST_CASE("device copies wait for the trainer's event and capture the state it orders", "[engine][device]") {
+  TempDir dir("eng");
+  FakeBackend backend;
+  Engines engines(std::make_shared<FaultyStorage>(), 8 * 64 * kKiB, 64 * kKiB, 2, 1, &backend, 2);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 11));
+  auto sync = std::make_shared<FakeSync>(backend.fake);
+  // The bytes the trainer's update will have written once its event fires.
+  const std::string updated = Bytes(512 * kKiB, 12);
+  TestShard shard = DeviceShard(dir.path() + "/v", region, sync);
+  engines.Enqueue(shard.job);
+  // Every copy is queued (the pool holds the shard), none can run before the event.
+  bool ordered_only = false;
+  REQUIRE(shard.job->WaitOrdered(std::chrono::steady_clock::now() + kHang, &ordered_only).ok());
+  CHECK(ordered_only);
+  CHECK(sync->signals.load() == 1);
+  CHECK(sync->bytes_queued_at_signal.load() == backend.fake.bytes_queued.load());
+  CHECK(backend.fake.bytes_done.load() == 0);
+  CHECK(shard.job->level() == ShardLevel::kCopying);
+  region->Overwrite(updated);
+  sync->trainer_event.Open();
+  REQUIRE(engines.Outcome(shard.job));
+  sync->completion.Wait();
+  // The completion event fired after every byte was copied.
+  CHECK(sync->bytes_done_at_completion.load() == backend.fake.bytes_queued.load());
+  CHECK(sync->gates.load() == 2);  // both lanes had chunks, each gated once
+  CHECK(sync->releases.load() >= 1);
+  {
+    std::lock_guard lock(backend.fake.mu);
+    REQUIRE(backend.fake.chunks_per_lane.size() == 2);
+    for (auto& [lane, chunks] : backend.fake.chunks_per_lane) CHECK(chunks >= 2);
+  }
+  // The file holds the updated tensors (and the blobs), not what was there at snapshot.
+  TestShard expected = MakeShard(dir.path() + "/x", region, MixedItems(), false);
+  shard.expected = expected.expected;
+  shard.data = expected.data;
+  CheckShardFile(shard);
+  CHECK(engines.pool().used_bytes() == 0);
+}
+
+TEST_CASE("a device shard larger than the pool streams through it in order", "[engine][device]") {
+  TempDir dir("eng");
+  FakeBackend backend;
+  const std::uint64_t pool_bytes = 3 * 64 * kKiB;
+  Engines engines(std::make_shared<FaultyStorage>(), pool_bytes, 64 * kKiB, 2, 1, &backend, 3);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(2048 * kKiB, 21));
+  auto sync = std::make_shared<FakeSync>(backend.fake);
+  std::vector<ItemSpec> items = {
+      {"a", ItemKind::kTensor, DType::kU8, {700 * 1024 + 5}, 0},
+      {"meta", ItemKind::kBlob, DType::kU8, {333}, 0},
+      {"b", ItemKind::kTensor, DType::kF32, {300 * 1024}, 800 * 1024},
+  };
+  TestShard shard = MakeShard(dir.path() + "/v", region, items, false, 0, 1, false);
+  shard.job->device = 0;
+  shard.job->sync = sync;
+  REQUIRE(shard.data.size() > 4 * pool_bytes);
+  sync->trainer_event.Open();
+  engines.Enqueue(shard.job);
+  REQUIRE(engines.Outcome(shard.job));
+  CHECK(sync->signals.load() == 1);
+  sync->completion.Wait();
+  CHECK(sync->bytes_done_at_completion.load() == backend.fake.bytes_queued.load());
+  CHECK(backend.fake.lanes_made.load() == 3);
+  CheckShardFile(shard);
+  CHECK(engines.pool().used_bytes() == 0);
+}
+
+TEST_CASE("a device copy that cannot reach its region fails the shard and returns every chunk",
+          "[engine][device][faults]") {
+  TempDir dir("eng");
+  FakeBackend backend;
+  Engines engines(std::make_shared<FaultyStorage>(), 8 * 64 * kKiB, 64 * kKiB, 2, 1, &backend, 2);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 31));
+  region->closed = true;  // the trainer exited and its allocations were released
+  auto sync = std::make_shared<FakeSync>(backend.fake);
+  sync->trainer_event.Open();
+  TestShard shard = DeviceShard(dir.path() + "/v", region, sync);
+  engines.Enqueue(shard.job);
+  REQUIRE_FALSE(engines.Outcome(shard.job));
+  Status err = shard.job->error();
+  INFO(err.message());
+  CHECK(err.message().find("layers.0.attn.weight") != std::string::npos);
+  CHECK(err.message().find("closed") != std::string::npos);
+  CHECK(sync->signals.load() == 0);  // no completion event for a failed copy
+  CHECK(sync->releases.load() >= 1);
+  bool ordered_only = true;
+  CHECK_FALSE(shard.job->WaitOrdered(std::chrono::steady_clock::now() + kHang, &ordered_only).ok());
+  CHECK(engines.pool().used_bytes() == 0);
+  CHECK_FALSE(fs::exists(shard.job->final_path()));
+}
+
+TEST_CASE("a device shard on a daemon without a device backend fails with the reason", "[engine][device][faults]") {
+  TempDir dir("eng");
+  Engines engines(std::make_shared<FaultyStorage>(), 4 * 64 * kKiB, 64 * kKiB);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 41));
+  TestShard shard = MakeShard(dir.path() + "/v", region, MixedItems(), false, 0, 1, false);
+  shard.job->device = 0;
+  engines.Enqueue(shard.job);
+  REQUIRE_FALSE(engines.Outcome(shard.job));
+  CHECK(shard.job->error().message().find("no device backend") != std::string::npos);
 }

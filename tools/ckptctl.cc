@@ -70,6 +70,7 @@ int Status(const std::string& socket, bool json) {
   std::printf("root %s (%s)\n", r.root().c_str(), r.direct_io() ? "O_DIRECT" : "buffered + fdatasync");
   std::printf("pool %s used of %s (%s chunks)\n", Human(r.pool_used_bytes()).c_str(), Human(r.pool_bytes()).c_str(),
               Human(r.chunk_bytes()).c_str());
+  std::printf("gpu: %s\n", r.device_backend().c_str());
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
               Human(r.bytes_read_total()).c_str(), r.versions_committed());

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/chunk_plan.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_error.h"
 #include "cuda/cuda_importer.h"
 #include "cuda/driver_api.h"
@@ -62,55 +62,6 @@ class FakeOpener : public IpcOpener {
   std::map<IpcHandle, int> open_now;
 };
 
-ShardItem Item(std::string name, std::uint64_t offset, std::uint64_t length) {
-  ShardItem it;
-  it.name = std::move(name);
-  it.offset = offset;
-  it.length = length;
-  it.shape = {static_cast<std::int64_t>(length)};
-  return it;
-}
-
-std::vector<ShardItem> Packed(const std::vector<std::uint64_t>& lengths) {
-  std::vector<ShardItem> items;
-  std::uint64_t off = 0;
-  for (std::size_t i = 0; i < lengths.size(); ++i) {
-    items.push_back(Item("t" + std::to_string(i), off, lengths[i]));
-    off += lengths[i];
-  }
-  return items;
-}
-
-// Checks every invariant of a plan against its items.
-void CheckPlan(const ChunkPlan& plan, const std::vector<ShardItem>& items) {
-  std::uint64_t expect_total = 0;
-  for (const auto& it : items) expect_total += it.length;
-  REQUIRE(plan.data_bytes == expect_total);
-  std::uint64_t pos = 0;  // data offset covered so far
-  for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
-    const CopyChunk& chunk = plan.chunks[c];
-    REQUIRE(chunk.index == c);
-    REQUIRE(chunk.data_offset == pos);
-    REQUIRE(chunk.data_offset % plan.chunk_bytes == 0);
-    REQUIRE(chunk.stream == c % plan.streams);
-    if (c + 1 < plan.chunks.size()) REQUIRE(chunk.length == plan.chunk_bytes);
-    REQUIRE(chunk.length > 0);
-    REQUIRE(chunk.length <= plan.chunk_bytes);
-    std::uint64_t in_chunk = 0;
-    for (const CopyPiece& p : chunk.pieces) {
-      REQUIRE(p.length > 0);
-      REQUIRE(p.chunk_offset == in_chunk);
-      const ShardItem& it = items.at(p.item);
-      // The piece's bytes are where the file has them.
-      REQUIRE(it.offset + p.item_offset == chunk.data_offset + p.chunk_offset);
-      REQUIRE(p.item_offset + p.length <= it.length);
-      in_chunk += p.length;
-    }
-    REQUIRE(in_chunk == chunk.length);
-    pos += chunk.length;
-  }
-  REQUIRE(pos == expect_total);
-}
 
 }  // namespace
 
@@ -649,85 +600,111 @@ TEST_CASE("event ring opens a peer's events and fails cleanly") {
   CHECK(failed.status().message().find("create event 1") != std::string::npos);
 }
 
-// ---- chunk plan -------------------------------------------------------------------------
+// ---- session events (the daemon's side of the rings) ------------------------------------
 
-TEST_CASE("chunk plan splits items across chunks in file order") {
-  ChunkPlanOptions opt;
-  opt.chunk_bytes = 8 * kMiB;
-  opt.streams = 2;
-  // 3 MiB, 0, 12 MiB (spans chunks 0 and 1), 1 byte, 5 MiB - 1, 20 MiB (spans 3 chunks), 7
-  auto items = Packed({3 * kMiB, 0, 12 * kMiB, 1, 5 * kMiB - 1, 20 * kMiB, 7});
-  auto plan = PlanChunks(items, opt);
-  REQUIRE(plan.ok());
-  CheckPlan(plan.value(), items);
-  const auto& chunks = plan.value().chunks;
-  REQUIRE(chunks.size() == 6);  // 40 MiB + 7 bytes
-  CHECK(chunks.back().length == 7);
-  // Chunk 0: item 0 whole, then the first 5 MiB of item 2 (item 1 is empty: no piece).
-  REQUIRE(chunks[0].pieces.size() == 2);
-  CHECK(chunks[0].pieces[0].item == 0);
-  CHECK(chunks[0].pieces[1].item == 2);
-  CHECK(chunks[0].pieces[1].length == 5 * kMiB);
-  // Chunk 1: the other 7 MiB of item 2, item 3, the first bytes of item 4.
-  REQUIRE(chunks[1].pieces.size() == 3);
-  CHECK(chunks[1].pieces[0].item_offset == 5 * kMiB);
-  CHECK(chunks[1].pieces[1].item == 3);
-  CHECK(chunks[1].pieces[2].item == 4);
-  // Round-robin over two streams.
-  CHECK(plan.value().ChunksOfStream(0) == std::vector<std::uint64_t>{0, 2, 4});
-  CHECK(plan.value().ChunksOfStream(1) == std::vector<std::uint64_t>{1, 3, 5});
+namespace {
+
+// A copy lane that only has an identity and remembers what it was ordered after.
+class RecordingLane : public ckpt::CopyLane {
+ public:
+  bool synchronous() const override { return false; }
+  void* native() const override { return const_cast<RecordingLane*>(this); }
+  Status CopyOut(const ckpt::ImportedRegion&, std::uint64_t, void*, std::size_t) override { return Status::Ok(); }
+  Result<std::uint64_t> EndChunk() override { return std::uint64_t{1}; }
+  Status WaitChunk(std::uint64_t) override { return Status::Ok(); }
+  Status After(CopyLane& other) override {
+    after.push_back(&other);
+    return Status::Ok();
+  }
+  std::vector<CopyLane*> after;
+};
+
+std::vector<std::string> TrainerHandles(int n) {
+  std::vector<std::string> out;
+  for (int i = 1; i <= n; ++i) {
+    IpcHandle h = HandleOf(static_cast<std::uint8_t>(i));
+    out.emplace_back(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size());
+  }
+  return out;
 }
 
-TEST_CASE("chunk plan edge cases") {
-  ChunkPlanOptions opt;
-  opt.chunk_bytes = 16 * kMiB;
-  opt.streams = 3;
-  SECTION("no items, or only empty ones") {
-    auto none = PlanChunks({}, opt);
-    REQUIRE(none.ok());
-    CHECK(none.value().chunks.empty());
-    auto empty = PlanChunks(Packed({0, 0}), opt);
-    REQUIRE(empty.ok());
-    CHECK(empty.value().chunks.empty());
+}  // namespace
+
+TEST_CASE("session events gate every lane on the trainer's slot and signal after all lanes") {
+  EventLog log;
+  auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 3, TrainerHandles(4), 3);
+  REQUIRE(made.ok());
+  SessionEvents& events = *made.value();
+  CHECK(events.device() == 3);
+  REQUIRE(events.daemon_handles().size() == 3);
+  for (const auto& h : events.daemon_handles()) CHECK(h.size() == IpcHandle::kBytes);
+
+  auto sync = events.Begin(10, 2);
+  REQUIRE(sync.ok());
+  CHECK(sync.value()->daemon_slot() == 0);
+  RecordingLane a, b;
+  REQUIRE(sync.value()->Gate(a).ok());
+  REQUIRE(sync.value()->Gate(b).ok());
+  // Trainer slot 2 is the opened event of the third handle (fake id 100 + its first byte).
+  const int third = 100 + HandleOf(3).bytes[0];
+  CHECK(log.waits == std::vector<std::pair<int, void*>>{{third, &a}, {third, &b}});
+  CHECK(log.records.empty());
+  REQUIRE(sync.value()->Signal({&a, &b}).ok());
+  CHECK(a.after == std::vector<ckpt::CopyLane*>{&b});
+  CHECK(log.records == std::vector<std::pair<int, void*>>{{0, &a}});  // daemon slot 0 on lane a
+  CHECK_FALSE(sync.value()->Signal({}).ok());
+}
+
+TEST_CASE("session events reuse a daemon slot only when released and superseded, across rollbacks") {
+  EventLog log;
+  auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 2);
+  REQUIRE(made.ok());
+  SessionEvents& events = *made.value();
+  auto v1 = events.Begin(1, 0);
+  auto v2 = events.Begin(2, 1);
+  REQUIRE(v1.ok());
+  REQUIRE(v2.ok());
+  CHECK(v2.value()->daemon_slot() == 1);
+  // Slot 0 still belongs to version 1, whose copies are not done being queued.
+  auto blocked = events.Begin(3, 0);
+  REQUIRE_FALSE(blocked.ok());
+  CHECK(blocked.status().code() == StatusCode::kResourceExhausted);
+  CHECK(blocked.status().message().find("version 3") != std::string::npos);
+  v1.value()->Release();
+  v1.value()->Release();  // idempotent
+  auto v3 = events.Begin(3, 0);
+  REQUIRE(v3.ok());
+  CHECK(v3.value()->daemon_slot() == 0);
+  // A rollback repeats version numbers; the ring goes by order of snapshots, not numbers.
+  v2.value().reset();  // destroying a sync releases it
+  auto again = events.Begin(2, 1);
+  REQUIRE(again.ok());
+  CHECK(again.value()->daemon_slot() == 1);
+}
+
+TEST_CASE("session events refuse bad trainer slots and handles") {
+  EventLog log;
+  auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4);
+  REQUIRE(made.ok());
+  auto bad = made.value()->Begin(1, 2);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find("outside its ring of 2") != std::string::npos);
+  CHECK(made.value()->Begin(1, 1).ok());  // a refused Begin took no daemon slot
+
+  CHECK_FALSE(MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, {}, 4).ok());
+  auto short_handle = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, {"abc"}, 4);
+  REQUIRE_FALSE(short_handle.ok());
+  CHECK(short_handle.status().message().find("3 bytes, not 64") != std::string::npos);
+}
+
+TEST_CASE("the CUDA backend reports a machine without a GPU, or describes its devices") {
+  auto backend = MakeCudaBackend();
+  if (!backend.ok()) {
+    CHECK(backend.status().message().find(kNoDriverPhrase) != std::string::npos);
+    return;
   }
-  SECTION("exact multiples of the chunk size") {
-    auto items = Packed({16 * kMiB, 32 * kMiB});
-    auto plan = PlanChunks(items, opt);
-    REQUIRE(plan.ok());
-    CheckPlan(plan.value(), items);
-    REQUIRE(plan.value().chunks.size() == 3);
-    for (const auto& c : plan.value().chunks) CHECK(c.pieces.size() == 1);
-    CHECK(plan.value().chunks[2].stream == 2);
-  }
-  SECTION("many small items and a huge one") {
-    std::vector<std::uint64_t> lengths(3000, 4099);
-    lengths.push_back(100 * kMiB + 3);
-    auto items = Packed(lengths);
-    for (std::uint64_t chunk : {8 * kMiB, 12 * kMiB, 64 * kMiB}) {
-      opt.chunk_bytes = chunk;
-      auto plan = PlanChunks(items, opt);
-      REQUIRE(plan.ok());
-      CheckPlan(plan.value(), items);
-    }
-  }
-  SECTION("bad options") {
-    opt.chunk_bytes = 4 * kMiB;
-    CHECK(PlanChunks(Packed({1}), opt).status().code() == StatusCode::kInvalidArgument);
-    opt.chunk_bytes = 128 * kMiB;
-    CHECK_FALSE(PlanChunks(Packed({1}), opt).ok());
-    opt.chunk_bytes = 8 * kMiB + 512;
-    CHECK_FALSE(PlanChunks(Packed({1}), opt).ok());
-    opt.chunk_bytes = 8 * kMiB;
-    opt.streams = 0;
-    CHECK_FALSE(PlanChunks(Packed({1}), opt).ok());
-    opt.streams = kMaxCopyStreams + 1;
-    CHECK_FALSE(PlanChunks(Packed({1}), opt).ok());
-  }
-  SECTION("items not packed in order") {
-    auto items = Packed({10, 20});
-    items[1].offset = 11;
-    auto plan = PlanChunks(items, opt);
-    REQUIRE_FALSE(plan.ok());
-    CHECK(plan.status().message().find("t1") != std::string::npos);
-  }
+  CHECK(backend.value()->Describe().find("device") != std::string::npos);
+  CHECK(backend.value()->Owns("cuda:00:11"));
+  CHECK_FALSE(backend.value()->Owns("/ckpt-shm"));
 }

@@ -10,6 +10,17 @@
 //   client.register_items("job", rank, world, {{"w", ckpt::DType::kF32, {n}, region, 0}});
 //   for (v = 1..) { update(); client.snapshot(v); compute(); client.wait_snapshot(v); }
 //
+// GPU tensors (built with CUDA): set TensorItem::cuda_ptr instead of a region. The daemon
+// imports the allocation through CUDA IPC and copies it on its own streams after an
+// interprocess event the client records at snapshot(v) on the given stream:
+//
+//   client.register_items("job", rank, world, {{"w", ckpt::DType::kBF16, {n}, nullptr, 0, d_w}});
+//   for (v = 1..) {
+//     update<<<..., stream>>>(); client.snapshot(v, {}, stream);
+//     forward_backward(stream);
+//     client.wait_snapshot_on_stream(v, stream);   // the optimizer queues behind the copies
+//   }
+//
 // Thread-safety: every Client method may be called from any thread; calls that change the
 // registration are serialised. Errors throw ckpt::Error, whose what() carries the daemon's
 // message and code() its gRPC status code.
@@ -56,13 +67,18 @@ class SharedRegion {
   virtual std::uint64_t generation() const = 0;
 };
 
-// One tensor: `shape` elements of `dtype` at `offset` in `region`, packed.
+// One tensor: `shape` elements of `dtype`, packed, either at `offset` in `region` (host
+// memory) or at `cuda_ptr` (GPU memory; `region` null, `offset` unused). A GPU tensor must
+// live in memory CUDA IPC can export (cudaMalloc, PyTorch's default caching allocator), not
+// in cuMem/VMM allocations (PyTorch expandable_segments) nor in managed memory; all GPU
+// tensors of one registration must be on one device.
 struct TensorItem {
   std::string name;
   DType dtype = DType::kU8;
   std::vector<std::int64_t> shape;
   std::shared_ptr<SharedRegion> region;
   std::uint64_t offset = 0;
+  const void* cuda_ptr = nullptr;
 };
 
 // Bytes stored with a version (pickled optimizer groups, RNG state, data position).
@@ -102,17 +118,30 @@ class Client {
   Registration register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
                               const std::vector<TensorItem>& items);
   // Asks the daemon to capture version `version` and returns at once. Throws if a registered
-  // region changed since registration (register again), or if an earlier version failed in
-  // the background (the error says which and why).
-  void snapshot(std::uint64_t version, const std::vector<Blob>& blobs = {});
+  // region changed since registration, or a GPU tensor's allocation was freed or moved
+  // (register again), or if an earlier version failed in the background (the error says
+  // which and why).
+  // With GPU tensors, the version is the state once the work queued so far on `cuda_stream`
+  // (a cudaStream_t; nullptr: the legacy default stream) has run: the client records an
+  // interprocess event there and the daemon's copies wait on it.
+  void snapshot(std::uint64_t version, const std::vector<Blob>& blobs = {}, void* cuda_stream = nullptr);
   // Blocks until every byte of `version` is out of trainer memory; returns the stall.
   std::chrono::nanoseconds wait_snapshot(std::uint64_t version,
                                          std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // The stream-ordered form, for GPU registrations: makes `cuda_stream` (a cudaStream_t)
+  // wait until every byte of `version` is copied, so work queued there afterwards (the
+  // optimizer) runs after the copies while the CPU goes on. The host blocks only until the
+  // daemon has queued the copies (longer only when its pool is full). For a host-only
+  // registration, or a version older than the last snapshot, it is wait_snapshot. Returns
+  // the time the host blocked.
+  std::chrono::nanoseconds wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream);
   // Blocks until `version` reaches `level` (default: committed across all ranks).
   void wait_durable(std::uint64_t version, Level level = Level::kCommitted,
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   // Fills the registered regions from `version` (nullopt: the newest committed) and returns
-  // the version's blobs.
+  // the version's blobs. GPU tensors are filled by the daemon, which copies into their
+  // allocations and synchronises its streams before it replies: once restore returns, the
+  // data is in device memory, visible to work queued afterwards on any stream.
   RestoreResult restore(std::optional<std::uint64_t> version = std::nullopt);
   // The daemon's status as JSON.
   DaemonStatus status();

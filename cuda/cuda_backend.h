@@ -1,0 +1,45 @@
+// CudaBackend: the daemon's DeviceBackend on the CUDA runtime (see daemon/device_copier.h).
+//
+// In: region names "cuda:<uuid>:<handle>" (cuda/region_name.h) with the client's pid,
+// the trainers' event handles, and the host pool to page-lock. Out: imported regions
+// (one cudaIpcOpenMemHandle per (pid, allocation), cached), copy lanes on daemon-owned
+// non-blocking streams (cudaMemcpyAsync device to host, one CUDA event per chunk), and
+// per-session event rings.
+//
+// Session events: the trainer's ring (opened from its handles) gates the copies of a
+// version (cudaStreamWaitEvent on every lane before its first copy); the daemon's ring
+// (created here, 64 interprocess events) is recorded after the last copy. A daemon slot is
+// recorded again only when its previous version is released by the copy thread and
+// acknowledged by the trainer; the trainer acknowledges every earlier version by taking a
+// new snapshot (the client never makes a stream-ordered wait on a version older than its
+// newest snapshot). Slots are assigned by a per-session sequence, so a rollback that
+// repeats version numbers does not disturb the ring.
+//
+// MakeCudaBackend fails with "no CUDA driver/device: ..." on machines without a GPU; the
+// daemon then runs without a device backend.
+//
+// Thread-safety: everything is thread-safe, except that one CopyLane is used by one thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "cuda/event_ring.h"
+#include "daemon/device_copier.h"
+
+namespace ckpt::cuda {
+
+// Slots of the daemon's event ring per session.
+inline constexpr std::uint32_t kDaemonEventSlots = 64;
+
+Result<std::shared_ptr<DeviceBackend>> MakeCudaBackend();
+
+// The session-event logic on any event factory (CUDA in production, fakes in tests).
+// `device` is the daemon's ordinal of the session's device.
+Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEventFactory> factory, int device,
+                                                         const std::vector<std::string>& trainer_handles,
+                                                         std::uint32_t daemon_slots = kDaemonEventSlots);
+
+}  // namespace ckpt::cuda

@@ -1,0 +1,129 @@
+// The device copier: how the snapshot engine moves bytes out of imported regions, and
+// what a GPU backend adds to the daemon.
+//
+// A CopyLane is one ordered queue of copies: a CUDA stream of the daemon, or, for host
+// memory, the calling thread (HostCopyLane, where a copy is done before CopyOut returns).
+// The engine queues a chunk's pieces on a lane, ends the chunk (a ticket), and waits for
+// the ticket before it checksums the chunk and hands it to the flush engine. The same
+// engine code runs for shm regions (host lanes) and CUDA regions (stream lanes); CPU tests
+// drive it with lanes whose copies complete later, on another thread.
+//
+// A VersionSync orders the copies of one version against the trainer on the device: each
+// lane first waits for the trainer's interprocess event of the version (Gate), and after
+// the last copy the daemon records its own completion event (Signal), on which a
+// stream-ordered wait_snapshot makes a trainer stream wait.
+//
+// DeviceBackend is what the daemon needs from a GPU runtime (the CUDA one lives in cuda/;
+// the daemon runs without one, refusing device regions with a clear error).
+//
+// Thread-safety: a CopyLane is used by one thread at a time. VersionSync, SessionEvents and
+// DeviceBackend are thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/region_importer.h"
+
+namespace ckpt {
+
+class CopyLane {
+ public:
+  virtual ~CopyLane() = default;
+  // True when each CopyOut has completed when it returns: the engine then checksums each
+  // piece at once, while it is in cache, and keeps one chunk in flight.
+  virtual bool synchronous() const = 0;
+  // The native queue (a cudaStream_t), or nullptr for host lanes.
+  virtual void* native() const { return nullptr; }
+  // Queues a copy of `len` bytes at `offset` of `region` into host memory `dst`, which
+  // must stay valid until the chunk's ticket is waited for.
+  virtual Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) = 0;
+  // Ends the chunk being queued and returns its ticket (tickets increase).
+  virtual Result<std::uint64_t> EndChunk() = 0;
+  // Blocks until every copy queued up to `ticket` is complete; returns the first error
+  // among them. Tickets are waited for in order.
+  virtual Status WaitChunk(std::uint64_t ticket) = 0;
+  // Makes the copies queued on this lane from now on wait for those queued on `other` so
+  // far (no-op for host lanes).
+  virtual Status After(CopyLane& other) = 0;
+};
+
+// Copies host memory (shm regions) with the region's ReadAt, on the calling thread.
+class HostCopyLane final : public CopyLane {
+ public:
+  bool synchronous() const override { return true; }
+  Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
+    return region.ReadAt(offset, dst, len);
+  }
+  Result<std::uint64_t> EndChunk() override { return ++tickets_; }
+  Status WaitChunk(std::uint64_t) override { return Status::Ok(); }
+  Status After(CopyLane&) override { return Status::Ok(); }
+
+ private:
+  std::uint64_t tickets_ = 0;
+};
+
+// The device ordering of one version of one session.
+class VersionSync {
+ public:
+  virtual ~VersionSync() = default;
+  // Makes `lane` wait for the trainer's event of this version. Called once per lane,
+  // before the lane's first copy of the version.
+  virtual Status Gate(CopyLane& lane) = 0;
+  // Records the daemon's completion event after every copy queued on `lanes` (lanes[0]
+  // carries it). Called once, after the last copy of the version is queued.
+  virtual Status Signal(const std::vector<CopyLane*>& lanes) = 0;
+  // The daemon is done with this version's events (after Signal, or when the copy failed
+  // or was abandoned). Idempotent; also done by the destructor.
+  virtual void Release() = 0;
+  // The slot of the daemon's ring that Signal records.
+  virtual std::uint32_t daemon_slot() const = 0;
+};
+
+// The interprocess events of one CUDA registration: the trainer's ring (opened) and the
+// daemon's ring (created).
+class SessionEvents {
+ public:
+  virtual ~SessionEvents() = default;
+  // Ordinal of the session's device in the daemon.
+  virtual int device() const = 0;
+  // The daemon ring's cudaIpcEventHandle_t bytes, for RegisterReply.daemon_events.
+  virtual std::vector<std::string> daemon_handles() const = 0;
+  // Takes the next daemon slot for `version`, whose trainer event is `trainer_slot`. A new
+  // version acknowledges every earlier one: the trainer makes stream-ordered waits only on
+  // its newest snapshot. Fails if the trainer slot is outside its ring or the daemon's
+  // next slot still belongs to a version whose copies are being queued.
+  virtual Result<std::shared_ptr<VersionSync>> Begin(std::uint64_t version, std::uint32_t trainer_slot) = 0;
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  // One line for the log and `ckptctl status`, e.g. "CUDA 13.0: 1 device (NVIDIA H200 GPU-...)".
+  virtual std::string Describe() const = 0;
+  // True for region names this backend imports ("cuda:...").
+  virtual bool Owns(std::string_view region_name) const = 0;
+  // Imports region `name` for the client process `pid` (from SO_PEERCRED). The handle is
+  // opened once per (pid, allocation) and shared by every region naming it.
+  virtual Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, pid_t pid,
+                                                         std::uint64_t min_size) = 0;
+  // The client process exited: closes its allocations (at once, or when running copies end).
+  virtual void ReleaseClient(pid_t pid) = 0;
+  // Opens a session's events on the device with `device_uuid` (32 hex digits).
+  virtual Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string& device_uuid,
+                                                             const std::vector<std::string>& trainer_events) = 0;
+  // `count` lanes copying out of regions on device `device`.
+  virtual Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) = 0;
+  // Page-locks the host pool so device copies run at full speed; Unpin undoes it.
+  virtual Status Pin(void* base, std::size_t bytes) = 0;
+  virtual void Unpin(void* base) = 0;
+};
+
+}  // namespace ckpt
