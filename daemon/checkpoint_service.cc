@@ -500,6 +500,7 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
                                           catalog_->VersionDir(s->job, v), direct_io_);
   shard->device = s->device;
   shard->sync = std::move(sync);
+  shard->copy_queue = s->id;
   reply->set_data_bytes(shard->data_bytes());
   shard->epoch = s->epoch;
   s->last_version = v;

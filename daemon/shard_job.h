@@ -80,6 +80,9 @@ class ShardJob {
   // the copies against the trainer (null without device events). Set before queueing.
   int device = -1;
   std::shared_ptr<VersionSync> sync;
+  // Device shards of one copy queue (one registration) are copied in order by a thread of
+  // their own (see SnapshotEngine).
+  std::string copy_queue;
 
   // When the Snapshot call arrived, and how long until each level (0 until reached).
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();

@@ -30,14 +30,63 @@ void SnapshotEngine::Stop() {
   queued_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // Device queues end when empty; no shard is queued after stopping_.
+  std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues;
+  {
+    std::lock_guard lock(mu_);
+    device_queues.swap(device_queues_);
+  }
+  for (auto& [key, q] : device_queues) {
+    if (q->thread.joinable()) q->thread.join();
+  }
 }
 
 void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
+  if (shard->device >= 0) {
+    std::lock_guard lock(mu_);
+    // Queues whose thread has ended and that hold nothing go (sessions come and go).
+    for (auto it = device_queues_.begin(); it != device_queues_.end();) {
+      DeviceQueue& q = *it->second;
+      if (!q.running && q.shards.empty()) {
+        if (q.thread.joinable()) q.thread.join();  // it has left its loop
+        it = device_queues_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto& slot = device_queues_[shard->copy_queue];
+    if (!slot) slot = std::make_unique<DeviceQueue>();
+    DeviceQueue* q = slot.get();
+    q->shards.push_back(std::move(shard));
+    if (!q->running) {
+      if (q->thread.joinable()) q->thread.join();
+      q->running = true;
+      q->thread = std::thread([this, q] { DeviceLoop(q); });
+    }
+    return;
+  }
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(shard));
   }
   queued_.notify_one();
+}
+
+void SnapshotEngine::DeviceLoop(DeviceQueue* q) {
+  for (;;) {
+    std::shared_ptr<ShardJob> shard;
+    {
+      std::lock_guard lock(mu_);
+      if (q->shards.empty()) {
+        q->running = false;
+        return;
+      }
+      shard = std::move(q->shards.front());
+      q->shards.pop_front();
+    }
+    Copy(shard);
+    flush_.CopyFinished(shard);
+  }
 }
 
 void SnapshotEngine::CopyLoop() {
@@ -131,6 +180,9 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     lanes.push_back(std::make_unique<HostCopyLane>());
   }
   const bool synchronous = lanes.front()->synchronous();
+  // Whether the trainer's event has fired: known once a chunk has landed. Until then the
+  // shard holds one chunk (see the file comment).
+  bool flowing = synchronous;
   std::vector<bool> gated(lanes.size(), false);
 
   auto& items = shard->layout().items();
@@ -156,6 +208,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       pool_.Release(p.chunk);
       return;
     }
+    flowing = true;
     if (!p.summed) summer.Update(p.chunk.data, p.fill);
     shard->copied_bytes.fetch_add(p.fill, std::memory_order_relaxed);
     flush_.Submit(shard, p.chunk, header_bytes + p.data_off, static_cast<std::size_t>(p.fill));
@@ -163,8 +216,12 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
 
   std::uint64_t chunk_index = 0;
   while (data_off < data_bytes && !shard->failed()) {
-    // A synchronous lane has finished its chunk already: pass it on before the next.
-    if (synchronous && !pending.empty()) complete_oldest();
+    // A synchronous lane has finished its chunk already: pass it on before the next. A
+    // device shard whose first chunk has not landed waits for it before taking another.
+    if ((synchronous || !flowing) && !pending.empty()) {
+      complete_oldest();
+      continue;
+    }
     // A thread that holds chunks may only take more without blocking (see HostPool).
     auto chunk = pending.empty() ? pool_.Acquire() : pool_.TryAcquire();
     if (!chunk) {

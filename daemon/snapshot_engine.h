@@ -12,10 +12,19 @@
 // waited for the trainer's event; the copy thread queues as many chunks as the pool lends
 // it, records the daemon's completion event once the last is queued (the shard is then
 // `ordered`), and completes chunks oldest first: wait, checksum, hand to the flush engine.
+//
+// Device shards never block each other. Until its first chunk has landed (the trainer's
+// event has fired) a device shard holds one pool chunk; and the device shards of each
+// copy queue (one per registration) have a thread of their own, created on demand. A
+// copy waiting for one rank's event (which, through collectives, may wait for another
+// rank's GPU, which may wait on the daemon's completion event of that rank) therefore
+// never holds the pool or the threads that the other rank's copies need.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -40,7 +49,14 @@ class SnapshotEngine {
   void Stop();
 
  private:
+  struct DeviceQueue {
+    std::deque<std::shared_ptr<ShardJob>> shards;
+    bool running = false;
+    std::thread thread;
+  };
+
   void CopyLoop();
+  void DeviceLoop(DeviceQueue* queue);
   void Copy(const std::shared_ptr<ShardJob>& shard);
 
   HostPool& pool_;
@@ -52,6 +68,7 @@ class SnapshotEngine {
   std::deque<std::shared_ptr<ShardJob>> queue_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+  std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues_;  // by ShardJob::copy_queue
 };
 
 }  // namespace ckpt

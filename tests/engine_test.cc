@@ -860,6 +860,7 @@ class Latch {
 };
 
 struct FakeDevice {
+  Latch first_copy_queued;
   std::atomic<int> lanes_made{0};
   std::atomic<std::uint64_t> bytes_queued{0};
   std::atomic<std::uint64_t> bytes_done{0};
@@ -888,6 +889,7 @@ class AsyncLane : public CopyLane {
     auto span = region.DeviceAt(offset, len);
     if (!span.ok()) return span.status();
     device_.bytes_queued += len;
+    device_.first_copy_queued.Open();
     Enqueue([this, dst, len, span = std::move(span).value()] {
       std::memcpy(dst, span.ptr, len);
       device_.bytes_done += len;
@@ -971,6 +973,7 @@ class FakeSync : public VersionSync {
   explicit FakeSync(FakeDevice& device) : device_(device) {}
   Status Gate(CopyLane& lane) override {
     ++gates;
+    gated.Open();
     static_cast<AsyncLane*>(lane.native())->Enqueue([this] { trainer_event.Wait(); });
     return Status::Ok();
   }
@@ -989,6 +992,7 @@ class FakeSync : public VersionSync {
 
   Latch trainer_event;
   Latch completion;
+  Latch gated;  // a lane was gated: the shard holds a chunk
   std::atomic<int> gates{0}, signals{0}, releases{0};
   std::atomic<std::uint64_t> bytes_queued_at_signal{0};
   std::atomic<std::uint64_t> bytes_done_at_completion{0};
@@ -1037,23 +1041,32 @@ TEST_CASE("device copies wait for the trainer's event and capture the state it o
   Engines engines(std::make_shared<FaultyStorage>(), 8 * 64 * kKiB, 64 * kKiB, 2, 1, &backend, 2);
   auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 11));
   auto sync = std::make_shared<FakeSync>(backend.fake);
+  // Opens the event before the engines stop, even when a check below throws.
+  struct OpenOnExit {
+    FakeSync& sync;
+    ~OpenOnExit() { sync.trainer_event.Open(); }
+  } open_on_exit{*sync};
   // The bytes the trainer's update will have written once its event fires.
   const std::string updated = Bytes(512 * kKiB, 12);
   TestShard shard = DeviceShard(dir.path() + "/v", region, sync);
   engines.Enqueue(shard.job);
-  // Every copy is queued (the pool holds the shard), none can run before the event.
-  bool ordered_only = false;
-  REQUIRE(shard.job->WaitOrdered(std::chrono::steady_clock::now() + kHang, &ordered_only).ok());
-  CHECK(ordered_only);
-  CHECK(sync->signals.load() == 1);
-  CHECK(sync->bytes_queued_at_signal.load() == backend.fake.bytes_queued.load());
+  // The first chunk's copies are queued behind the event; nothing has run, and the shard
+  // holds that one chunk until the event fires.
+  backend.fake.first_copy_queued.Wait();
   CHECK(backend.fake.bytes_done.load() == 0);
   CHECK(shard.job->level() == ShardLevel::kCopying);
+  bool ordered_only = false;
+  CHECK(shard.job->WaitOrdered(std::chrono::steady_clock::now(), &ordered_only).code() ==
+        StatusCode::kDeadlineExceeded);
   region->Overwrite(updated);
   sync->trainer_event.Open();
+  REQUIRE(shard.job->WaitOrdered(std::chrono::steady_clock::now() + kHang, &ordered_only).ok());
   REQUIRE(engines.Outcome(shard.job));
   sync->completion.Wait();
-  // The completion event fired after every byte was copied.
+  // The completion event was recorded once every copy was queued, and fired after every
+  // byte was copied.
+  CHECK(sync->signals.load() == 1);
+  CHECK(sync->bytes_queued_at_signal.load() == backend.fake.bytes_queued.load());
   CHECK(sync->bytes_done_at_completion.load() == backend.fake.bytes_queued.load());
   CHECK(sync->gates.load() == 2);  // both lanes had chunks, each gated once
   CHECK(sync->releases.load() >= 1);
@@ -1130,4 +1143,40 @@ TEST_CASE("a device shard on a daemon without a device backend fails with the re
   engines.Enqueue(shard.job);
   REQUIRE_FALSE(engines.Outcome(shard.job));
   CHECK(shard.job->error().message().find("no device backend") != std::string::npos);
+}
+
+TEST_CASE("a device shard waiting for its trainer holds one chunk and blocks no other registration",
+          "[engine][device]") {
+  TempDir dir("eng");
+  FakeBackend backend;
+  const std::uint64_t chunk = 32 * kKiB;
+  // A pool smaller than either shard: a waiting shard that hoarded it would stop the other.
+  Engines engines(std::make_shared<FaultyStorage>(), 4 * chunk, chunk, 2, 1, &backend, 2);
+  auto region_a = std::make_shared<FakeDeviceRegion>("cuda:a", Bytes(512 * kKiB, 51));
+  auto region_b = std::make_shared<FakeDeviceRegion>("cuda:b", Bytes(512 * kKiB, 52));
+  auto sync_a = std::make_shared<FakeSync>(backend.fake);
+  auto sync_b = std::make_shared<FakeSync>(backend.fake);
+  // Opens A's event before the engines stop, even when a check below throws.
+  struct OpenOnExit {
+    FakeSync& sync;
+    ~OpenOnExit() { sync.trainer_event.Open(); }
+  } open_on_exit{*sync_a};
+  TestShard a = DeviceShard(dir.path() + "/a", region_a, sync_a);
+  TestShard b = DeviceShard(dir.path() + "/b", region_b, sync_b);
+  a.job->copy_queue = "rank-0";
+  b.job->copy_queue = "rank-1";
+  REQUIRE(a.data.size() > 4 * chunk);
+  engines.Enqueue(a.job);  // its trainer's event has not fired
+  sync_a->gated.Wait();
+  sync_b->trainer_event.Open();
+  engines.Enqueue(b.job);
+  REQUIRE(engines.Outcome(b.job));
+  CheckShardFile(b);
+  // A is still waiting for its event, holding the one chunk it queued.
+  CHECK(a.job->level() == ShardLevel::kCopying);
+  CHECK(engines.pool().used_bytes() == chunk);
+  sync_a->trainer_event.Open();
+  REQUIRE(engines.Outcome(a.job));
+  CheckShardFile(a);
+  CHECK(engines.pool().used_bytes() == 0);
 }
