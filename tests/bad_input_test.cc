@@ -489,6 +489,8 @@ TEST_CASE("GPU tensors on a daemon without a CUDA device are refused with the re
   INFO(s.error_message());
   CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(s.error_message().find("is GPU memory, but this daemon has no CUDA backend") != std::string::npos);
-  CHECK(s.error_message().find("no CUDA driver/device") != std::string::npos);
+  // Why: this machine has no GPU, or the daemon was built without the CUDA toolkit.
+  CHECK((s.error_message().find("no CUDA driver/device") != std::string::npos ||
+         s.error_message().find("built without CUDA") != std::string::npos));
   f.CheckStillServing();
 }
