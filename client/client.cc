@@ -117,6 +117,21 @@ struct Client::Impl {
   TrainerSlotBook trainer_slots;
   std::uint64_t last_snapshot = 0;  // newest version passed to snapshot() in this session
 
+  // Before a GPU session ends: the daemon may still be about to wait on the trainer's
+  // events or copy from the tensors of its newest version (and so, in order, of every older
+  // one). Waits until that version is captured or failed, so that the trainer may then
+  // destroy its events and free the tensors.
+  void DrainGpuLocked() {
+    if (!cuda || last_snapshot == 0 || session.empty()) return;
+    grpc::ClientContext ctx;
+    v1::WaitRequest req;
+    v1::WaitReply rep;
+    req.set_session(session);
+    req.set_version(last_snapshot);
+    req.set_level(v1::LEVEL_CAPTURED);
+    (void)stub->Wait(&ctx, req, &rep);  // a failed version is as good as a captured one here
+  }
+
   void EndSessionLocked() {
     session.clear();
     cuda.reset();
@@ -249,6 +264,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   }
   if (new_session && !impl_->session.empty()) {
     // A new table object, or another CUDA side, means a new registration.
+    impl_->DrainGpuLocked();
     UnregisterQuietly(*impl_->stub, impl_->session);
     impl_->EndSessionLocked();
   }
@@ -438,6 +454,9 @@ RestoreResult Client::restore(std::optional<std::uint64_t> version) {
   // registration may hold other data now.
   if (cuda) {
     if (Status st = cuda->Revalidate(); !st.ok()) ThrowWithCode(st.With("restore"));
+    // The daemon writes on its own streams, which are not ordered after work the trainer
+    // still has queued on these tensors (initialisation, a copy from the host).
+    if (Status st = cuda->SynchronizeDevice(); !st.ok()) ThrowWithCode(st.With("restore"));
   }
   grpc::ClientContext ctx;
   v1::RestoreRequest req;
@@ -475,6 +494,7 @@ void Client::unregister() {
   v1::UnregisterRequest req;
   v1::UnregisterReply rep;
   req.set_session(impl_->session);
+  impl_->DrainGpuLocked();
   impl_->EndSessionLocked();
   grpc::Status s = impl_->stub->Unregister(&ctx, req, &rep);
   if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) Throw(s, "unregister");

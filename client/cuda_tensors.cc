@@ -22,20 +22,27 @@ static_assert(sizeof(cudaIpcMemHandle_t) == cuda::IpcHandle::kBytes);
 static_assert(sizeof(cudaIpcEventHandle_t) == cuda::IpcHandle::kBytes);
 
 // The CUDA calls the client makes for the trainer (event creation, records, waits) set the
-// calling thread's current device; this puts the trainer's own choice back.
+// calling thread's current device; this puts the trainer's own context back afterwards,
+// including "none": asking cudaGetDevice on a thread without a context would answer 0 and
+// restoring that would create a context on GPU 0 in every rank.
 class CurrentDeviceGuard {
  public:
-  CurrentDeviceGuard() { saved_ = ::cudaGetDevice(&device_) == cudaSuccess; }
+  CurrentDeviceGuard() {
+    const auto& driver = cuda::Driver();
+    if (driver.ok() && driver->cuCtxGetCurrent(&context_) == CUDA_SUCCESS) driver_ = &driver.value();
+  }
   ~CurrentDeviceGuard() {
-    int now = -1;
-    if (saved_ && ::cudaGetDevice(&now) == cudaSuccess && now != device_) (void)::cudaSetDevice(device_);
+    CUcontext now = nullptr;
+    if (driver_ != nullptr && driver_->cuCtxGetCurrent(&now) == CUDA_SUCCESS && now != context_) {
+      (void)driver_->cuCtxSetCurrent(context_);
+    }
   }
   CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
   CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
 
  private:
-  int device_ = 0;
-  bool saved_ = false;
+  const cuda::DriverApi* driver_ = nullptr;
+  CUcontext context_ = nullptr;
 };
 
 // What the driver says about `address`. An address CUDA does not know gives default
@@ -162,6 +169,12 @@ class CudaTensorsImpl : public CudaTensors {
     CurrentDeviceGuard guard;
     return trainer_ring_->RecordSlot(slot, stream)
         .With("record the snapshot's CUDA event on its stream (a stream of device " + Device() + "?)");
+  }
+
+  Status SynchronizeDevice() const override {
+    CurrentDeviceGuard guard;
+    if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
+    return cuda::CudaStatus(::cudaDeviceSynchronize(), "cudaDeviceSynchronize before restore");
   }
 
   Status WaitDaemonEvent(std::uint32_t slot, void* stream) override {

@@ -83,6 +83,9 @@ class CudaTensors {
   virtual Status RecordTrainerEvent(std::uint32_t slot, void* stream) = 0;
   // Makes `stream` wait on slot `slot` of the daemon's ring.
   virtual Status WaitDaemonEvent(std::uint32_t slot, void* stream) = 0;
+  // Waits for all work queued on the tensors' device (before a restore writes into them:
+  // the daemon's streams are not ordered after the trainer's).
+  virtual Status SynchronizeDevice() const = 0;
 };
 
 // Finds each tensor's allocation through the CUDA driver, checks it (device memory, not

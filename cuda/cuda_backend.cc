@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "cuda/cuda_error.h"
@@ -26,6 +28,8 @@ namespace {
 class CudaCopyLane final : public CopyLane {
  public:
   CudaCopyLane(CopyStreamPool::Lease lease, int device) : lease_(std::move(lease)), device_(device) {}
+  // The engine destroys a lane once it is idle, or drained (everything waited for, so only
+  // the completion event's record may still be queued).
   ~CudaCopyLane() override {
     if (::cudaSetDevice(device_) != cudaSuccess) return;
     (void)::cudaStreamSynchronize(lease_.stream());
@@ -76,17 +80,33 @@ class CudaCopyLane final : public CopyLane {
     return tickets_;
   }
 
-  Status WaitChunk(std::uint64_t ticket) override {
+  Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) override {
     Status out;
     while (!pending_.empty() && pending_.front().ticket <= ticket) {
       Pending& p = pending_.front();
-      Status s = CudaStatus(::cudaEventSynchronize(p.event), "device-to-host copy (cudaEventSynchronize)");
-      if (out.ok()) out = s;
+      // Polled rather than cudaEventSynchronize: that cannot be interrupted if the event
+      // never fires (the trainer whose event gates the copies died), and it spins a core.
+      for (int polls = 0;; ++polls) {
+        const cudaError_t r = ::cudaEventQuery(p.event);
+        if (r == cudaSuccess) break;
+        if (r != cudaErrorNotReady) {
+          if (out.ok()) out = CudaStatus(r, "device-to-host copy (cudaEventQuery)");
+          break;
+        }
+        if (give_up()) {
+          // The chunk stays pending (with its device spans): its copies may still run.
+          return FailedPrecondition("device-to-host copies abandoned before they ran");
+        }
+        // A 16-64 MiB chunk takes about a millisecond on the copy engines.
+        std::this_thread::sleep_for(polls < 50 ? std::chrono::microseconds(20) : std::chrono::microseconds(200));
+      }
       free_.push_back(p.event);
       pending_.pop_front();
     }
     return out;
   }
+
+  bool Idle() override { return ::cudaStreamQuery(lease_.stream()) != cudaErrorNotReady; }
 
   Status After(CopyLane& other) override {
     auto* other_stream = static_cast<cudaStream_t>(other.native());

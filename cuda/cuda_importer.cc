@@ -102,14 +102,18 @@ Result<IpcMapping> CudaIpcOpener::Open(const IpcHandle& handle, int device) {
   Status s = driver.value().Check(
       driver.value().cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)),
       "cuMemGetAddressRange");
-  if (s.ok() && base != reinterpret_cast<CUdeviceptr>(ptr)) {
-    s = InvalidArgument("the CUDA IPC handle does not refer to the base of its allocation");
+  const auto opened = reinterpret_cast<CUdeviceptr>(ptr);
+  if (s.ok() && (opened < base || opened - base >= size)) {
+    s = Internal("cuMemGetAddressRange places the opened CUDA IPC pointer outside its own range");
   }
   if (!s.ok()) {
     (void)::cudaIpcCloseMemHandle(ptr);
     return s;
   }
-  return IpcMapping{ptr, size, device};
+  // The opened pointer is where the exporter's allocation starts (item offsets are relative
+  // to it). cudaMalloc may carve small allocations out of a larger block, and the range the
+  // driver reports here may then be that block: the usable size ends where the range does.
+  return IpcMapping{ptr, static_cast<std::uint64_t>(base + size - opened), device};
 }
 
 Status CudaIpcOpener::Close(const IpcMapping& mapping) {

@@ -66,6 +66,8 @@ Result<DriverApi> LoadDriverApi(const DriverProbe& probe) {
       {"cuPointerGetAttribute", reinterpret_cast<void**>(&api.cuPointerGetAttribute)},
       {"cuPointerGetAttributes", reinterpret_cast<void**>(&api.cuPointerGetAttributes)},
       {"cuGetErrorString", reinterpret_cast<void**>(&api.cuGetErrorString)},
+      {"cuCtxGetCurrent", reinterpret_cast<void**>(&api.cuCtxGetCurrent)},
+      {"cuCtxSetCurrent", reinterpret_cast<void**>(&api.cuCtxSetCurrent)},
   };
   for (auto& s : symbols) {
     if (Status st = LoadSymbol(probe, s.name, s.slot); !st.ok()) return st;

@@ -36,6 +36,8 @@ struct DriverApi {
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute = nullptr;
   PFN_cuPointerGetAttributes_v7000 cuPointerGetAttributes = nullptr;
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
+  PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent = nullptr;
   int driver_version = 0;  // as cudaDriverGetVersion reports it, e.g. 13000
   int device_count = 0;    // devices visible to this process (at least 1 when loaded)
 

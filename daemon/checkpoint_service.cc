@@ -757,6 +757,29 @@ void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool tra
     // their descriptors, so removing the names loses nothing.
     for (const auto& r : s->item_regions) r->UnlinkIfOrphaned();
     s->table->UnlinkIfOrphaned();
+    if (s->device >= 0) {
+      // Its GPU versions not yet captured are given up: their copies wait on events of a
+      // context that is gone (which may never fire), and an event that fires at teardown
+      // would not mean the update was complete.
+      std::vector<std::shared_ptr<ShardJob>> uncaptured;
+      {
+        std::lock_guard lock(mu_);
+        for (const auto& [key, shards] : by_version_) {
+          if (key.first != s->job) continue;
+          for (const auto& weak : shards) {
+            auto shard = weak.lock();
+            if (shard && shard->copy_queue == s->id && shard->level() < ShardLevel::kCaptured) {
+              uncaptured.push_back(std::move(shard));
+            }
+          }
+        }
+      }
+      for (const auto& shard : uncaptured) {
+        shard->Fail(FailedPrecondition("trainer pid " + std::to_string(s->peer.pid) + " exited before version " +
+                                       std::to_string(shard->meta().version) +
+                                       " was copied out of its GPU memory; the version is abandoned"));
+      }
+    }
     // Its CUDA allocations are closed now, or when the copies still using them end.
     if (backend_) backend_->ReleaseClient(s->peer.pid);
     spdlog::info("job {} rank {}: trainer pid {} exited; session closed", s->job, s->rank, s->peer.pid);
@@ -884,6 +907,7 @@ void CheckpointService::ReapLoop() {
       }
     }
     for (const auto& s : gone) CloseSession(s, /*trainer_gone=*/true);
+    snapshot_->ReclaimAbandoned();
   }
 }
 

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -48,8 +49,13 @@ class CopyLane {
   // Ends the chunk being queued and returns its ticket (tickets increase).
   virtual Result<std::uint64_t> EndChunk() = 0;
   // Blocks until every copy queued up to `ticket` is complete; returns the first error
-  // among them. Tickets are waited for in order.
-  virtual Status WaitChunk(std::uint64_t ticket) = 0;
+  // among them. Tickets are waited for in order. Device lanes poll, and return an error
+  // without waiting further once `give_up()` is true (the trainer whose event gates the
+  // copies has exited: the event may never fire).
+  virtual Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) = 0;
+  // True when nothing queued on the lane is still pending (never blocks). A lane, and the
+  // host memory its copies write to, may be reused or freed only when it is idle.
+  virtual bool Idle() = 0;
   // Makes the copies queued on this lane from now on wait for those queued on `other` so
   // far (no-op for host lanes).
   virtual Status After(CopyLane& other) = 0;
@@ -63,7 +69,8 @@ class HostCopyLane final : public CopyLane {
     return region.ReadAt(offset, dst, len);
   }
   Result<std::uint64_t> EndChunk() override { return ++tickets_; }
-  Status WaitChunk(std::uint64_t) override { return Status::Ok(); }
+  Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }
+  bool Idle() override { return true; }
   Status After(CopyLane&) override { return Status::Ok(); }
 
  private:

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "format/checksum.h"
 
 namespace ckpt {
@@ -39,6 +41,7 @@ void SnapshotEngine::Stop() {
   for (auto& [key, q] : device_queues) {
     if (q->thread.joinable()) q->thread.join();
   }
+  ReapAbandoned(true);
 }
 
 void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
@@ -150,6 +153,7 @@ struct PendingChunk {
 }  // namespace
 
 void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
+  ReapAbandoned(false);
   // Whatever happens, the daemon is done with this version's device events at the end.
   struct ReleaseSync {
     VersionSync* sync;
@@ -197,15 +201,23 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   std::uint64_t data_off = 0;
   std::deque<PendingChunk> pending;
 
+  // Chunks of a failed shard. A device lane may still write into them (a copy queued
+  // behind the event of a trainer that died), so they go back to the pool only once every
+  // lane is idle; until then they are set aside with the lanes (see ReapAbandoned).
+  std::vector<HostPool::Chunk> dropped;
+  const std::function<bool()> give_up = [&] { return shard->failed(); };
+
   // Waits for the oldest pending chunk; on success checksums it (if not done yet) and
-  // hands it to the flush engine, otherwise gives its memory back.
+  // hands it to the flush engine. A failed shard's chunks are not waited for.
   auto complete_oldest = [&] {
     PendingChunk p = pending.front();
     pending.pop_front();
-    Status s = lanes[p.lane]->WaitChunk(p.ticket);
-    if (!s.ok()) shard->Fail(s.With("copy version " + std::to_string(shard->meta().version)));
+    if (!shard->failed()) {
+      Status s = lanes[p.lane]->WaitChunk(p.ticket, give_up);
+      if (!s.ok()) shard->Fail(s.With("copy version " + std::to_string(shard->meta().version)));
+    }
     if (shard->failed()) {
-      pool_.Release(p.chunk);
+      dropped.push_back(p.chunk);
       return;
     }
     flowing = true;
@@ -264,8 +276,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     auto ticket = status.ok() ? lane.EndChunk() : Result<std::uint64_t>(status);
     if (!ticket.ok()) {
       // Copies already queued on the lane may still be writing into the chunk.
-      if (auto last = lane.EndChunk(); last.ok()) (void)lane.WaitChunk(last.value());
-      pool_.Release(*chunk);
+      dropped.push_back(*chunk);
       shard->Fail(ticket.status());
       break;
     }
@@ -283,9 +294,40 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       shard->MarkOrdered();
     }
   }
-  // Pending chunks are waited for even after a failure: their copies may still be landing.
   while (!pending.empty()) complete_oldest();
-  if (!shard->failed()) shard->Reach(ShardLevel::kCaptured);
+  if (!shard->failed()) {
+    shard->Reach(ShardLevel::kCaptured);
+    return;
+  }
+  bool idle = true;
+  for (auto& l : lanes) idle = l->Idle() && idle;
+  if (idle) {
+    for (const auto& c : dropped) pool_.Release(c);
+    return;
+  }
+  spdlog::warn("job {} rank {} version {}: copies still queued behind the trainer's event; {} pool chunk(s) "
+               "and {} copy stream(s) set aside until they drain",
+               shard->meta().job, shard->meta().rank, shard->meta().version, dropped.size(), lanes.size());
+  std::lock_guard lock(abandoned_mu_);
+  abandoned_.push_back(Abandoned{std::move(lanes), std::move(dropped)});
+}
+
+void SnapshotEngine::ReapAbandoned(bool stopping) {
+  std::lock_guard lock(abandoned_mu_);
+  for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+    bool idle = true;
+    for (auto& l : it->lanes) idle = l->Idle() && idle;
+    if (idle) {
+      for (const auto& c : it->chunks) pool_.Release(c);
+      it = abandoned_.erase(it);
+    } else if (stopping) {
+      // A lane that never drains would block its own destruction: leave it to the process exit.
+      for (auto& l : it->lanes) (void)l.release();
+      it = abandoned_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace ckpt

@@ -47,6 +47,9 @@ class SnapshotEngine {
   void Enqueue(std::shared_ptr<ShardJob> shard);
   // Copies what is queued, then stops the threads.
   void Stop();
+  // Gives back the chunks of failed device shards whose lanes have drained since (also
+  // done before every copy). The service calls it periodically.
+  void ReclaimAbandoned() { ReapAbandoned(false); }
 
  private:
   struct DeviceQueue {
@@ -54,6 +57,15 @@ class SnapshotEngine {
     bool running = false;
     std::thread thread;
   };
+
+  // Lanes of failed shards that were not idle, with the chunks their copies may still
+  // write into; given back once idle (checked before every copy, and at Stop, where lanes
+  // that never drain are left to the process exit).
+  struct Abandoned {
+    std::vector<std::unique_ptr<CopyLane>> lanes;
+    std::vector<HostPool::Chunk> chunks;
+  };
+  void ReapAbandoned(bool stopping);
 
   void CopyLoop();
   void DeviceLoop(DeviceQueue* queue);
@@ -69,6 +81,8 @@ class SnapshotEngine {
   bool stopping_ = false;
   std::vector<std::thread> threads_;
   std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues_;  // by ShardJob::copy_queue
+  std::mutex abandoned_mu_;
+  std::vector<Abandoned> abandoned_;
 };
 
 }  // namespace ckpt

@@ -170,6 +170,7 @@ class Engines {
 
   HostPool& pool() { return *pool_; }
   void Enqueue(std::shared_ptr<ShardJob> shard) { snapshot_->Enqueue(std::move(shard)); }
+  void ReclaimAbandoned() { snapshot_->ReclaimAbandoned(); }
 
   // Waits until a callback reported `shard` (after which its files are final) and, for a
   // durable one, until its waiters were woken (the callback runs first); returns true if it
@@ -859,7 +860,22 @@ class Latch {
   bool open_ = false;
 };
 
+class AsyncLane;
+
 struct FakeDevice {
+  // The lanes alive now (each registers itself), to wake or drain them all.
+  void Add(AsyncLane* lane) {
+    std::lock_guard lock(mu);
+    lanes.insert(lane);
+  }
+  void Remove(AsyncLane* lane) {
+    std::lock_guard lock(mu);
+    lanes.erase(lane);
+  }
+  void PokeAll();
+  void WaitAllIdle();
+  std::set<AsyncLane*> lanes;
+
   Latch first_copy_queued;
   std::atomic<int> lanes_made{0};
   std::atomic<std::uint64_t> bytes_queued{0};
@@ -871,8 +887,9 @@ struct FakeDevice {
 // A stream: a thread running queued operations in order.
 class AsyncLane : public CopyLane {
  public:
-  explicit AsyncLane(FakeDevice& device) : device_(device), worker_([this] { Run(); }) {}
+  explicit AsyncLane(FakeDevice& device) : device_(device), worker_([this] { Run(); }) { device_.Add(this); }
   ~AsyncLane() override {
+    device_.Remove(this);
     {
       std::lock_guard lock(mu_);
       stop_ = true;
@@ -905,12 +922,19 @@ class AsyncLane : public CopyLane {
     ticket_end_[++tickets_] = queued_;
     return tickets_;
   }
-  Status WaitChunk(std::uint64_t ticket) override {
+  Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) override {
     std::unique_lock lock(mu_);
     const std::uint64_t end = ticket_end_.at(ticket);
-    cv_.wait(lock, [&] { return done_ >= end; });
-    return Status::Ok();
+    // Woken by the worker, or by Poke() when the shard may have been given up.
+    cv_.wait(lock, [&] { return done_ >= end || give_up(); });
+    if (done_ >= end) return Status::Ok();
+    return FailedPrecondition("device-to-host copies abandoned before they ran");
   }
+  bool Idle() override {
+    std::lock_guard lock(mu_);
+    return done_ == queued_;
+  }
+  void Poke() { cv_.notify_all(); }
   Status After(CopyLane& other) override {
     auto* o = static_cast<AsyncLane*>(other.native());
     if (o == this) return Status::Ok();
@@ -965,6 +989,16 @@ class AsyncLane : public CopyLane {
   bool stop_ = false;
   std::thread worker_;
 };
+
+void FakeDevice::PokeAll() {
+  std::lock_guard lock(mu);
+  for (AsyncLane* l : lanes) l->Poke();
+}
+
+void FakeDevice::WaitAllIdle() {
+  std::lock_guard lock(mu);
+  for (AsyncLane* l : lanes) l->WaitDone(l->queued());
+}
 
 // The ordering of one version: Gate queues a wait for the trainer's latch; Signal queues,
 // after every lane's copies, the "completion event", which records what was done then.
@@ -1130,6 +1164,9 @@ TEST_CASE("a device copy that cannot reach its region fails the shard and return
   CHECK(sync->releases.load() >= 1);
   bool ordered_only = true;
   CHECK_FALSE(shard.job->WaitOrdered(std::chrono::steady_clock::now() + kHang, &ordered_only).ok());
+  // What was queued (the wait for the event) drains; then every chunk is back.
+  backend.fake.WaitAllIdle();
+  engines.ReclaimAbandoned();
   CHECK(engines.pool().used_bytes() == 0);
   CHECK_FALSE(fs::exists(shard.job->final_path()));
 }
@@ -1178,5 +1215,43 @@ TEST_CASE("a device shard waiting for its trainer holds one chunk and blocks no 
   sync_a->trainer_event.Open();
   REQUIRE(engines.Outcome(a.job));
   CheckShardFile(a);
+  CHECK(engines.pool().used_bytes() == 0);
+}
+
+TEST_CASE("a device shard whose trainer exits before its event fires is abandoned without a hang",
+          "[engine][device][faults]") {
+  TempDir dir("eng");
+  FakeBackend backend;
+  const std::uint64_t chunk = 32 * kKiB;
+  Engines engines(std::make_shared<FaultyStorage>(), 4 * chunk, chunk, 2, 1, &backend, 2);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:a", Bytes(512 * kKiB, 61));
+  auto sync = std::make_shared<FakeSync>(backend.fake);
+  struct OpenOnExit {
+    FakeSync& sync;
+    ~OpenOnExit() { sync.trainer_event.Open(); }
+  } open_on_exit{*sync};
+  TestShard shard = DeviceShard(dir.path() + "/a", region, sync);
+  shard.job->copy_queue = "rank-0";
+  engines.Enqueue(shard.job);
+  sync->gated.Wait();
+  // What the service does when the trainer's process is gone: the event may never fire.
+  shard.job->Fail(FailedPrecondition("trainer exited"));
+  backend.fake.PokeAll();
+  REQUIRE_FALSE(engines.Outcome(shard.job));
+  CHECK(shard.job->error().message() == "trainer exited");
+  CHECK(backend.fake.bytes_done.load() == 0);
+  // Its chunk is set aside: a copy is still queued into it behind the event.
+  CHECK(engines.pool().used_bytes() == chunk);
+  // The event fires after all (or the driver drops it); the next copy takes the chunk back.
+  sync->trainer_event.Open();
+  backend.fake.WaitAllIdle();
+  auto next_sync = std::make_shared<FakeSync>(backend.fake);
+  next_sync->trainer_event.Open();
+  TestShard next = DeviceShard(dir.path() + "/b", std::make_shared<FakeDeviceRegion>("cuda:b", Bytes(512 * kKiB, 62)),
+                               next_sync);
+  next.job->copy_queue = "rank-0";
+  engines.Enqueue(next.job);
+  REQUIRE(engines.Outcome(next.job));
+  CheckShardFile(next);
   CHECK(engines.pool().used_bytes() == 0);
 }

@@ -611,7 +611,8 @@ class RecordingLane : public ckpt::CopyLane {
   void* native() const override { return const_cast<RecordingLane*>(this); }
   Status CopyOut(const ckpt::ImportedRegion&, std::uint64_t, void*, std::size_t) override { return Status::Ok(); }
   Result<std::uint64_t> EndChunk() override { return std::uint64_t{1}; }
-  Status WaitChunk(std::uint64_t) override { return Status::Ok(); }
+  Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }
+  bool Idle() override { return true; }
   Status After(CopyLane& other) override {
     after.push_back(&other);
     return Status::Ok();

@@ -145,7 +145,9 @@ class Client {
   RestoreResult restore(std::optional<std::uint64_t> version = std::nullopt);
   // The daemon's status as JSON.
   DaemonStatus status();
-  // Ends the registration (in-flight versions still complete).
+  // Ends the registration (in-flight versions still complete). With GPU tensors it first
+  // waits until the newest version is copied out: free GPU tensors only after this (or a
+  // wait_snapshot of the newest version) returned.
   void unregister();
 
   const std::string& socket_path() const;
