@@ -914,11 +914,11 @@ class AsyncLane : public CopyLane {
     return Status::Ok();
   }
   Result<std::uint64_t> EndChunk() override {
-    std::lock_guard lock(mu_);
     {
       std::lock_guard dlock(device_.mu);
       ++device_.chunks_per_lane[this];
     }
+    std::lock_guard lock(mu_);
     ticket_end_[++tickets_] = queued_;
     return tickets_;
   }
@@ -996,8 +996,12 @@ void FakeDevice::PokeAll() {
 }
 
 void FakeDevice::WaitAllIdle() {
-  std::lock_guard lock(mu);
-  for (AsyncLane* l : lanes) l->WaitDone(l->queued());
+  std::set<AsyncLane*> now;
+  {
+    std::lock_guard lock(mu);
+    now = lanes;  // no copy runs meanwhile: the lanes stay alive
+  }
+  for (AsyncLane* l : now) l->WaitDone(l->queued());
 }
 
 // The ordering of one version: Gate queues a wait for the trainer's latch; Signal queues,
