@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <mutex>
+#include <tuple>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "client/cuda_tensors.h"
@@ -144,6 +145,15 @@ struct Client::Impl {
   void WaitReturned(const std::string& in_session, std::uint64_t version, grpc::StatusCode code) {
     std::lock_guard lock(mu);
     if (in_session == session && WaitReleasesSlot(code)) trainer_slots.Release(version);
+  }
+
+  // The session, its GPU side and its newest snapshot, read together; throws if not registered.
+  std::tuple<std::string, std::shared_ptr<CudaTensors>, std::uint64_t> Current() {
+    std::lock_guard lock(mu);
+    if (session.empty()) {
+      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
+    }
+    return {session, cuda, last_snapshot};
   }
 
   std::string Session() {
@@ -406,17 +416,8 @@ std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chron
 
 std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream) {
   auto start = std::chrono::steady_clock::now();
-  std::string session;
-  std::shared_ptr<CudaTensors> cuda;
-  {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->session.empty()) {
-      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
-    }
-    session = impl_->session;
-    if (UseStreamOrderedWait(impl_->cuda != nullptr, impl_->last_snapshot, version)) cuda = impl_->cuda;
-  }
-  if (!cuda) return wait_snapshot(version);
+  auto [session, cuda, last_snapshot] = impl_->Current();
+  if (!UseStreamOrderedWait(cuda != nullptr, last_snapshot, version)) return wait_snapshot(version);
   v1::WaitReply rep;
   grpc::Status s = CallWait(*impl_->stub, session, version, v1::LEVEL_CAPTURED, std::chrono::milliseconds(0),
                             true, &rep);
@@ -440,16 +441,7 @@ void Client::wait_durable(std::uint64_t version, Level level, std::chrono::milli
 }
 
 RestoreResult Client::restore(std::optional<std::uint64_t> version) {
-  std::string session;
-  std::shared_ptr<CudaTensors> cuda;
-  {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->session.empty()) {
-      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
-    }
-    session = impl_->session;
-    cuda = impl_->cuda;
-  }
+  auto [session, cuda, last_snapshot] = impl_->Current();
   // The daemon writes GPU tensors into the allocations it imported: one freed since
   // registration may hold other data now.
   if (cuda) {
