@@ -233,8 +233,11 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     }
     info.items.push_back(std::move(item));
   }
-  std::sort(info.items.begin(), info.items.end(),
-            [](const ShardItem& a, const ShardItem& b) { return a.offset < b.offset; });
+  // An empty item shares its offset with the item after it: it sorts first, so the tiling
+  // check below does not see an overlap.
+  std::sort(info.items.begin(), info.items.end(), [](const ShardItem& a, const ShardItem& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.length < b.length;
+  });
   std::uint64_t expect = 0;
   for (const auto& item : info.items) {
     if (item.offset != expect) {

@@ -366,6 +366,13 @@ TEST_CASE("ParseShardHeader rejects holes and overlaps in the data offsets", "[f
   SECTION("end before begin") {
     CHECK(Parse(TwoItemHeader(4, 0, 4, 12), 12).status().code() == StatusCode::kDataLoss);
   }
+  SECTION("an empty item at the offset of the next one is no overlap") {
+    auto info = Parse(TwoItemHeader(0, 12, 0, 0), 12);
+    REQUIRE(info.ok());
+    REQUIRE(info->items.size() == 2);
+    CHECK(info->items[0].name == "b");
+    CHECK(info->items[0].length == 0);
+  }
 }
 
 TEST_CASE("ParseShardHeader rejects malformed entries and metadata", "[format]") {

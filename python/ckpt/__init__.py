@@ -1,9 +1,9 @@
-"""ckpt: Python client of ckptd, the node-local checkpoint daemon.
+"""ckpt: Python client of ckptd, the node-local checkpoint daemon, and a reader of its files.
 
-The trainer keeps its state in shared-memory regions the daemon can read, registers the
-tensors that live there once, and then per iteration calls ``snapshot(v)`` after the
-optimizer step and ``wait_snapshot(v)`` just before the next one. Bulk data never crosses
-the socket: the daemon copies it out of the regions while forward and backward run.
+The trainer keeps its state in shared-memory regions the daemon can read (or in GPU memory),
+registers the tensors that live there once, and then per iteration calls ``snapshot(v)``
+after the optimizer step and ``wait_snapshot(v)`` just before the next one. Bulk data never
+crosses the socket: the daemon copies it out while forward and backward run.
 
     import ckpt, torch
     region = ckpt.SharedRegion.create(n * 4)
@@ -17,18 +17,43 @@ the socket: the daemon copies it out of the regions while forward and backward r
         optimizer.step()
         client.snapshot(v, {"step": pickle.dumps(...)})
 
+Items passed to register_items are tuples:
+    (name, dtype, shape, region[, offset])      host tensor at `offset` bytes into a SharedRegion
+    (name, dtype, shape, device_ptr[, offset])  GPU tensor at device_ptr + offset, an int such
+                                                as t.data_ptr() of a contiguous CUDA tensor
+                                                (needs a libckpt built with CUDA)
+For GPU tensors, snapshot(v, blobs, stream=s) takes the version after the work queued on
+CUDA stream s, and wait_snapshot_on_stream(v, s) makes s wait for the copies instead of
+blocking the host; s is an int cudaStream_t (0: the legacy default stream) or a
+torch.cuda.Stream.
+
+Reading checkpoints without a daemon (ckpt.loader; checksums verified):
+    shard = ckpt.load_file("ROOT/JOB/v0000000042/rank-00000.safetensors")
+    shard.tensors["w"], shard.blobs["step"], shard.meta["version"]
+    ckpt.load_version("ROOT", "JOB", "latest", rank=0)     -> Shard
+    ckpt.load_version("ROOT", "JOB", 42)                   -> Checkpoint (.shards: rank -> Shard)
+Tensors come back as torch tensors if torch imports, else numpy arrays, else RawTensor.
+
 Names:
   SharedRegion  POSIX shm owned by this process (buffer protocol: memoryview, numpy, torch)
-  Client        connect / register_items / snapshot / wait_snapshot / wait_durable /
-                restore / status / unregister
+  Client        connect / register_items / snapshot / wait_snapshot / wait_snapshot_on_stream /
+                wait_durable / restore / status / unregister
   Level         CAPTURED, DURABLE, COMMITTED (for wait_durable)
   Registration  what register_items returns
   Error         raised for every failure (RuntimeError subclass; ``code``: gRPC status code)
+  VersionNotFoundError  a version or job that does not exist or is not committed (a subclass
+                of Error and of FileNotFoundError)
   DTYPES        accepted dtype names (safetensors spelling: "F32", "BF16", "I64", ...)
+  load_file, load_version, list_versions, read_header, Shard, Checkpoint, RawTensor
+                the daemon-less reader (see ckpt.loader)
 
-Blocking calls release the GIL.
+Every blocking call (connect, register_items, snapshot, the waits, restore, status,
+unregister, and the file reads of the loader) releases the GIL.
 """
 
 from ._ckpt import DTYPES, Client, Error, Level, Registration, SharedRegion
+from .loader import (Checkpoint, RawTensor, Shard, VersionNotFoundError, list_versions, load_file, load_version,
+                     read_header)
 
-__all__ = ["Client", "DTYPES", "Error", "Level", "Registration", "SharedRegion"]
+__all__ = ["Checkpoint", "Client", "DTYPES", "Error", "Level", "RawTensor", "Registration", "Shard", "SharedRegion",
+           "VersionNotFoundError", "list_versions", "load_file", "load_version", "read_header"]

@@ -5,16 +5,20 @@
 // (torch state dicts, optimizer state) belongs in pure Python on top of it.
 //
 // Rules every binding here follows:
-//  - Every call that may block on the daemon (connect excepted: it does not block) releases
+//  - Every call that may block (on the daemon, the file system or the CUDA driver) releases
 //    the GIL for its whole C++ part, so other Python threads (data loaders, async savers)
-//    keep running while the trainer waits. Python objects are converted to C++ values
-//    before the GIL is released and results are converted back after it is re-acquired.
+//    keep running while the trainer waits; that includes connect and the Client's
+//    destructor, which unregisters. Python objects are converted to C++ values before the
+//    GIL is released and results are converted back after it is re-acquired.
 //  - ckpt::Error becomes ckpt.Error (a RuntimeError subclass) with the daemon's message as
 //    its text and the gRPC status code in its `code` attribute.
 //  - SharedRegion exports its memory through the buffer protocol (1-D, unsigned bytes,
 //    writable), so memoryview(region), numpy.frombuffer(region, ...) and
 //    torch.frombuffer(region, dtype=...) view the daemon-visible memory without a copy.
 //    Such views keep the region object (and so the mapping) alive.
+//  - GPU tensors are items whose 4th element is the device address (an int, as
+//    tensor.data_ptr() gives it) instead of a SharedRegion; CUDA streams are passed as ints
+//    (cudaStream_t values) or as objects with a `cuda_stream` attribute (torch.cuda.Stream).
 #include <ckpt/client.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -29,6 +33,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "shard_reader.h"
 
 namespace py = pybind11;
 
@@ -57,9 +63,9 @@ ckpt::DType ParseDType(const std::string& name) {
   for (const auto& [n, d] : kDTypes) {
     if (n == name) return d;
   }
-  std::string known;
-  for (const auto& [n, d] : kDTypes) known += (known.empty() ? "" : ", ") + std::string(n);
-  throw py::value_error("unknown dtype '" + name + "' (expected one of: " + known + ")");
+  std::string message = "unknown dtype '" + name + "' (expected one of:";
+  for (const auto& [n, d] : kDTypes) message.append(" ").append(n);
+  throw py::value_error(message.append(")"));
 }
 
 // Seconds (None or <= 0: wait forever) to the client's milliseconds (0: forever). A positive
@@ -68,6 +74,8 @@ std::chrono::milliseconds ToTimeout(std::optional<double> seconds) {
   if (!seconds || *seconds <= 0) return std::chrono::milliseconds(0);
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000.0)));
 }
+
+std::string TypeName(const py::handle& value) { return py::str(py::type::handle_of(value).attr("__name__")); }
 
 // bytes, bytearray, memoryview or any C-contiguous buffer -> std::string (a copy).
 std::string BlobBytes(const std::string& name, const py::handle& value) {
@@ -79,8 +87,7 @@ std::string BlobBytes(const std::string& name, const py::handle& value) {
     PyBuffer_Release(&view);
     return out;
   }
-  throw py::type_error("blob '" + name + "' must be bytes-like, not " +
-                       std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+  throw py::type_error("blob '" + name + "' must be bytes-like, not " + TypeName(value));
 }
 
 std::vector<ckpt::Blob> ToBlobs(const std::optional<py::dict>& blobs) {
@@ -101,9 +108,68 @@ py::dict FromBlobs(const std::vector<ckpt::Blob>& blobs) {
   return out;
 }
 
-// One item as Python passes it: (name, dtype, shape, region, offset).
-using PyItem = std::tuple<std::string, std::string, std::vector<std::int64_t>,
-                          std::shared_ptr<ckpt::SharedRegion>, std::uint64_t>;
+// An int that is not a bool (True would otherwise pass as address or stream 1).
+bool IsInt(const py::handle& value) {
+  return py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value);
+}
+
+// One item as Python passes it: (name, dtype, shape, region[, offset]) for host memory or
+// (name, dtype, shape, device_ptr[, offset]) for GPU memory (address device_ptr + offset).
+ckpt::TensorItem ToItem(const py::handle& obj) {
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj)) {
+    throw py::type_error(
+        "an item must be a tuple (name, dtype, shape, region or device pointer[, offset]), not " +
+        TypeName(obj));
+  }
+  auto t = py::reinterpret_borrow<py::sequence>(obj);
+  if (t.size() != 4 && t.size() != 5) {
+    throw py::type_error(
+        "an item must have 4 or 5 elements (name, dtype, shape, region or device pointer[, "
+        "offset]), not " +
+        std::to_string(t.size()));
+  }
+  ckpt::TensorItem item;
+  item.name = py::cast<std::string>(t[0]);
+  item.dtype = ParseDType(py::cast<std::string>(t[1]));
+  item.shape = py::cast<std::vector<std::int64_t>>(t[2]);
+  std::uint64_t offset = t.size() == 5 ? py::cast<std::uint64_t>(t[4]) : 0;
+  py::object where = t[3];
+  if (py::isinstance<ckpt::SharedRegion>(where)) {
+    item.region = py::cast<std::shared_ptr<ckpt::SharedRegion>>(where);
+    item.offset = offset;
+  } else if (IsInt(where)) {
+    auto ptr = py::cast<std::uintptr_t>(where);
+    if (ptr == 0) throw py::value_error("item '" + item.name + "': device pointer is 0");
+    item.cuda_ptr = reinterpret_cast<const void*>(ptr + offset);
+  } else {
+    throw py::type_error("item '" + item.name +
+                         "': 4th element must be a ckpt.SharedRegion or an int device "
+                         "pointer (tensor.data_ptr()), not " +
+                         TypeName(where));
+  }
+  return item;
+}
+
+// None or 0: the legacy default stream; an int: a cudaStream_t; else an object with a
+// `cuda_stream` attribute (torch.cuda.Stream).
+void* ToStream(const py::object& stream) {
+  if (stream.is_none()) return nullptr;
+  if (IsInt(stream)) return reinterpret_cast<void*>(py::cast<std::uintptr_t>(stream));
+  if (py::hasattr(stream, "cuda_stream"))
+    return reinterpret_cast<void*>(py::cast<std::uintptr_t>(stream.attr("cuda_stream")));
+  throw py::type_error("stream must be an int (cudaStream_t), None or have a `cuda_stream` attribute, not " +
+                       TypeName(stream));
+}
+
+// Holder of Client objects: the destructor unregisters (a blocking RPC), so it runs with the
+// GIL released. Deallocation always happens with the GIL held by this thread.
+struct ClientDeleter {
+  void operator()(ckpt::Client* c) const {
+    py::gil_scoped_release release;
+    delete c;
+  }
+};
+using ClientHolder = std::unique_ptr<ckpt::Client, ClientDeleter>;
 
 }  // namespace
 
@@ -113,8 +179,7 @@ PYBIND11_MODULE(_ckpt, m) {
   // ckpt.Error: raised for every failure the client or the daemon reports. Created once;
   // the module keeps the reference (released here on purpose so that no static object
   // drops a reference after the interpreter has shut down).
-  static PyObject* error_type =
-      py::exception<ckpt::Error>(m, "Error", PyExc_RuntimeError).release().ptr();
+  static PyObject* error_type = py::exception<ckpt::Error>(m, "Error", PyExc_RuntimeError).release().ptr();
   py::setattr(error_type, "__doc__",
               py::str("Error reported by libckpt or ckptd. str(e) is the message; e.code is the gRPC "
                       "status code (int) of the failed call."));
@@ -128,6 +193,8 @@ PYBIND11_MODULE(_ckpt, m) {
       PyErr_SetObject(error_type, inst.ptr());
     }
   });
+
+  ckpt::python::BindShardReader(m);
 
   py::enum_<ckpt::Level>(m, "Level", "Durability levels of a version (see wait_durable)")
       .value("CAPTURED", ckpt::Level::kCaptured, "every byte copied out of trainer memory")
@@ -183,43 +250,55 @@ PYBIND11_MODULE(_ckpt, m) {
                " latest_committed=" + std::to_string(r.latest_committed) + ">";
       });
 
-  py::class_<ckpt::Client>(
+  py::class_<ckpt::Client, ClientHolder>(
       m, "Client",
       "Connection of one trainer process (one rank) to ckptd. Per iteration: snapshot(v) after the "
       "optimizer step, wait_snapshot(v) before the next one. Usable as a context manager "
       "(unregisters on exit). Blocking calls release the GIL.")
       .def_static(
-          "connect", [](const std::string& socket) { return ckpt::Client::connect(socket); },
+          "connect",
+          [](const std::string& socket) {
+            std::unique_ptr<ckpt::Client> c;
+            {
+              py::gil_scoped_release release;
+              c = std::make_unique<ckpt::Client>(ckpt::Client::connect(socket));
+            }
+            return ClientHolder(c.release());
+          },
           py::arg("socket") = "",
           "Connects to the daemon at `socket` (default: $CKPTD_SOCKET, else $XDG_RUNTIME_DIR/ckptd.sock, "
-          "else /tmp/ckptd-$UID/ckptd.sock). Does not block.")
+          "else /tmp/ckptd-$UID/ckptd.sock). Does not wait for the daemon: the first call fails if none "
+          "serves there.")
       .def(
           "register_items",
           [](ckpt::Client& c, const std::string& job, std::uint32_t rank, std::uint32_t world,
-             const std::vector<PyItem>& items) {
+             const py::iterable& items) {
             std::vector<ckpt::TensorItem> out;
-            out.reserve(items.size());
-            for (const auto& [name, dtype, shape, region, offset] : items) {
-              if (!region) throw py::type_error("item '" + name + "': region must be a ckpt.SharedRegion");
-              out.push_back(ckpt::TensorItem{name, ParseDType(dtype), shape, region, offset});
-            }
+            for (const auto& item : items) out.push_back(ToItem(item));
             py::gil_scoped_release release;
             return c.register_items(job, rank, world, out);
           },
           py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("items"),
-          "Registers (or re-registers) this rank's tensors. items: list of (name, dtype, shape, region, "
-          "offset) with dtype a safetensors name (see ckpt.DTYPES), shape a list of ints, region a "
-          "SharedRegion and offset a byte offset into it.")
+          "Registers (or re-registers) this rank's tensors. items: list of tuples, each\n"
+          "  (name, dtype, shape, region[, offset])      host memory: offset bytes into a SharedRegion\n"
+          "  (name, dtype, shape, device_ptr[, offset])  GPU memory at device_ptr + offset (an int,\n"
+          "                                              e.g. tensor.data_ptr(); CUDA builds only)\n"
+          "with dtype a safetensors name (see ckpt.DTYPES) and shape a list of ints. Tensors must be "
+          "packed (contiguous).")
       .def(
           "snapshot",
-          [](ckpt::Client& c, std::uint64_t version, const std::optional<py::dict>& blobs) {
+          [](ckpt::Client& c, std::uint64_t version, const std::optional<py::dict>& blobs,
+             const py::object& stream) {
             std::vector<ckpt::Blob> b = ToBlobs(blobs);
+            void* s = ToStream(stream);
             py::gil_scoped_release release;
-            c.snapshot(version, b);
+            c.snapshot(version, b, s);
           },
-          py::arg("version"), py::arg("blobs") = py::none(),
+          py::arg("version"), py::arg("blobs") = py::none(), py::arg("stream") = 0,
           "Asks the daemon to capture `version` and returns at once. blobs: dict name -> bytes stored "
-          "with the version (pickled optimizer groups, RNG state, ...).")
+          "with the version (pickled optimizer groups, RNG state, ...). stream (GPU tensors): the CUDA "
+          "stream (int cudaStream_t or torch.cuda.Stream; 0: the legacy default stream) after whose "
+          "queued work the version is taken.")
       .def(
           "wait_snapshot",
           [](ckpt::Client& c, std::uint64_t version, std::optional<double> timeout) {
@@ -233,6 +312,22 @@ PYBIND11_MODULE(_ckpt, m) {
           py::arg("version"), py::arg("timeout") = py::none(),
           "Blocks until every byte of `version` is out of trainer memory; returns the time blocked in "
           "seconds. timeout: seconds (None: forever).")
+      .def(
+          "wait_snapshot_on_stream",
+          [](ckpt::Client& c, std::uint64_t version, const py::object& stream) {
+            void* s = ToStream(stream);
+            std::chrono::nanoseconds stall;
+            {
+              py::gil_scoped_release release;
+              stall = c.wait_snapshot_on_stream(version, s);
+            }
+            return std::chrono::duration<double>(stall).count();
+          },
+          py::arg("version"), py::arg("stream"),
+          "GPU registrations: makes `stream` (int cudaStream_t or torch.cuda.Stream) wait until every "
+          "byte of `version` is copied, so work queued there afterwards (the optimizer step) runs after "
+          "the copies; the host blocks only until the daemon has queued them. Returns the seconds the "
+          "host blocked. For a host-only registration it is wait_snapshot.")
       .def(
           "wait_durable",
           [](ckpt::Client& c, std::uint64_t version, ckpt::Level level, std::optional<double> timeout) {
@@ -273,7 +368,8 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           "Ends the registration (in-flight versions still complete).")
       .def_property_readonly("socket_path", &ckpt::Client::socket_path)
-      .def("__enter__", [](ckpt::Client& c) -> ckpt::Client& { return c; }, py::return_value_policy::reference)
+      .def(
+          "__enter__", [](ckpt::Client& c) -> ckpt::Client& { return c; }, py::return_value_policy::reference)
       .def("__exit__", [](ckpt::Client& c, const py::object&, const py::object&, const py::object&) {
         py::gil_scoped_release release;
         c.unregister();

@@ -1,0 +1,188 @@
+// read_shard / read_shard_header: the shard file as Python values, for the daemon-less
+// loader (python/ckpt/loader.py).
+//
+// What flows out: a dict with the shard's metadata and one dict per item in file order
+// (name, kind, dtype, shape, offset, length, checksum and, for read_shard, `data`: a
+// bytearray of exactly the item's bytes). Each item gets its own bytearray, so a tensor
+// built over it with torch.frombuffer / numpy.frombuffer owns its memory alone (no view
+// into a shared temporary buffer). The bytes are checksummed as they sit in that
+// bytearray, so what is verified is what the caller gets. File I/O and hashing run with
+// the GIL released.
+#include "shard_reader.h"
+
+#include <ckpt/client.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/names.h"
+#include "common/unique_fd.h"
+#include "format/checksum.h"
+#include "format/dtype.h"
+#include "format/shard_format.h"
+
+namespace py = pybind11;
+
+namespace ckpt::python {
+namespace {
+
+// The gRPC status code a daemon would report for `code`, so that ckpt.Error.code means the
+// same whether the failure came from ckptd or from a local read.
+int GrpcCode(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return 0;
+    case StatusCode::kInvalidArgument:
+      return 3;
+    case StatusCode::kDeadlineExceeded:
+      return 4;
+    case StatusCode::kNotFound:
+      return 5;
+    case StatusCode::kAlreadyExists:
+      return 6;
+    case StatusCode::kPermissionDenied:
+      return 7;
+    case StatusCode::kResourceExhausted:
+      return 8;
+    case StatusCode::kFailedPrecondition:
+      return 9;
+    case StatusCode::kInternal:
+      return 13;
+    case StatusCode::kDataLoss:
+      return 15;
+    case StatusCode::kIoError:
+      return 2;  // UNKNOWN, as ckptd maps it
+  }
+  return 2;
+}
+
+[[noreturn]] void Throw(const Status& s) { throw ckpt::Error(GrpcCode(s.code()), s.message()); }
+
+// Opens `path` and parses its header; an open failure becomes OSError (FileNotFoundError,
+// PermissionError, ...) with the path, as Python's own open() would raise.
+struct OpenShard {
+  UniqueFd fd;
+  ShardInfo info;
+};
+
+OpenShard Open(const std::string& path) {
+  OpenShard shard;
+  int open_errno = 0;
+  Result<ShardInfo> info = Status::Ok();
+  {
+    py::gil_scoped_release release;
+    shard.fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!shard.fd.valid()) {
+      open_errno = errno;
+    } else {
+      info = ReadShardHeader(path);
+    }
+  }
+  if (open_errno != 0) {
+    errno = open_errno;
+    PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+    throw py::error_already_set();
+  }
+  if (!info.ok()) Throw(info.status());
+  shard.info = std::move(info).value();
+  return shard;
+}
+
+Status ReadFully(int fd, char* out, std::uint64_t length, std::uint64_t offset, const std::string& path) {
+  std::uint64_t done = 0;
+  while (done < length) {
+    ssize_t r = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return IoError("cannot read " + path, errno);
+    if (r == 0) return DataLoss(path + " ends inside its data section (truncated?)");
+    done += static_cast<std::uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+py::dict ToPython(const std::string& path, const ShardInfo& info, std::vector<py::object>* data) {
+  py::list items;
+  for (std::size_t i = 0; i < info.items.size(); ++i) {
+    const ShardItem& it = info.items[i];
+    py::dict d;
+    d["name"] = it.name;
+    d["kind"] = it.kind == ItemKind::kBlob ? "blob" : "tensor";
+    d["dtype"] = std::string(DTypeName(it.dtype));
+    py::tuple shape(it.shape.size());
+    for (std::size_t k = 0; k < it.shape.size(); ++k) shape[k] = it.shape[k];
+    d["shape"] = std::move(shape);
+    d["offset"] = it.offset;
+    d["length"] = it.length;
+    d["checksum"] = ChecksumHex(it.checksum);
+    if (data) d["data"] = (*data)[i];
+    items.append(std::move(d));
+  }
+  py::dict out;
+  out["path"] = path;
+  out["job"] = info.meta.job;
+  out["version"] = info.meta.version;
+  out["rank"] = info.meta.rank;
+  out["world_size"] = info.meta.world_size;
+  out["data_start"] = info.data_start;
+  out["file_bytes"] = info.file_bytes;
+  out["items"] = std::move(items);
+  return out;
+}
+
+py::dict ReadShard(const std::string& path, bool verify) {
+  OpenShard shard = Open(path);
+  const ShardInfo& info = shard.info;
+  // Allocate every item's bytearray first (needs the GIL), then fill them without it.
+  std::vector<py::object> data;
+  std::vector<char*> dest;
+  data.reserve(info.items.size());
+  dest.reserve(info.items.size());
+  for (const ShardItem& it : info.items) {
+    PyObject* ba = PyByteArray_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(it.length));
+    if (!ba) throw py::error_already_set();
+    data.push_back(py::reinterpret_steal<py::object>(ba));
+    dest.push_back(PyByteArray_AS_STRING(ba));
+  }
+  Status status;
+  {
+    py::gil_scoped_release release;
+    for (std::size_t i = 0; i < info.items.size() && status.ok(); ++i) {
+      const ShardItem& it = info.items[i];
+      status = ReadFully(shard.fd.get(), dest[i], it.length, info.data_start + it.offset, path);
+      if (!status.ok() || !verify) continue;
+      std::uint64_t sum = Checksum::Of(dest[i], it.length);
+      if (sum != it.checksum) {
+        status = DataLoss(path + ": checksum mismatch in " +
+                          std::string(it.kind == ItemKind::kBlob ? "blob " : "item ") + QuoteName(it.name) +
+                          " (stored " + ChecksumHex(it.checksum) + ", computed " + ChecksumHex(sum) + ")");
+      }
+    }
+  }
+  if (!status.ok()) Throw(status);
+  return ToPython(path, info, &data);
+}
+
+}  // namespace
+
+void BindShardReader(py::module_& m) {
+  m.def("read_shard", &ReadShard, py::arg("path"), py::arg("verify") = true,
+        "Reads a shard file (no daemon needed). Returns a dict: path, job, version, rank, "
+        "world_size, data_start, file_bytes and items, a list in file order of dicts (name, kind "
+        "'tensor' or 'blob', dtype, shape, offset, length, checksum, data: a bytearray of the item's "
+        "bytes, one per item). verify: check every item's xxh3 checksum (a mismatch raises "
+        "ckpt.Error naming the item and the file, code 15 DATA_LOSS). A malformed file raises "
+        "ckpt.Error; a file that cannot be opened raises OSError.");
+  m.def(
+      "read_shard_header",
+      [](const std::string& path) {
+        OpenShard shard = Open(path);
+        return ToPython(path, shard.info, nullptr);
+      },
+      py::arg("path"), "As read_shard, without reading the data (items have no 'data').");
+}
+
+}  // namespace ckpt::python
