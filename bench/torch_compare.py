@@ -9,13 +9,16 @@ Modes (every mode checkpoints the full state, model + AdamW state, every iterati
               (single-process gloo process group), waiting for the previous save's future
               just before the next async_save: the trainer waits for the state-dict build,
               the staging copy inside async_save and whatever of the previous write is left
-  ckptd       parameters and optimizer state live in ckpt.SharedRegion memory registered
-              with ckptd; per iteration: forward/backward, wait_snapshot(previous), step,
-              snapshot(iteration, pickled non-tensor state): the trainer waits for the
-              snapshot call and for copies not finished when the next step begins
+  ckptd       ckpt.torch.Checkpointer: parameters and optimizer state live in shared memory
+              registered with ckptd; per iteration: forward/backward, wait_snapshot()
+              (what the Checkpointer's optimizer hook does; called here to time it), step,
+              save(iteration) (pickles the non-tensor state, asks for the snapshot): the
+              trainer waits for the save call and for copies not finished when the next
+              step begins
 
-All modes train the SAME model (parameters and optimizer state sit in the shared region for
-every mode, so compute is identical) in one continuous run, in rounds of blocks of --iters
+All modes train the SAME model, examples/train_gpt.py's GPT with its optimizer and LR
+schedule (parameters and optimizer state sit in the Checkpointer's shared memory for every
+mode, so compute is identical) in one continuous run, in rounds of blocks of --iters
 iterations per mode, the mode order rotating each round, so machine drift hits all modes
 alike. Each block starts with an untimed lead-in iteration (so every timed iteration finds
 its predecessor's checkpoint in flight, as in steady state), and ends by draining the mode's
@@ -24,7 +27,8 @@ checkpointing in an iteration. The last checkpoint of each mode is read back and
 with the trainer's state.
 
   PYTHONPATH=build/python .venv-bench/bin/python bench/torch_compare.py [--iters N] [--rounds R]
-      [--dir DIR] [--out bench/out/torch_compare.json]
+      [--dir DIR] [--out bench/out/torch_compare.json] [--ckptd build/ckptd]
+  (or .venv-bench/bin/python examples/train_gpt.py --bench [the same options])
 
 Needs: torch 2.x (bench/setup_torch_venv.sh) and the ckpt module (cmake -DCKPT_BUILD_PYTHON=ON).
 """
@@ -32,11 +36,11 @@ Needs: torch 2.x (bench/setup_torch_venv.sh) and the ckpt module (cmake -DCKPT_B
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import json
 import math
 import os
-import pickle
 import platform
 import select
 import shutil
@@ -51,78 +55,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckpt
+import ckpt.torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))
+from train_gpt import GPT, load_text, make_optimizer, warmup_cosine  # noqa: E402  (one model for both)
 MODES = ["none", "torch_save", "dcp_async", "ckptd"]
 MODE_TEXT = {
     "none": "no checkpointing",
     "torch_save": "torch.save(model+optim+sched) to file.tmp + fsync + rename, every iteration",
     "dcp_async": "DCP async_save(get_state_dict(model, optim)), wait previous future first",
-    "ckptd": "ckptd: state in shm, wait_snapshot(prev) before step, snapshot(it) after",
+    "ckptd": "ckpt.torch.Checkpointer: state in shm, wait_snapshot() before step, save(it) after",
 }
-TORCH_TO_CKPT = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
-
-
-# ----------------------------------------------------------------------------------------
-# Model and data
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """Byte-level GPT: 256-symbol vocabulary, learned positions, pre-norm blocks."""
-
-    def __init__(self, d: int, layers: int, heads: int, seq: int):
-        super().__init__()
-        self.tok = nn.Embedding(256, d)
-        self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 256, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln_f(x))
-
-
-def load_text() -> torch.Tensor:
-    """The licence texts every Debian machine has, concatenated, as bytes."""
-    seen, chunks = set(), []
-    for p in sorted(Path("/usr/share/common-licenses").iterdir()):
-        real = p.resolve()
-        if real in seen or not real.is_file():
-            continue
-        seen.add(real)
-        chunks.append(real.read_bytes())
-    data = b"\n".join(chunks)
-    if len(data) < 10_000:
-        sys.exit("torch_compare: too little text under /usr/share/common-licenses")
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
 # ----------------------------------------------------------------------------------------
@@ -250,68 +198,30 @@ class Trainer:
         self.data = load_text()
         self.gen = torch.Generator().manual_seed(args.seed + 1)
         self.model = GPT(args.d_model, args.layers, args.heads, args.seq)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        self.opt = make_optimizer(self.model, args.lr)
         total = (args.rounds * (args.iters + args.lead_in) + args.warmup) * len(MODES) + 1
-        warm = max(1, total // 20)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_cosine(total, max(1, total // 20)))
         self.it = 0
-        # One step so that AdamW's exp_avg / exp_avg_sq exist, then move all state into shm.
+        # One step first, so that AdamW's state exists when the Checkpointer moves the state
+        # into shared memory: every mode then runs on the same memory from the start.
         self.train_step(lambda: None)
-        self.names = {p: n for n, p in self.model.named_parameters()}
-        self.items, self.region = self._move_state_to_shm()
+        self.job = "torch-compare"
+        self.position = {"iteration": self.it}
+        self.ck = ckpt.torch.Checkpointer(str(daemon.sock), self.job, model=self.model, optimizer=self.opt,
+                                          scheduler=self.sched, extra_state=self.position)
         self.state_bytes = sum(t.numel() * t.element_size() for _, t in self.state_tensors())
         self.work = work
         (work / "torch_save").mkdir()
         (work / "dcp").mkdir()
         self.save_path = work / "torch_save" / "state.pt"
-        self.client = ckpt.Client.connect(str(daemon.sock))
-        self.job = "torch-compare"
-        self.registration = self.client.register_items(self.job, 0, 1, self.items)
         self.daemon = daemon
         self.dcp_future = None
         self.dcp_dirs: list[Path] = []
-        self.ckptd_pending = 0
         self.ckptd_last = 0
 
-    # -- state in shared memory ------------------------------------------------------------
     def state_tensors(self):
-        """(item name, tensor) for parameters and their AdamW moment tensors, in order."""
-        for n, p in self.model.named_parameters():
-            yield f"model.{n}", p.data
-            st = self.opt.state[p]
-            for k in ("exp_avg", "exp_avg_sq"):
-                yield f"optim.{n}.{k}", st[k]
-
-    def _move_state_to_shm(self):
-        layout, off = [], 0
-        for name, t in self.state_tensors():
-            layout.append((name, t, off))
-            off += (t.numel() * t.element_size() + 4095) // 4096 * 4096
-        region = ckpt.SharedRegion.create(off)
-        items, shm = [], {}
-        for name, t, o in layout:
-            shm[name] = torch.frombuffer(region, dtype=t.dtype, count=t.numel(), offset=o).view(t.shape)
-            shm[name].copy_(t)
-            items.append((name, TORCH_TO_CKPT[t.dtype], list(t.shape), region, o))
-        # Point the model and the optimizer at the shm tensors.
-        for n, p in self.model.named_parameters():
-            p.data = shm[f"model.{n}"]
-            for k in ("exp_avg", "exp_avg_sq"):
-                self.opt.state[p][k] = shm[f"optim.{n}.{k}"]
-        for name, t in self.state_tensors():
-            addr = t.data_ptr() - region.address
-            assert 0 <= addr < region.size, f"{name} is not in the shared region"
-        return items, region
-
-    def non_tensor_state(self):
-        """What the ckptd mode stores as a blob: step counters, param groups, scheduler."""
-        return {
-            "iteration": self.it,
-            "steps": {self.names[p]: float(self.opt.state[p]["step"]) for p in self.model.parameters()},
-            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
-            "sched": self.sched.state_dict(),
-        }
+        """(item name, tensor): parameters and optimizer state, as the Checkpointer registers them."""
+        return self.ck.tensors().items()
 
     # -- one iteration ----------------------------------------------------------------------
     def train_step(self, before_step):
@@ -341,12 +251,11 @@ class Trainer:
 
         def before_step():
             nonlocal stall
-            if mode == "ckptd" and self.ckptd_pending:
+            if mode == "ckptd" and self.ck.pending is not None:
                 t = time.perf_counter()
-                rec["wait_snapshot_reported_s"] = self.client.wait_snapshot(self.ckptd_pending)
+                rec["wait_snapshot_reported_s"] = self.ck.wait_snapshot()
                 rec["wait_snapshot_s"] = time.perf_counter() - t
                 stall += rec["wait_snapshot_s"]
-                self.ckptd_pending = 0
 
         loss, rec["fwd_bwd_s"], rec["step_s"] = self.train_step(before_step)
         if mode == "torch_save":
@@ -378,13 +287,11 @@ class Trainer:
             stall += t3 - t
         elif mode == "ckptd":
             t = time.perf_counter()
-            blob = pickle.dumps(self.non_tensor_state(), protocol=pickle.HIGHEST_PROTOCOL)
-            t1 = time.perf_counter()
-            self.client.snapshot(self.it, {"trainer": blob})
-            rec["blob_s"] = t1 - t
-            rec["snapshot_call_s"] = time.perf_counter() - t
-            stall += rec["snapshot_call_s"]
-            self.ckptd_pending = self.ckptd_last = self.it
+            self.position["iteration"] = self.it
+            self.ck.save(self.it)
+            rec["save_call_s"] = time.perf_counter() - t
+            stall += rec["save_call_s"]
+            self.ckptd_last = self.it
         rec.update(iteration=self.it, loss=loss, stall_s=stall, iter_s=time.perf_counter() - t_start)
         return rec
 
@@ -396,10 +303,8 @@ class Trainer:
             self.dcp_future.result()
             self.dcp_future = None
         if mode == "ckptd" and self.ckptd_last:
-            if self.ckptd_pending:
-                self.client.wait_snapshot(self.ckptd_pending)
-                self.ckptd_pending = 0
-            self.client.wait_durable(self.ckptd_last, ckpt.Level.COMMITTED)
+            self.ck.wait_snapshot()
+            self.ck.wait_durable(self.ckptd_last, ckpt.Level.COMMITTED)
         return time.perf_counter() - t
 
     def prune(self):
@@ -426,13 +331,20 @@ class Trainer:
     def verify(self, mode):
         """Reads `mode`'s newest checkpoint back and compares it with the trainer's state
         (called right after drain, when the state equals that checkpoint)."""
-        ref = {n: t.clone() for n, t in self.state_tensors()}
+        ref = {n: t.detach().clone() for n, t in self.state_tensors()}
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+
+        def by_item(model_sd, optim_state, key_of):
+            """The loaded tensors under the Checkpointer's item names."""
+            got = {f"model.{k}": v for k, v in model_sd.items()}
+            for i, p in enumerate(params):
+                for k, v in optim_state.get(key_of(i, p), {}).items():
+                    got[f"optim.state.{i}.{k}"] = v
+            return got
+
         if mode == "torch_save":
             loaded = torch.load(self.save_path, weights_only=True)
-            got = {f"model.{n}": loaded["model"][n] for n, _ in self.model.named_parameters()}
-            for i, (n, p) in enumerate(self.model.named_parameters()):
-                for k in ("exp_avg", "exp_avg_sq"):
-                    got[f"optim.{n}.{k}"] = loaded["optim"]["state"][i][k]
+            got = by_item(loaded["model"], loaded["optim"]["state"], lambda i, p: i)
             ok = loaded["iteration"] == self.it
         elif mode == "dcp_async":
             model_sd, optim_sd = get_state_dict(self.model, self.opt)
@@ -441,24 +353,26 @@ class Trainer:
                                           for n, st in optim_sd["state"].items()},
                                 "param_groups": optim_sd["param_groups"]}}
             dcp.load(target, checkpoint_id=str(self.dcp_dirs[-1]))
-            got = {f"model.{n}": target["model"][n] for n, _ in self.model.named_parameters()}
-            for n, _ in self.model.named_parameters():
-                for k in ("exp_avg", "exp_avg_sq"):
-                    got[f"optim.{n}.{k}"] = target["optim"]["state"][n][k]
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            got = by_item(target["model"], target["optim"]["state"], lambda i, p: names[id(p)])
             ok = True
         elif mode == "ckptd":
-            for _, t in self.state_tensors():
-                t.zero_()
+            with torch.no_grad():
+                for _, t in self.state_tensors():
+                    t.zero_()
             try:
-                version, blobs = self.client.restore(self.ckptd_last)
+                step = self.ck.load(self.ckptd_last)
             finally:
-                restored = {n: t.clone() for n, t in self.state_tensors()}
-                for n, t in self.state_tensors():
-                    t.copy_(ref[n])  # whatever happened, continue from the true state
-            got = restored
-            ok = version == self.ckptd_last and pickle.loads(blobs["trainer"])["iteration"] == self.it
+                with torch.no_grad():
+                    got = {n: t.clone() for n, t in self.state_tensors()}
+                    for n, t in self.state_tensors():
+                        t.copy_(ref[n])  # whatever happened, continue from the true state
+            ok = step == self.ckptd_last and self.position["iteration"] == self.it
         else:
             return None
+        if got.keys() != ref.keys():
+            print(f"verify {mode}: items {sorted(got.keys() ^ ref.keys())[:5]} differ", file=sys.stderr)
+            return False
         return ok and all(torch.equal(ref[n], got[n]) for n in ref)
 
 
@@ -485,7 +399,7 @@ def summarize(records, state_bytes):
         }
         p50 = s["stall_p50_s"]
         s["trainer_seen_gb_per_s"] = state_bytes / p50 / 1e9 if mode != "none" and p50 > 0 else None
-        for k in ("save_s", "wait_prev_s", "state_dict_s", "async_save_call_s", "blob_s", "snapshot_call_s",
+        for k in ("save_s", "wait_prev_s", "state_dict_s", "async_save_call_s", "save_call_s",
                   "wait_snapshot_s", "wait_snapshot_reported_s"):
             vals = [r[k] for r in rs if k in r]
             if vals:
@@ -523,9 +437,8 @@ def print_table(summary, verified):
     dc, ck = summary["dcp_async"], summary["ckptd"]
     print(f"dcp_async stall parts p50: wait previous {dc['wait_prev_p50_s'] * 1e3:.1f} ms, get_state_dict "
           f"{dc['state_dict_p50_s'] * 1e3:.1f} ms, async_save call {dc['async_save_call_p50_s'] * 1e3:.1f} ms")
-    print(f"ckptd stall parts p50: snapshot call {ck['snapshot_call_p50_s'] * 1e3:.2f} ms (of which pickling "
-          f"the blob {ck['blob_p50_s'] * 1e3:.2f} ms), wait_snapshot "
-          f"{ck.get('wait_snapshot_p50_s', float('nan')) * 1e3:.2f} ms")
+    print(f"ckptd stall parts p50: save call {ck['save_call_p50_s'] * 1e3:.2f} ms (checks, pickling the "
+          f"non-tensor state, snapshot request), wait_snapshot {ck.get('wait_snapshot_p50_s', float('nan')) * 1e3:.2f} ms")
 
 
 def report(result):
@@ -597,7 +510,7 @@ def main():
         nparams = sum(p.numel() for p in trainer.model.parameters())
         print(f"model: {args.layers} layers, d_model {args.d_model}, {nparams / 1e6:.2f} M parameters; "
               f"batch {args.batch} x {args.seq} bytes; checkpointed state (params + AdamW moments) "
-              f"{trainer.state_bytes / 2**20:.1f} MiB in shm region {trainer.region.name}")
+              f"{trainer.state_bytes / 2**20:.1f} MiB in {len(trainer.ck.items)} tensor items (shared memory)")
         need = 4 * trainer.state_bytes * (args.iters + 2)
         if free < need:
             sys.exit(f"torch_compare: {work} has {free / 2**30:.1f} GiB free, needs ~{need / 2**30:.1f} GiB")
@@ -663,9 +576,11 @@ def main():
         if trainer is not None:
             try:
                 trainer.drain("dcp_async")
-                trainer.client.unregister()
+                trainer.ck.close()
             except Exception as e:  # report, but still clean up
                 print(f"cleanup: {e}", file=sys.stderr)
+            trainer = None
+            gc.collect()  # drops the client: a daemon with a client connected takes 5 s to stop
         if dist.is_initialized():
             dist.destroy_process_group()
         if daemon is not None:

@@ -1,0 +1,394 @@
+"""ckpt.torch.Checkpointer against a real ckptd: tensors moved into shared memory once, lazy
+optimizer state, the automatic wait before the update, in-place restore (also into fresh
+objects, as after a restart), rollback, the daemon-less loader, and clear errors on bad use.
+
+Uses conftest's `daemon` fixture (a ckptd on a fresh root and socket)."""
+
+import gc
+import pickle
+import random
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ckpt = pytest.importorskip("ckpt")
+import ckpt.torch as ct  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clients_gone_before_daemons_stop(start_daemon):
+    """A ckptd asked to stop waits (5 s) for connected clients; tests drop theirs first.
+    (Set up after start_daemon, so torn down before it stops the daemons.)"""
+    yield
+    gc.collect()
+
+
+class Counter:
+    """Some object of the trainer with state_dict()/load_state_dict()."""
+
+    def __init__(self):
+        self.n = 0
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, sd):
+        self.n = sd["n"]
+
+
+def make(seed=0, hidden=8, scheduler=True):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.LayerNorm(hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, 2))
+    opt = torch.optim.AdamW([{"params": [model[0].weight, model[3].weight], "weight_decay": 0.1},
+                             {"params": [model[0].bias, model[1].weight, model[1].bias, model[3].bias],
+                              "weight_decay": 0.0}], lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)) if scheduler else None
+    return model, opt, sched
+
+
+def train_step(model, opt, sched, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 4, generator=g)
+    loss = (model(x) + 0.01 * torch.randn(16, 2)).pow(2).mean()  # the global RNG matters too
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
+    return loss.item()
+
+
+def state_of(model, opt):
+    """Clones of every tensor that is checkpointed, by item name, plus the optimizer's groups."""
+    out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        for k, v in opt.state.get(p, {}).items():
+            out[f"optim.state.{i}.{k}"] = v.clone() if torch.is_tensor(v) else v
+    out["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return out
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if torch.is_tensor(a[k]):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def in_regions(ck, t):
+    return any(r.address <= t.data_ptr() < r.address + r.size for r in ck._regions)
+
+
+def test_setup_moves_state_into_shared_memory_keeping_identity(daemon):
+    model, opt, sched = make()
+    params = list(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with ct.Checkpointer(daemon.socket, "identity", model=model, optimizer=opt, scheduler=sched) as ck:
+        assert [p for p in model.parameters()] == params and all(a is b for a, b in zip(model.parameters(), params))
+        assert all(p is q for p, q in zip([p for g in opt.param_groups for p in g["params"]],
+                                          [model[0].weight, model[3].weight, model[0].bias, model[1].weight,
+                                           model[1].bias, model[3].bias]))
+        assert all(in_regions(ck, p) for p in params)
+        assert_same({k: v for k, v in model.state_dict().items()}, before)
+        assert [n for n, _, _ in ck.items] == [f"model.{k}" for k in before]
+        assert ck.registration.item_count == len(before)
+
+        # AdamW's state appears at the first step: the next save moves it and registers again.
+        train_step(model, opt, sched, 1)
+        ck.save(1)
+        names = [n for n, _, _ in ck.items]
+        assert len(names) == len(before) + 3 * len(params), names
+        assert ck.registration.item_count == len(names)
+        for p in params:
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                assert in_regions(ck, opt.state[p][k]), k
+        regions = len(ck._regions)
+        for step in range(2, 5):  # nothing new: no more regions, no re-registration
+            train_step(model, opt, sched, step)
+            ck.save(step)
+        assert len(ck._regions) == regions
+        ck.wait_durable()
+        shard = ckpt.load_version(daemon.root, "identity", 4, rank=0)
+        for name, t in state_of(model, opt).items():
+            if name != "groups":
+                assert torch.equal(shard.tensors[name], t), name
+
+
+def test_the_wait_before_the_update_is_automatic(daemon):
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(daemon.socket, "auto-wait", model=model, optimizer=opt)
+    # A scheduler created after the Checkpointer wraps optimizer.step again (torch 1.x): it
+    # must neither warn nor lose the wait.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 ** s)
+        for step in range(1, 4):
+            train_step(model, opt, sched, step)
+            ck.save(step)
+            assert ck.pending == step
+            model(torch.zeros(1, 4))  # forward does not wait ...
+            assert ck.pending == step
+            opt.step()  # ... the update does
+            assert ck.pending is None
+    assert ck.total_stall_s >= 0
+    ck.close()
+    ck._pending = 1  # even with a version pending, a closed Checkpointer no longer waits
+    opt.step()
+
+
+def test_save_then_load_restores_everything_in_place_and_rolls_back(daemon):
+    model, opt, sched = make()
+    data = {"epoch": 0, "position": 0}
+    counter = Counter()
+    ck = ct.Checkpointer(daemon.socket, "inplace", model=model, optimizer=opt, scheduler=sched,
+                         extra_state=data, counter=counter)
+    snaps = {}
+    for step in range(1, 5):
+        train_step(model, opt, sched, step)
+        counter.n += 1
+        data["position"] += 16
+        ck.save(step)
+        snaps[step] = (state_of(model, opt), sched.state_dict(), dict(data), counter.state_dict(),
+                       torch.get_rng_state().clone(), random.getstate())
+    ck.wait_durable()
+    objects = list(model.parameters())
+    assert ck.load("latest") == 4
+    assert_same(state_of(model, opt), snaps[4][0])
+    assert ck.load(2) == 2  # a rollback: version 3 and 4 are set aside
+    st, sched_sd, data_sd, counter_sd, rng, pyrng = snaps[2]
+    assert_same(state_of(model, opt), st)
+    assert sched.state_dict() == sched_sd and data == data_sd and counter.state_dict() == counter_sd
+    assert torch.equal(torch.get_rng_state(), rng) and random.getstate() == pyrng
+    assert all(a is b for a, b in zip(model.parameters(), objects))
+    assert all(in_regions(ck, p) for p in objects)
+    # Training goes on from step 2: step 3 again gives the loss it gave the first time.
+    torch.set_rng_state(rng)
+    loss3 = train_step(model, opt, sched, 3)
+    ck.save(3)
+    assert_same(state_of(model, opt), snaps[3][0])
+    ck.wait_durable()
+    assert ckpt.list_versions(daemon.root, "inplace") == [1, 2, 3]
+    assert isinstance(loss3, float)
+    ck.close()
+
+
+def test_fresh_objects_resume_bit_exact(daemon):
+    """What a restarted trainer does: new objects (other initial values, no optimizer state),
+    load('latest'), continue: the same numbers as the run that never stopped."""
+    model, opt, sched = make(seed=0)
+    ck = ct.Checkpointer(daemon.socket, "fresh", model=model, optimizer=opt, scheduler=sched)
+    for step in range(1, 4):
+        train_step(model, opt, sched, 100 + step)
+        ck.save(step)
+    ck.wait_durable()
+    ck.close()
+    rng = torch.get_rng_state()
+    reference = [train_step(model, opt, sched, 100 + step) for step in range(4, 7)]
+    expected = state_of(model, opt)
+
+    model2, opt2, sched2 = make(seed=1)
+    assert not opt2.state
+    ck2 = ct.Checkpointer(daemon.socket, "fresh", model=model2, optimizer=opt2, scheduler=sched2)
+    torch.manual_seed(12345)  # the restore must bring the RNG back
+    assert ck2.load("latest") == 3
+    assert torch.equal(torch.get_rng_state(), rng)
+    for p in opt2.param_groups[0]["params"]:
+        assert in_regions(ck2, opt2.state[p]["exp_avg"])
+    resumed = [train_step(model2, opt2, sched2, 100 + step) for step in range(4, 7)]
+    assert [x.hex() for x in resumed] == [x.hex() for x in reference]
+    assert_same(state_of(model2, opt2), expected)
+    ck2.close()
+
+
+def test_tied_weights_are_one_item(daemon):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+    torch.manual_seed(3)
+    model = Tied()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ck = ct.Checkpointer(daemon.socket, "tied", model=model, optimizer=opt)
+    assert [n for n, _, _ in ck.items] == ["model.emb.weight"]
+    assert model.head.weight is model.emb.weight
+    loss = model.head(model.emb(torch.tensor([1, 2, 3]))).sum()
+    loss.backward()
+    opt.step()
+    ck.save(1)
+    ck.wait_durable()
+    saved = model.emb.weight.detach().clone()
+    with torch.no_grad():
+        model.emb.weight.zero_()
+    ck.load(1)
+    assert torch.equal(model.head.weight, saved) and model.head.weight is model.emb.weight
+    ck.close()
+    loaded = ct.load_checkpoint(daemon.root, "tied")
+    assert loaded["model"].keys() == {"emb.weight", "head.weight"}
+    assert torch.equal(loaded["model"]["head.weight"], saved)
+
+
+def test_load_checkpoint_without_daemon(daemon):
+    model, opt, sched = make()
+    data = {"position": 7}
+    ck = ct.Checkpointer(daemon.socket, "offline", model=model, optimizer=opt, scheduler=sched, extra_state=data)
+    for step in range(1, 3):
+        train_step(model, opt, sched, step)
+        data["position"] += 1
+        ck.save(step)
+    ck.wait_durable()
+    ck.close()
+    expected = state_of(model, opt)
+    del ck
+    gc.collect()  # no client left: the daemon stops at once
+    assert daemon.stop() == 0
+
+    loaded = ct.load_checkpoint(daemon.root, "offline")
+    assert loaded["step"] == 2 and loaded["extra_state"] == {"position": 9}
+    model2, opt2, sched2 = make(seed=5)
+    model2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["optimizer"])
+    sched2.load_state_dict(loaded["scheduler"])
+    assert_same(state_of(model2, opt2), expected)
+    assert sched2.state_dict() == sched.state_dict()
+    assert ct.load_checkpoint(daemon.root, "offline", 1)["step"] == 1
+    with pytest.raises(ckpt.VersionNotFoundError):
+        ct.load_checkpoint(daemon.root, "offline", 9)
+
+
+# -- bad use -----------------------------------------------------------------------------
+
+
+def test_non_contiguous_tensor_is_refused(daemon):
+    model, opt, _ = make(scheduler=False)
+    model[0].weight.data = model[0].weight.data.t().contiguous().t()  # same shape, transposed strides
+    with pytest.raises(ct.UnsupportedTensorError, match=r"model\.0\.weight: tensor is not contiguous"):
+        ct.Checkpointer(daemon.socket, "noncontig", model=model, optimizer=opt)
+
+
+def test_non_contiguous_state_appearing_later_is_refused_at_save(daemon):
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(daemon.socket, "noncontig2", model=model, optimizer=opt)
+    p = model[0].weight
+    opt.state[p]["extra"] = torch.zeros(8, 4).t()
+    with pytest.raises(ct.UnsupportedTensorError, match=r"optim\.state\.0\.extra: tensor is not contiguous"):
+        ck.save(1)
+    ck.close()
+
+
+def test_tensor_on_unsupported_device_is_refused(daemon):
+    model = torch.nn.Linear(4, 4, device="meta")
+    with pytest.raises(ct.UnsupportedTensorError, match=r"model\.weight: tensor on device 'meta' is not supported"):
+        ct.Checkpointer(daemon.socket, "meta", model=model)
+
+
+def test_unsupported_dtype_and_shared_storage_are_refused(daemon):
+    class Odd(torch.nn.Module):
+        def __init__(self, buf):
+            super().__init__()
+            self.register_buffer("z", buf)
+
+    with pytest.raises(ct.UnsupportedTensorError, match=r"model\.z: dtype torch\.complex64"):
+        ct.Checkpointer(daemon.socket, "complex", model=Odd(torch.zeros(3, dtype=torch.complex64)))
+    flat = torch.zeros(8)
+    shared = torch.nn.Module()
+    shared.register_buffer("a", flat[:4])
+    shared.register_buffer("b", flat[4:])
+    with pytest.raises(ct.UnsupportedTensorError, match="share memory"):
+        ct.Checkpointer(daemon.socket, "shared", model=shared)
+
+
+def test_loading_a_version_that_does_not_exist(daemon):
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(daemon.socket, "missing", model=model, optimizer=opt)
+    with pytest.raises(ckpt.VersionNotFoundError, match="job 'missing' has no committed version"):
+        ck.load("latest")
+    train_step(model, opt, None, 1)
+    ck.save(1)
+    ck.wait_durable()
+    with pytest.raises(ckpt.VersionNotFoundError, match=r"version 7 of job 'missing'.*newest committed: 1"):
+        ck.load(7)
+    with pytest.raises(ValueError, match="positive int"):
+        ck.load(0)
+    assert ck.load("latest") == 1
+    ck.close()
+
+
+def test_state_whose_shapes_do_not_match_the_checkpoint(daemon):
+    model, opt, _ = make(hidden=8, scheduler=False)
+    ck = ct.Checkpointer(daemon.socket, "shapes", model=model, optimizer=opt)
+    train_step(model, opt, None, 1)
+    ck.save(1)
+    ck.wait_durable()
+    ck.close()
+    model2, opt2, _ = make(hidden=16, scheduler=False)
+    ck2 = ct.Checkpointer(daemon.socket, "shapes", model=model2, optimizer=opt2)
+    with pytest.raises(ct.StateMismatchError, match=r"model\.0\.weight is F32 \[16, 4\] here but F32 \[8, 4\] "
+                                                    r"in the checkpoint"):
+        ck2.load("latest")
+    ck2.close()
+    # A model with an extra layer: named too.
+    model3 = torch.nn.Sequential(*make(hidden=8)[0], torch.nn.Linear(2, 2))
+    ck3 = ct.Checkpointer(daemon.socket, "shapes", model=model3)
+    with pytest.raises(ct.StateMismatchError, match=r"model\.4\.weight \(F32 \[2, 2\]\) is not in the checkpoint"):
+        ck3.load(1)
+    ck3.close()
+
+
+def test_blob_is_plain_pickle_of_the_non_tensor_state(daemon):
+    model, opt, sched = make()
+    ck = ct.Checkpointer(daemon.socket, "blob", model=model, optimizer=opt, scheduler=sched, extra_state={"k": 1})
+    train_step(model, opt, sched, 1)
+    ck.save(1)
+    ck.wait_durable()
+    ck.close()
+    shard = ckpt.load_version(daemon.root, "blob", 1, rank=0)
+    state = pickle.loads(shard.blobs[ct.BLOB])
+    assert state["step"] == 1 and state["extra_state"] == {"k": 1}
+    assert [g["weight_decay"] for g in state["optimizer"]["param_groups"]] == [0.1, 0.0]
+    assert state["scheduler"]["last_epoch"] == 1
+    assert {"python", "torch"} <= set(state["rng"])
+
+
+def test_models_whose_forward_changes_buffers_wait_before_forward(daemon):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = ct.Checkpointer(daemon.socket, "batchnorm", model=model, optimizer=opt)
+    assert ck.wait_before == "forward"
+    assert "model.1.running_mean" in ck.tensors()
+    train_step(model, opt, None, 1)
+    ck.save(1)
+    saved = model[1].running_mean.clone()
+    model(torch.randn(16, 4))  # updates running_mean: must wait for the snapshot first
+    assert ck.pending is None and not torch.equal(model[1].running_mean, saved)
+    ck.wait_durable()
+    shard = ckpt.load_version(daemon.root, "batchnorm", 1, rank=0)
+    assert torch.equal(shard.tensors["model.1.running_mean"], saved)
+    ck.close()
+
+
+def test_two_ranks_commit_together_and_each_restores_its_own_shard(daemon):
+    ranks = []
+    for rank in range(2):
+        model, opt, sched = make(seed=rank)
+        ranks.append((model, opt, sched, ct.Checkpointer(daemon.socket, "two-ranks", rank=rank, world_size=2,
+                                                         model=model, optimizer=opt, scheduler=sched)))
+    for model, opt, sched, ck in ranks:
+        train_step(model, opt, sched, 1)
+        ck.save(1)
+    ranks[0][3].wait_durable(1, ckpt.Level.COMMITTED, timeout=60)
+    expected = [state_of(model, opt) for model, opt, _, _ in ranks]
+    for model, opt, sched, ck in ranks:
+        train_step(model, opt, sched, 2)  # not saved
+    for (model, opt, _, ck), want in zip(ranks, expected):
+        assert ck.load("latest") == 1
+        assert_same(state_of(model, opt), want)
+        ck.close()
