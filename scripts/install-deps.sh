@@ -10,7 +10,7 @@ packages=(
   libxxhash-dev libcli11-dev nlohmann-json3-dev
   python3 fio procps
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.
-  pybind11-dev python3-dev python3-torch python3-pytest python3-numpy
+  pybind11-dev python3-dev python3-torch python3-pytest python3-numpy python3-pip
 )
 
 missing=()
