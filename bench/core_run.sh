@@ -29,19 +29,15 @@ ninja -C "$build" ckptd ckptctl ckpt-toy-trainer >/dev/null
 mkdir -p "$dir" "$(dirname "$out")"
 work="$(mktemp -d "$dir/run-XXXXXX")"
 trap 'kill "${daemon:-0}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+. "$here/bench/limits.sh"
 
-fio_mbps() {  # rw=write|read: sequential O_DIRECT, 16 MiB blocks, 4 in flight, 2 GiB
-  fio --name=limit --directory="$work" --filename=fio.dat --rw="$1" --direct=1 --bs=16M \
-      --ioengine=libaio --iodepth=4 --size=2G --numjobs=1 --output-format=json 2>/dev/null |
-    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; print(round(j['$1']['bw_bytes']/1e6, 1))"
-}
 echo "== storage limit of $dir (fio, O_DIRECT, 16 MiB blocks, iodepth 4)"
-write_mbps=$(fio_mbps write)
-read_mbps=$(fio_mbps read)
+write_mbps=$(fio_mbps "$work" write)
+read_mbps=$(fio_mbps "$work" read)
 rm -f "$work/fio.dat"
 echo "   write $write_mbps MB/s, read $read_mbps MB/s"
 if [ -z "$compute_ms" ]; then
-  compute_ms=$(python3 -c "print(int($state_mib * 1.048576 / $write_mbps * 1000 * 1.2) + 1)")
+  compute_ms=$(compute_ms_for "$state_mib" "$write_mbps")
 fi
 
 mkfifo "$work/ready"

@@ -9,6 +9,8 @@ packages=(
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev
   python3 fio procps
+  # bench/run.sh plots its results with matplotlib.
+  python3-matplotlib
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.
   pybind11-dev python3-dev python3-torch python3-pytest python3-numpy python3-pip
 )
