@@ -25,6 +25,7 @@
 // the base of its allocation and items at offsets inside one are exercised.
 //
 // Exit codes: 0 success, 2 error (CUDA or daemon), 3 restored state wrong, 4 no CUDA device.
+#include "trainer_stats.h"  // beside this file
 #include <ckpt/client.h>
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -109,14 +110,8 @@ std::uint64_t Mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  std::size_t i = static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+using ckpt::examples::Ms;
+using ckpt::examples::Percentile;
 
 // The synthetic model state: where each tensor lives and what it holds at each version.
 class GpuState {

@@ -21,6 +21,7 @@
 // snapshot call plus the wait before the next update, for sync the write and fsync, for
 // staged the wait for the previous write plus the copy. sync and staged write raw files
 // (the tensors back to back, no header, no checksums) to --dir, keeping the last two.
+#include "trainer_stats.h"  // beside this file
 #include <ckpt/client.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -68,14 +69,8 @@ std::size_t FirstMismatch(const std::uint64_t* words, std::size_t n, std::uint32
   return n;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  std::size_t i = static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+using ckpt::examples::Ms;
+using ckpt::examples::Percentile;
 
 enum class Strategy { kNone, kSync, kStaged, kLazy };
 
