@@ -60,7 +60,7 @@ def main():
         if m["strategy"] == "none":
             baseline[key] = iter_mean
         base = baseline.get(key)
-        flush = restore = rss = None
+        flush = restore = rss = adjacent = None
         if m["strategy"] in ("sync", "staged"):
             slowest = worst(ranks, "flush_ms_p50")
             flush = state_bytes / 1e6 / (slowest / 1000) if slowest else None
@@ -69,6 +69,8 @@ def main():
             restored = [load(os.path.join(res, f"{m['id']}-restore-r{r}.json")) for r in range(m["ranks"])]
             slowest = worst(restored, "restore_ms")
             restore = state_bytes / 1e6 / (slowest / 1000) if slowest else None
+            fio_path = os.path.join(res, f"{m['id']}.fio.json")
+            adjacent = load(fio_path) if os.path.exists(fio_path) else None
             with open(os.path.join(res, f"{m['id']}.rss_kib")) as f:
                 rss = int(f.read()) / 1024
         runs.append({
@@ -78,6 +80,8 @@ def main():
             "overhead_pct": 100 * (iter_mean - base) / base if base else None,
             "trainer_visible_GBps": state_bytes / 1e9 / (stall_p50 / 1000) if stall_p50 else None,
             "flush_MBps": flush, "restore_MBps": restore, "daemon_peak_rss_MB": rss,
+            # fio measured again just before this run (lazy only): the disk drifts.
+            "fio_adjacent": adjacent,
         })
 
     result = {
@@ -101,10 +105,13 @@ def main():
     def frac(v, limit):
         return "" if v is None else f" ({100 * v / limit:.0f}%)"
 
+    def adj(v, adjacent, key):
+        return "" if v is None or not adjacent else f" [{100 * v / adjacent[key]:.0f}% adj]"
+
     print(f"== results (limits: fio write {limits['write_MBps']:.0f} MB/s, read {limits['read_MBps']:.0f} MB/s, "
           f"memcpy {limits['memcpy_GBps']:.1f} GB/s; compute phase {runs[0]['compute']['mode'] if runs else '-'})")
     head = ("strategy", "state", "ranks", "every", "compute", "iters", "stall p50", "stall p99", "iter p50",
-            "overhead", "visible", "flush MB/s (fio)", "restore MB/s (fio)", "RSS MB")
+            "overhead", "visible", "flush MB/s (of fio at start) [adjacent fio]", "restore MB/s (...)", "RSS MB")
     rows = [head]
     for r in runs:
         rows.append((
@@ -112,8 +119,10 @@ def main():
             f"{r['compute']['ms']} ms", str(r["iters"]), num(r["stall_ms_p50"], ".2f") + " ms",
             num(r["stall_ms_p99"], ".2f") + " ms", num(r["iter_ms_p50"], ".0f") + " ms",
             num(r["overhead_pct"], "+.1f") + " %", num(r["trainer_visible_GBps"], ".2f") + " GB/s",
-            num(r["flush_MBps"], ".0f") + frac(r["flush_MBps"], limits["write_MBps"]),
-            num(r["restore_MBps"], ".0f") + frac(r["restore_MBps"], limits["read_MBps"]),
+            num(r["flush_MBps"], ".0f") + frac(r["flush_MBps"], limits["write_MBps"])
+            + adj(r["flush_MBps"], r["fio_adjacent"], "write_MBps"),
+            num(r["restore_MBps"], ".0f") + frac(r["restore_MBps"], limits["read_MBps"])
+            + adj(r["restore_MBps"], r["fio_adjacent"], "read_MBps"),
             num(r["daemon_peak_rss_MB"], ".0f")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for i, row in enumerate(rows):

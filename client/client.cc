@@ -460,6 +460,7 @@ RestoreResult Client::restore(std::optional<std::uint64_t> version) {
   RestoreResult out;
   out.version = rep.version();
   out.tensor_bytes = rep.tensor_bytes();
+  out.tier = rep.tier();
   for (const auto& b : rep.blobs()) out.blobs.push_back(Blob{b.name(), b.data()});
   return out;
 }

@@ -17,8 +17,9 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 
 }  // namespace
 
-Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last)
-    : storage_(std::move(storage)), root_(std::move(root)), keep_last_(keep_last) {}
+Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last,
+                 std::uint32_t keep_every)
+    : storage_(std::move(storage)), root_(std::move(root)), keep_last_(keep_last), keep_every_(keep_every) {}
 
 std::string Catalog::JobDir(const std::string& job) const { return root_ + "/" + job; }
 
@@ -47,16 +48,16 @@ Status Catalog::RecoverJob(const std::string& job) {
   if (!names.ok()) return Status::Ok();  // vanished meanwhile: nothing to recover
   int removed = 0;
   for (const auto& name : names.value()) {
-    if (EndsWith(name, kTmpSuffix)) {
+    if (EndsWith(name, TmpSuffix())) {
       if (Status s = storage_->Remove(dir + "/" + name); !s.ok()) return s;
       ++removed;
       continue;
     }
-    if (!ParseVersionDirName(name)) continue;
+    if (!ParseVersionDirName(name) && name != kRanksDir) continue;
     auto files = storage_->List(dir + "/" + name);
     if (!files.ok()) continue;
     for (const auto& f : files.value()) {
-      if (EndsWith(f, kTmpSuffix)) {
+      if (EndsWith(f, TmpSuffix())) {
         if (Status s = storage_->Remove(dir + "/" + name + "/" + f); !s.ok()) return s;
         ++removed;
       }
@@ -119,8 +120,28 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
     *committed = true;
     return Status::Ok();
   }
+  if (version < Latest(job)) return Status::Ok();  // a newer version is committed: too late
+  // Cheap check first (one listing), then the markers' contents, then the registrations.
+  auto names = storage_->List(dir);
+  if (!names.ok()) return Status::Ok();
+  std::uint32_t done = 0;
+  for (const auto& n : names.value()) {
+    if (n.size() == DoneFileName(0).size() && n.starts_with("rank-") && EndsWith(n, ".done")) ++done;
+  }
+  if (done < world_size) return Status::Ok();
+  std::vector<std::string> writers(world_size);
   for (std::uint32_t r = 0; r < world_size; ++r) {
-    if (!storage_->Exists(dir + "/" + ShardFileName(r))) return Status::Ok();
+    auto text = storage_->ReadSmallFile(dir + "/" + DoneFileName(r));
+    if (!text.ok()) return Status::Ok();
+    writers[r] = text.value();
+  }
+  for (std::uint32_t r = 0; r < world_size; ++r) {
+    auto current = storage_->ReadSmallFile(JobDir(job) + "/" + std::string(kRanksDir) + "/" + RankFileName(r));
+    if (!current.ok() || current.value() != writers[r]) {
+      spdlog::debug("job {} version {}: rank {}'s shard is from an earlier registration; not committed", job,
+                    version, r);
+      return Status::Ok();
+    }
   }
   std::string content = "{\"job\":\"" + job + "\",\"version\":" + std::to_string(version) +
                         ",\"world_size\":" + std::to_string(world_size) +
@@ -145,6 +166,9 @@ Status Catalog::ApplyRetention(const std::string& job) {
   }
   if (committed.size() <= keep_last_) return Status::Ok();
   committed.resize(committed.size() - keep_last_);  // the ones to delete, oldest first
+  if (keep_every_ > 0) {
+    std::erase_if(committed, [&](std::uint64_t v) { return v % keep_every_ == 0; });
+  }
   for (std::uint64_t v : committed) {
     if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
     std::string dir = VersionDir(job, v);
@@ -170,6 +194,37 @@ std::uint64_t Catalog::Latest(const std::string& job) {
   std::uint64_t v = ScanLatest(job);
   std::lock_guard lock(latest_mu_);
   return latest_.emplace(job, v).first->second;
+}
+
+Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank,
+                                      const std::string& registration) {
+  std::string dir = JobDir(job) + "/" + std::string(kRanksDir);
+  if (Status s = storage_->MakeDirs(dir); !s.ok()) return s;
+  return storage_->WriteFileAtomic(dir + "/" + RankFileName(rank), registration);
+}
+
+Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                const std::string& registration) {
+  return storage_->WriteFileAtomic(VersionDir(job, version) + "/" + DoneFileName(rank), registration);
+}
+
+bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                            const std::string& registration) {
+  auto text = storage_->ReadSmallFile(VersionDir(job, version) + "/" + DoneFileName(rank));
+  return text.ok() && text.value() == registration;
+}
+
+void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(latest_mu_);
+  auto& v = latest_[job];
+  v = std::max(v, version);
+}
+
+std::uint64_t Catalog::RefreshLatest(const std::string& job) {
+  std::uint64_t v = ScanLatest(job);
+  std::lock_guard lock(latest_mu_);
+  latest_[job] = v;
+  return v;
 }
 
 bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
@@ -227,7 +282,11 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     for (int n = 1; storage_->Exists(target); ++n) {
       target = aside + "/" + VersionDirName(e.version) + "." + std::to_string(n);
     }
-    if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) return s;
+    if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) {
+      // The daemon of another node rolling back the same job moved it first.
+      if (!storage_->Exists(VersionDir(job, e.version))) continue;
+      return s;
+    }
     ++moved;
   }
   if (moved > 0) {
@@ -236,6 +295,11 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (Status s = WriteLatest(job, version); !s.ok()) return s;
     std::lock_guard cache(latest_mu_);
     latest_[job] = version;
+  } else {
+    // Another node's daemon set them aside: follow.
+    std::uint64_t v = ScanLatest(job);
+    std::lock_guard cache(latest_mu_);
+    latest_[job] = v;
   }
   return moved;
 }

@@ -1,10 +1,18 @@
-// Catalog: the daemon's view of the checkpoint tree on storage, and the commit stage.
+// Catalog: the daemon's view of the checkpoint tree on the persistent tier (shared by all
+// nodes of a job), and the commit stage.
 //
-// In: durable shards (from the flush engine). Out: COMMITTED markers and `latest`, written
-// once every rank 0..world_size-1 of a version has a durable shard in the version's
-// directory. Readers trust only committed versions. At start, Recover() removes *.tmp
-// leftovers and rewrites any `latest` that does not name the newest committed version.
-// Thread-safe.
+// Commit across daemons uses only the shared directory. Each daemon, once a shard of one of
+// its ranks is durable in VERSION/, writes VERSION/rank-R.done holding the registration
+// that wrote it; each registration of a rank (a trainer process, or a restore) writes its
+// id to JOB/ranks/rank-R first. The daemon serving rank 0 writes COMMITTED, then `latest`,
+// once every rank 0..world_size-1 has a done marker naming the rank's current registration:
+// a shard left by an earlier run (a crash before its version committed) never completes a
+// version of this run. Markers are read before registrations, so a version whose shards
+// all come from one run commits even if the next run starts meanwhile, and a mixed one never
+// does (a rank of the new run snapshots only after every rank has registered, since a
+// training step needs all ranks). Readers trust only committed versions. At start,
+// Recover() removes *.tmp leftovers and rewrites any `latest` that does not name the newest
+// committed version. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +37,9 @@ struct VersionEntry {
 class Catalog {
  public:
   // `keep_last` > 0: after each commit, delete committed versions older than the newest
-  // `keep_last` ones.
-  Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0);
+  // `keep_last` ones, except multiples of `keep_every` (if > 0).
+  Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0,
+          std::uint32_t keep_every = 0);
 
   const std::string& root() const { return root_; }
   std::string JobDir(const std::string& job) const;
@@ -41,9 +50,22 @@ class Catalog {
   Status Recover();
   // Creates the version's directory (and the job's), durably.
   Status PrepareVersionDir(const std::string& job, std::uint64_t version);
-  // Commits the version if every rank has a durable shard; sets *committed accordingly.
+  // Commits the version if every rank has a done marker of its current registration; sets
+  // *committed accordingly. A version older than the newest committed one is not committed.
   Status CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                           bool* committed);
+  // Records `registration` as the current one of (job, rank), durably.
+  Status WriteRankRegistration(const std::string& job, std::uint32_t rank, const std::string& registration);
+  // Records that rank's shard of the version is durable here, written by `registration`.
+  Status WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                         const std::string& registration);
+  // Whether the done marker of (job, version, rank) exists and names `registration`.
+  bool HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                     const std::string& registration);
+  // Another daemon committed `version`: the cached `latest` follows.
+  void NoteCommitted(const std::string& job, std::uint64_t version);
+  // Rescans the job for its newest committed version (another daemon may have committed).
+  std::uint64_t RefreshLatest(const std::string& job);
   // Newest committed version of the job, 0 if none.
   std::uint64_t Latest(const std::string& job);
   bool IsCommitted(const std::string& job, std::uint64_t version);
@@ -65,6 +87,7 @@ class Catalog {
   std::shared_ptr<Storage> storage_;
   std::string root_;
   std::uint32_t keep_last_;
+  std::uint32_t keep_every_;
   // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;
   // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
   // commit's disk flushes.

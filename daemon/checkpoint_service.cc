@@ -54,6 +54,7 @@ v1::Level ToProto(ShardLevel l) {
   switch (l) {
     case ShardLevel::kCopying: return v1::LEVEL_UNSPECIFIED;
     case ShardLevel::kCaptured: return v1::LEVEL_CAPTURED;
+    case ShardLevel::kLocal: return v1::LEVEL_LOCAL;
     case ShardLevel::kDurable: return v1::LEVEL_DURABLE;
     case ShardLevel::kCommitted: return v1::LEVEL_COMMITTED;
   }
@@ -101,7 +102,10 @@ struct CheckpointService::Session {
   std::uint64_t tensor_bytes = 0;
 
   std::mutex mu;  // serialises this session's calls that change its state (below)
-  std::uint64_t epoch = 0;
+  // The rank's current registration id (session id and a counter bumped by each restore),
+  // written to the persistent tier and into every shard: see Catalog.
+  std::string registration;
+  std::uint64_t registrations = 0;
   std::uint64_t last_version = 0;
   std::map<std::uint64_t, std::shared_ptr<ShardJob>> shards;
   // Guarded by failures_mu, not mu: engine threads record failures here and must never
@@ -120,7 +124,7 @@ Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
   svc->backend_ = std::move(backend);
   svc->no_backend_reason_ = std::move(no_backend_reason);
   svc->peers_ = peers;
-  svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root, config.keep_last);
+  svc->catalog_ = std::make_unique<Catalog>(svc->storage_, config.root, config.keep_last, config.keep_every);
   if (ckpt::Status s = svc->catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config.root);
   bool direct_ok = svc->storage_->SupportsDirectIo(config.root);
   switch (config.direct_io) {
@@ -131,6 +135,18 @@ Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
     case DirectIoMode::kOff: svc->direct_io_ = false; break;
     case DirectIoMode::kAuto: svc->direct_io_ = direct_ok; break;
   }
+  if (!config.local_dir.empty()) {
+    svc->local_root_ = config.local_dir;
+    // Only *.tmp leftovers to remove: the local tier has no COMMITTED or latest of its own.
+    Catalog local(svc->storage_, config.local_dir);
+    if (ckpt::Status s = local.Recover(); !s.ok()) return s.With("local tier " + config.local_dir);
+    bool local_direct = svc->storage_->SupportsDirectIo(config.local_dir);
+    if (config.direct_io == DirectIoMode::kOn && !local_direct) {
+      return FailedPrecondition(config.local_dir + " does not accept O_DIRECT writes (--direct-io on)");
+    }
+    svc->local_direct_io_ = config.direct_io != DirectIoMode::kOff && local_direct;
+  }
+  svc->memory_ = std::make_unique<MemoryTier>(config.memory_bytes(), config.memory_versions);
   auto pool = HostPool::Create(config.pool_bytes(), config.chunk_bytes());
   if (!pool.ok()) return pool.status();
   svc->pool_ = std::move(pool).value();
@@ -149,14 +165,27 @@ Result<std::unique_ptr<CheckpointService>> CheckpointService::Create(
   svc->flush_ = std::make_unique<FlushEngine>(
       svc->storage_, *svc->pool_, config.writers,
       [self](const std::shared_ptr<ShardJob>& s) { self->OnDurable(s); },
-      [self](const std::shared_ptr<ShardJob>& s) { self->OnFailed(s); });
+      [self](const std::shared_ptr<ShardJob>& s) { self->OnFailed(s); }, svc->memory_.get());
+  svc->copier_ = std::make_unique<ShardCopier>(svc->storage_, *svc->pool_, config.writers);
   svc->snapshot_ = std::make_unique<SnapshotEngine>(*svc->pool_, *svc->flush_, config.copiers,
                                                     svc->backend_.get(), config.copy_streams);
   svc->restore_ = std::make_unique<RestoreEngine>(svc->storage_, *svc->pool_, config.writers);
+  if (ckpt::Status s = svc->ResumeLocalTier(); !s.ok()) return s.With("local tier " + config.local_dir);
   svc->reaper_ = std::thread([self] { self->ReapLoop(); });
+  svc->watcher_ = std::thread([self] { self->CommitWatchLoop(); });
+  svc->promoter_ = std::thread([self] { self->PromoteLoop(); });
   spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks, {} writers, {} copiers", config.root,
                svc->direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync", config.pool_mib,
                config.chunk_mib, config.writers, config.copiers);
+  spdlog::info("tiers: memory {}, local {}, persistent {} (keep last {}{})",
+               svc->memory_->enabled() ? std::to_string(config.memory_versions) + " version(s) in " +
+                                             std::to_string(config.memory_mib) + " MiB"
+                                       : std::string("off"),
+               svc->local_root_.empty() ? std::string("none")
+                                        : svc->local_root_ + (svc->local_direct_io_ ? " (O_DIRECT)" : " (buffered)") +
+                                              ", keep last " + std::to_string(config.local_keep),
+               config.root, config.keep_last == 0 ? std::string("all") : std::to_string(config.keep_last),
+               config.keep_every ? ", and every " + std::to_string(config.keep_every) + "th" : std::string());
   if (svc->backend_) {
     spdlog::info("device backend: {}; {} copy streams per shard", svc->backend_->Describe(), config.copy_streams);
   } else {
@@ -177,6 +206,19 @@ void CheckpointService::Shutdown() {
   if (reaper_.joinable()) reaper_.join();
   snapshot_->Stop();
   flush_->Stop();
+  // The promoter finishes the promotions queued (a restart would resume them anyway), and
+  // with them the commits they complete; then the watcher stops.
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  {
+    std::lock_guard lock(promote_mu_);  // a waiting promoter sees stop_
+  }
+  promote_cv_.notify_all();
+  if (promoter_.joinable()) promoter_.join();
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   pool_->Shutdown();
 }
 
@@ -365,9 +407,9 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     if (ckpt::Status s = storage_->SyncDir(config_.root); !s.ok()) return ToGrpc(s);
   }
 
-  // A new registration starts a new epoch of the rank, under which the rank's earlier
-  // shards no longer count towards commits; the ones still in flight finish (and commit,
-  // if their version is complete) first.
+  // A new registration of the rank makes its earlier shards stop counting towards commits
+  // (see Catalog); the ones still in flight finish (and commit, if their version is
+  // complete) first.
   if (ckpt::Status st = WaitForRankInFlight(ctx, session->job, session->rank); !st.ok()) return ToGrpc(st);
   std::shared_ptr<Session> replaced;
   {
@@ -392,7 +434,13 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     }
     sessions_[session->id] = session;
     rank_owner_[key] = session->id;
-    session->epoch = NewEpochLocked(session->job, session->rank);
+  }
+  {
+    std::lock_guard slock(session->mu);
+    if (ckpt::Status st = NewRegistration(*session); !st.ok()) {
+      CloseSession(session, /*trainer_gone=*/false);
+      return ToGrpc(st.With("record the registration of rank " + std::to_string(session->rank)));
+    }
   }
   if (replaced) CloseSession(replaced, /*trainer_gone=*/true);
   reply->set_session(session->id);
@@ -495,14 +543,16 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
     if (!begun.ok()) return ToGrpc(begun.status().With("version " + std::to_string(v)));
     sync = std::move(begun).value();
   }
-  ShardMeta meta{s->job, v, s->rank, s->world_size};
+  ShardMeta meta{s->job, v, s->rank, s->world_size, s->registration};
+  const bool local = !local_root_.empty();
   auto shard = std::make_shared<ShardJob>(std::move(meta), s->tensors, std::move(items), std::move(sources),
-                                          catalog_->VersionDir(s->job, v), direct_io_);
+                                          local ? LocalVersionDir(s->job, v) : catalog_->VersionDir(s->job, v),
+                                          local ? local_direct_io_ : direct_io_);
+  shard->publish_level = local ? ShardLevel::kLocal : ShardLevel::kDurable;
   shard->device = s->device;
   shard->sync = std::move(sync);
   shard->copy_queue = s->id;
   reply->set_data_bytes(shard->data_bytes());
-  shard->epoch = s->epoch;
   s->last_version = v;
   s->shards[v] = shard;
   while (s->shards.size() > kVersionsKeptPerSession) {
@@ -532,9 +582,10 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   ShardLevel want;
   switch (req->level()) {
     case v1::LEVEL_CAPTURED: want = ShardLevel::kCaptured; break;
+    case v1::LEVEL_LOCAL: want = ShardLevel::kLocal; break;
     case v1::LEVEL_DURABLE: want = ShardLevel::kDurable; break;
     case v1::LEVEL_COMMITTED: want = ShardLevel::kCommitted; break;
-    default: return ToGrpc(InvalidArgument("wait needs a level: captured, durable or committed"));
+    default: return ToGrpc(InvalidArgument("wait needs a level: captured, local, persisted (durable) or committed"));
   }
   std::shared_ptr<ShardJob> shard;
   {
@@ -596,7 +647,8 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   // after snapshot) finish first: the daemon holds their data, and the newest of them is
   // what the restarted trainer wants.
   if (ckpt::Status st = WaitForRankInFlight(ctx, s->job, s->rank); !st.ok()) return ToGrpc(st);
-  std::uint64_t latest = catalog_->Latest(s->job);
+  // Another node's daemon may have committed since this one last looked.
+  std::uint64_t latest = catalog_->RefreshLatest(s->job);
   std::uint64_t v = req->version() == 0 ? latest : req->version();
   if (v == 0) {
     return ToGrpc(NotFound("job '" + s->job + "' has no committed version under " + config_.root));
@@ -612,12 +664,50 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
     return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + s->job + "' is not committed" +
                            (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));
   }
+  // The fastest tier that holds the version: daemon memory, the local tier, the persistent
+  // tier. Memory and local hold only what this daemon wrote or prefetched, and the version
+  // is committed, so any copy of the shard is the committed one (checksums are verified).
+  std::shared_ptr<MemoryImage> image = memory_->Find(s->job, v, s->rank);
   std::string path = catalog_->ShardPath(s->job, v, s->rank);
-  auto info = ReadShardHeader(path);
-  if (!info.ok()) return ToGrpc(info.status());
-  if (info->meta.world_size != s->world_size || info->meta.rank != s->rank || info->meta.job != s->job) {
-    return ToGrpc(FailedPrecondition("shard " + path + " was written by rank " + std::to_string(info->meta.rank) +
-                                     " of " + std::to_string(info->meta.world_size) + " (job '" + info->meta.job +
+  std::string tier = "persistent";
+  bool direct = direct_io_;
+  struct LocalPin {
+    CheckpointService* self;
+    std::pair<std::string, std::uint64_t> key;
+    bool held = false;
+    ~LocalPin() {
+      if (!held) return;
+      std::lock_guard lock(self->promote_mu_);
+      self->local_pins_.erase(self->local_pins_.find(key));
+    }
+  } local_pin{this, {s->job, v}};
+  if (image) {
+    tier = "memory";
+  } else if (!local_root_.empty()) {
+    {
+      std::lock_guard lock(promote_mu_);
+      local_pins_.insert({s->job, v});
+      local_pin.held = true;
+    }
+    std::string local_path = LocalVersionDir(s->job, v) + "/" + ShardFileName(s->rank);
+    if (storage_->Exists(local_path)) {
+      path = local_path;
+      tier = "local";
+      direct = local_direct_io_;
+    }
+  }
+  const ShardMeta* meta = nullptr;
+  Result<ShardInfo> info = ShardInfo{};
+  if (image) {
+    meta = &image->meta;
+  } else {
+    info = ReadShardHeader(path);
+    if (!info.ok()) return ToGrpc(info.status());
+    meta = &info->meta;
+  }
+  if (meta->world_size != s->world_size || meta->rank != s->rank || meta->job != s->job) {
+    return ToGrpc(FailedPrecondition("shard " + path + " was written by rank " + std::to_string(meta->rank) +
+                                     " of " + std::to_string(meta->world_size) + " (job '" + meta->job +
                                      "'), not rank " + std::to_string(s->rank) + " of " +
                                      std::to_string(s->world_size)));
   }
@@ -633,28 +723,30 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
     target.region_offset = t.offset;
     targets.push_back(std::move(target));
   }
-  auto restored = restore_->Restore(path, targets, direct_io_);
-  if (!restored.ok()) return ToGrpc(restored.status().With("restore version " + std::to_string(v)));
+  auto restored = image ? restore_->RestoreFromImage(*image, targets) : restore_->Restore(path, targets, direct);
+  if (!restored.ok()) return ToGrpc(restored.status().With("restore version " + std::to_string(v) + " from " + tier));
   bytes_read_total_ += restored->bytes_read;
+  (tier == "memory" ? restored_memory_ : tier == "local" ? restored_local_ : restored_persistent_) +=
+      restored->tensor_bytes;
   if (v < latest) {
     auto moved = catalog_->SetAsideNewerThan(s->job, v);
     if (!moved.ok()) return ToGrpc(moved.status().With("set aside versions newer than " + std::to_string(v)));
     spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s->job, v, moved.value());
+    memory_->DropNewerThan(s->job, s->rank, v);
   }
-  {
-    // What this rank published before belongs to the timeline it just left.
-    std::lock_guard glock(mu_);
-    s->epoch = NewEpochLocked(s->job, s->rank);
-  }
+  // What this rank published before belongs to the timeline it just left.
+  if (ckpt::Status st = NewRegistration(*s); !st.ok()) return ToGrpc(st.With("after restoring version " + std::to_string(v)));
   s->last_version = v;
   reply->set_version(v);
   reply->set_tensor_bytes(restored->tensor_bytes);
+  reply->set_tier(tier);
   for (auto& [name, data] : restored->blobs) {
     auto* b = reply->add_blobs();
     b->set_name(name);
     b->set_data(std::move(data));
   }
-  spdlog::info("job {} rank {}: restored version {} ({} bytes)", s->job, s->rank, v, restored->bytes_read);
+  spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s->job, s->rank, v, tier,
+               restored->tensor_bytes, restored->bytes_read);
   return grpc::Status::OK;
 }
 
@@ -664,13 +756,41 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
   if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
   auto versions = catalog_->List(req->job());
   if (!versions.ok()) return ToGrpc(versions.status());
+  std::map<std::uint64_t, v1::VersionInfo> out;
   for (const auto& e : versions.value()) {
-    auto* v = reply->add_versions();
-    v->set_version(e.version);
-    v->set_committed(e.committed);
-    for (auto r : e.ranks) v->add_durable_ranks(r);
+    auto& v = out[e.version];
+    v.set_version(e.version);
+    v.set_committed(e.committed);
+    for (auto r : e.ranks) v.add_durable_ranks(r);
   }
-  reply->set_latest(catalog_->Latest(req->job()));
+  if (!local_root_.empty()) {
+    const std::string dir = local_root_ + "/" + req->job();
+    if (auto names = storage_->List(dir); names.ok()) {
+      for (const auto& n : names.value()) {
+        auto ver = ParseVersionDirName(n);
+        if (!ver) continue;
+        auto files = storage_->List(dir + "/" + n);
+        if (!files.ok()) continue;
+        std::vector<std::uint32_t> ranks;
+        for (const auto& f : files.value()) {
+          if (auto r = ParseShardFileName(f)) ranks.push_back(*r);
+        }
+        std::sort(ranks.begin(), ranks.end());
+        auto& v = out[*ver];
+        v.set_version(*ver);
+        if (!v.committed()) v.set_committed(catalog_->IsCommitted(req->job(), *ver));
+        for (auto r : ranks) v.add_local_ranks(r);
+      }
+    }
+  }
+  for (const auto& [ver, ranks] : memory_->List(req->job())) {
+    auto& v = out[ver];
+    v.set_version(ver);
+    if (!v.committed()) v.set_committed(catalog_->IsCommitted(req->job(), ver));
+    for (auto r : ranks) v.add_memory_ranks(r);
+  }
+  for (auto& [ver, info] : out) *reply->add_versions() = std::move(info);
+  reply->set_latest(catalog_->RefreshLatest(req->job()));
   return grpc::Status::OK;
 }
 
@@ -733,6 +853,40 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
   reply->set_bytes_written_total(written);
   reply->set_bytes_read_total(bytes_read_total_);
   reply->set_versions_committed(committed_total_);
+  reply->set_restored_bytes_memory(restored_memory_);
+  reply->set_restored_bytes_local(restored_local_);
+  reply->set_restored_bytes_persistent(restored_persistent_);
+  {
+    auto st = memory_->GetStats();
+    auto* t = reply->add_tiers();
+    t->set_name("memory");
+    t->set_shards(st.images);
+    t->set_bytes(st.bytes);
+    t->set_budget_bytes(st.budget);
+    t->set_retention(memory_->enabled() ? "newest " + std::to_string(config_.memory_versions) +
+                                              " committed version(s) per rank, within the budget"
+                                        : std::string("off"));
+  }
+  if (!local_root_.empty()) {
+    auto* t = reply->add_tiers();
+    t->set_name("local");
+    t->set_dir(local_root_);
+    t->set_retention("last " + std::to_string(config_.local_keep) + " committed versions");
+  }
+  {
+    auto* t = reply->add_tiers();
+    t->set_name("persistent");
+    t->set_dir(config_.root);
+    t->set_retention(config_.keep_last == 0
+                         ? std::string("every version")
+                         : "last " + std::to_string(config_.keep_last) + " committed versions" +
+                               (config_.keep_every ? ", and every " + std::to_string(config_.keep_every) + "th"
+                                                   : std::string()));
+  }
+  {
+    std::lock_guard lock(promote_mu_);
+    reply->set_promotions_pending(static_cast<std::uint32_t>(promotions_.size() + (promoting_ ? 1 : 0)));
+  }
   return grpc::Status::OK;
 }
 
@@ -741,6 +895,111 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   std::shared_ptr<Session> s;
   if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
   CloseSession(s, /*trainer_gone=*/false);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
+                                         v1::PrefetchReply* reply) {
+  PeerCredentials peer;
+  if (ckpt::Status st = CheckPeer(ctx, &peer); !st.ok()) return ToGrpc(st);
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (local_root_.empty() && !memory_->enabled()) {
+    return ToGrpc(FailedPrecondition("this daemon has neither a local tier (--local) nor a memory tier "
+                                     "(--memory-mib): nothing to prefetch into"));
+  }
+  std::uint64_t latest = catalog_->RefreshLatest(req->job());
+  std::uint64_t v = req->version() == 0 ? latest : req->version();
+  if (v == 0) return ToGrpc(NotFound("job '" + req->job() + "' has no committed version under " + config_.root));
+  catalog_->Pin(req->job(), v);
+  struct Unpin {
+    Catalog& catalog;
+    std::string job;
+    std::uint64_t version;
+    ~Unpin() { catalog.Unpin(job, version); }
+  } unpin{*catalog_, req->job(), v};
+  if (!catalog_->IsCommitted(req->job(), v)) {
+    return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + req->job() + "' is not committed" +
+                           (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));
+  }
+  std::vector<std::uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+  if (ranks.empty()) {
+    auto listed = storage_->List(catalog_->VersionDir(req->job(), v));
+    if (!listed.ok()) return ToGrpc(listed.status());
+    for (const auto& f : listed.value()) {
+      if (auto r = ParseShardFileName(f)) ranks.push_back(*r);
+    }
+    std::sort(ranks.begin(), ranks.end());
+  }
+  // Local retention leaves the version alone while it is being prefetched.
+  struct LocalPin {
+    CheckpointService* self;
+    std::pair<std::string, std::uint64_t> key;
+    ~LocalPin() {
+      std::lock_guard lock(self->promote_mu_);
+      self->local_pins_.erase(self->local_pins_.find(key));
+    }
+  };
+  {
+    std::lock_guard lock(promote_mu_);
+    local_pins_.insert({req->job(), v});
+  }
+  LocalPin pin{this, {req->job(), v}};
+  std::uint64_t bytes = 0;
+  std::uint32_t local_shards = 0, memory_shards = 0;
+  for (std::uint32_t rank : ranks) {
+    const std::string src = catalog_->ShardPath(req->job(), v, rank);
+    auto info = ReadShardHeader(src);
+    if (!info.ok()) return ToGrpc(info.status().With("prefetch rank " + std::to_string(rank)));
+    std::string read_from = src;
+    bool read_direct = direct_io_;
+    if (!local_root_.empty()) {
+      std::string local_path = LocalVersionDir(req->job(), v) + "/" + ShardFileName(rank);
+      if (!storage_->Exists(local_path)) {
+        ShardCopier::Source from{src, direct_io_, nullptr, info->file_bytes};
+        ShardCopier::Target to{LocalVersionDir(req->job(), v), ShardFileName(rank), local_direct_io_, v};
+        auto copied = copier_->Copy(from, to);
+        if (!copied.ok()) return ToGrpc(copied.status().With("prefetch rank " + std::to_string(rank) + " to local"));
+        bytes += copied.value();
+        ++local_shards;
+      }
+      read_from = local_path;
+      read_direct = local_direct_io_;
+    }
+    if (memory_->enabled() && !memory_->Find(req->job(), v, rank)) {
+      auto image = memory_->Reserve(info->meta, info->file_bytes);
+      if (image) {
+        auto fd = storage_->OpenForRead(read_from, read_direct);
+        if (!fd.ok()) return ToGrpc(fd.status());
+        const std::uint64_t len = read_direct ? image->capacity() : image->file_bytes;
+        std::uint64_t got_total = 0;
+        while (got_total < image->file_bytes) {
+          std::uint64_t n = std::min<std::uint64_t>(len - got_total, pool_->chunk_bytes());
+          auto got = storage_->ReadAt(fd->get(), image->data() + got_total, n, got_total, read_from);
+          if (!got.ok()) {
+            memory_->Drop(image);
+            return ToGrpc(got.status());
+          }
+          if (got.value() == 0) break;
+          got_total += got.value();
+        }
+        if (got_total < image->file_bytes) {
+          memory_->Drop(image);
+          return ToGrpc(DataLoss(read_from + " ended early (truncated shard)"));
+        }
+        if (local_root_.empty()) bytes += image->file_bytes;
+        memory_->Complete(image);
+        ++memory_shards;
+      }
+    }
+  }
+  memory_->OnCommitted(req->job(), v);
+  bytes_read_total_ += bytes;
+  reply->set_version(v);
+  reply->set_local_shards(local_shards);
+  reply->set_memory_shards(memory_shards);
+  reply->set_bytes(bytes);
+  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)", req->job(), v,
+               ranks.size(), local_shards, memory_shards, bytes);
   return grpc::Status::OK;
 }
 
@@ -791,61 +1050,278 @@ void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool tra
 void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
   copied_done_total_ += shard->copied_bytes.load();
   written_done_total_ += shard->written_bytes.load();
+  if (shard->image) memory_->Complete(shard->image);
   const ShardMeta& m = shard->meta();
+  if (shard->publish_level == ShardLevel::kLocal) {
+    PromoteTask task{m, shard->final_path(), shard->layout().file_bytes(), shard->image, shard};
+    {
+      std::lock_guard lock(promote_mu_);
+      local_pins_.insert({m.job, m.version});
+      promotions_.push_back(std::move(task));
+    }
+    promote_cv_.notify_one();
+    return;
+  }
+  OnPersisted(m, shard);
+}
+
+bool CheckpointService::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJob>& shard) {
+  if (ckpt::Status st = catalog_->WriteDoneMarker(m.job, m.version, m.rank, m.session); !st.ok()) {
+    st = st.With("done marker of rank " + std::to_string(m.rank));
+    if (shard) {
+      shard->Fail(st);  // the flush engine or the promoter reports it
+    } else {
+      RecordError("job " + m.job + " version " + std::to_string(m.version) + ": " + st.message());
+    }
+    return false;
+  }
+  bool decides = false;
   {
     std::lock_guard lock(mu_);
-    if (shard->epoch != rank_epoch_[{m.job, m.rank}]) {
-      spdlog::info("job {} rank {} version {}: durable, but from an earlier registration of the rank; "
-                   "not counted towards a commit", m.job, m.rank, m.version);
-      return;
-    }
-    auto& ranks = published_[{m.job, m.version}];
-    ranks.insert(m.rank);
-    if (ranks.size() < m.world_size) return;
+    auto key = std::make_pair(m.job, m.version);
+    if (m.rank == 0) pending_commits_[key] = m.world_size;
+    decides = pending_commits_.count(key) != 0;
+    if (!decides) watched_commits_[key] = m.world_size;
   }
+  // Synchronous where this daemon decides: a waiter woken by `persisted` sees the decision.
+  if (decides) TryCommit(m.job, m.version, m.world_size, shard);
+  watch_cv_.notify_all();
+  return true;
+}
+
+void CheckpointService::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                                  const std::shared_ptr<ShardJob>& shard) {
   bool committed = false;
-  ckpt::Status st = catalog_->CommitIfComplete(m.job, m.version, m.world_size, &committed);
-  if (!st.ok()) {
-    RecordError("job " + m.job + " version " + std::to_string(m.version) + ": commit failed: " + st.message());
+  ckpt::Status st = catalog_->CommitIfComplete(job, version, world_size, &committed);
+  if (committed) {
+    FinishCommit(job, version, shard, /*ours=*/true);
+    return;
   }
-  if (!committed && st.ok()) return;
   std::vector<std::shared_ptr<ShardJob>> peers;
   {
     std::lock_guard lock(mu_);
-    auto it = by_version_.find({m.job, m.version});
+    const bool superseded = st.ok() && version < catalog_->Latest(job);
+    if (st.ok() && !superseded) return;  // not complete yet: the watcher looks again
+    pending_commits_.erase({job, version});
+    if (st.ok()) return;  // a newer version committed first; this one never will
+    auto it = by_version_.find({job, version});
     if (it != by_version_.end()) {
       for (const auto& w : it->second) {
         if (auto p = w.lock()) peers.push_back(std::move(p));
       }
       by_version_.erase(it);
     }
-    if (committed) {
-      // Older versions that never completed will not be needed: this one is newer.
-      for (auto it = published_.begin(); it != published_.end();) {
-        bool older = it->first.first == m.job && it->first.second <= m.version;
-        it = older ? published_.erase(it) : std::next(it);
+  }
+  RecordError("job " + job + " version " + std::to_string(version) + ": commit failed: " + st.message());
+  // Every rank of the version hears of the failed commit, as of any flush failure.
+  for (const auto& p : peers) {
+    p->Fail(st.With("commit"));
+    OnFailed(p);
+  }
+}
+
+void CheckpointService::FinishCommit(const std::string& job, std::uint64_t version,
+                                     const std::shared_ptr<ShardJob>& shard, bool ours) {
+  std::vector<std::shared_ptr<ShardJob>> peers;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_version_.find({job, version});
+    if (it != by_version_.end()) {
+      for (const auto& w : it->second) {
+        if (auto p = w.lock()) peers.push_back(std::move(p));
+      }
+      by_version_.erase(it);
+    }
+    // Older versions that never completed will not commit: this one is newer.
+    for (auto* m : {&pending_commits_, &watched_commits_}) {
+      for (auto i = m->begin(); i != m->end();) {
+        i = i->first.first == job && i->first.second <= version ? m->erase(i) : std::next(i);
       }
     }
   }
-  if (committed) {
+  if (ours) {
     ++committed_total_;
-    spdlog::info("job {}: version {} committed ({} ranks)", m.job, m.version, m.world_size);
-    // Only shards that are durable are part of the commit; the one that just became
-    // durable is raised by its own writer right after this returns.
-    for (const auto& p : peers) {
-      if (p == shard || p->level() >= ShardLevel::kDurable) p->Reach(ShardLevel::kCommitted);
-    }
+    spdlog::info("job {}: version {} committed", job, version);
   } else {
-    // Every rank of the version hears of the failed commit, as of any flush failure.
-    for (const auto& p : peers) {
-      p->Fail(st.With("commit"));
-      OnFailed(p);
+    spdlog::debug("job {}: version {} committed by rank 0's daemon", job, version);
+  }
+  // The tiers' retention first, so that a trainer woken by the commit finds them settled.
+  memory_->OnCommitted(job, version);
+  ApplyLocalRetention(job);
+  // Only shards that are persisted are part of the commit; the one that just became
+  // persisted is raised by its own writer right after this returns.
+  for (const auto& p : peers) {
+    if (p == shard || p->level() >= ShardLevel::kDurable) p->Reach(ShardLevel::kCommitted);
+  }
+}
+
+void CheckpointService::CommitWatchLoop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    bool busy = !pending_commits_.empty() || !watched_commits_.empty();
+    // Polls the shared directory while some commit is awaited; idle otherwise.
+    watch_cv_.wait_for(lock, busy ? std::chrono::milliseconds(20) : std::chrono::milliseconds(500));
+    if (stop_) break;
+    auto pending = pending_commits_;
+    auto watched = watched_commits_;
+    lock.unlock();
+    for (const auto& [key, world] : pending) TryCommit(key.first, key.second, world, nullptr);
+    for (const auto& [key, world] : watched) {
+      if (catalog_->IsCommitted(key.first, key.second)) {
+        catalog_->NoteCommitted(key.first, key.second);
+        FinishCommit(key.first, key.second, nullptr, /*ours=*/false);
+      } else if (key.second < catalog_->Latest(key.first)) {
+        std::lock_guard l(mu_);
+        watched_commits_.erase(key);  // a newer version committed first
+      }
+    }
+    lock.lock();
+  }
+}
+
+void CheckpointService::PromoteLoop() {
+  for (;;) {
+    PromoteTask task;
+    {
+      std::unique_lock lock(promote_mu_);
+      promoting_ = false;
+      promote_cv_.wait(lock, [&] { return stop_ || !promotions_.empty(); });
+      if (promotions_.empty()) return;  // stopping, and nothing left
+      task = std::move(promotions_.front());
+      promotions_.pop_front();
+      promoting_ = true;
+    }
+    const ShardMeta& m = task.meta;
+    ShardCopier::Source src;
+    src.path = task.local_path;
+    src.direct_io = local_direct_io_;
+    src.file_bytes = task.file_bytes;
+    if (task.image && task.image->complete) src.image = task.image;
+    ShardCopier::Target dst{catalog_->VersionDir(m.job, m.version), ShardFileName(m.rank), direct_io_, m.version};
+    auto copied = copier_->Copy(src, dst);
+    bool ok = copied.ok();
+    if (!ok) {
+      ckpt::Status st = copied.status().With("promote to the persistent tier");
+      if (task.shard) {
+        task.shard->Fail(st);
+        OnFailed(task.shard);
+      } else {
+        RecordError("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
+                    ": " + st.message());
+      }
+    } else {
+      ok = OnPersisted(m, task.shard);
+      if (!ok && task.shard) OnFailed(task.shard);
+      if (ok && task.shard) task.shard->Reach(ShardLevel::kDurable);
+      if (ok && !task.shard) spdlog::info("job {} rank {} version {}: promotion resumed and done", m.job, m.rank, m.version);
+    }
+    {
+      std::lock_guard lock(promote_mu_);
+      local_pins_.erase(local_pins_.find({m.job, m.version}));
     }
   }
 }
 
+std::string CheckpointService::LocalVersionDir(const std::string& job, std::uint64_t version) const {
+  return local_root_ + "/" + job + "/" + VersionDirName(version);
+}
+
+ckpt::Status CheckpointService::ResumeLocalTier() {
+  if (local_root_.empty()) return ckpt::Status::Ok();
+  auto jobs = storage_->List(local_root_);
+  if (!jobs.ok()) return jobs.status();
+  int resumed = 0, watched = 0;
+  for (const auto& job : jobs.value()) {
+    if (!CheckJobId(job).empty()) continue;
+    auto versions = storage_->List(local_root_ + "/" + job);
+    if (!versions.ok()) continue;
+    std::uint64_t latest = catalog_->RefreshLatest(job);
+    for (const auto& name : versions.value()) {
+      auto v = ParseVersionDirName(name);
+      if (!v || *v <= latest) continue;  // committed, or never will be: retention's
+      auto files = storage_->List(local_root_ + "/" + job + "/" + name);
+      if (!files.ok()) continue;
+      for (const auto& f : files.value()) {
+        auto rank = ParseShardFileName(f);
+        if (!rank) continue;
+        std::string path = local_root_ + "/" + job + "/" + name + "/" + f;
+        auto info = ReadShardHeader(path);
+        if (!info.ok() || info->meta.job != job || info->meta.version != *v || info->meta.rank != *rank) {
+          spdlog::warn("local tier: {} is not a valid shard ({}); removed", path,
+                       info.ok() ? "its metadata names another place" : info.status().message());
+          storage_->Remove(path);
+          continue;
+        }
+        const ShardMeta& m = info->meta;
+        if (catalog_->HasDoneMarker(job, *v, *rank, m.session)) {
+          // Promoted before the restart: only the commit is left to see.
+          std::lock_guard lock(mu_);
+          auto key = std::make_pair(job, *v);
+          if (*rank == 0) pending_commits_[key] = m.world_size;
+          if (!pending_commits_.count(key)) watched_commits_[key] = m.world_size;
+          ++watched;
+          continue;
+        }
+        std::lock_guard lock(promote_mu_);
+        local_pins_.insert({job, *v});
+        promotions_.push_back(PromoteTask{m, path, info->file_bytes, nullptr, nullptr});
+        ++resumed;
+      }
+    }
+    ApplyLocalRetention(job);
+  }
+  if (resumed + watched > 0) {
+    spdlog::info("local tier: {} promotion(s) resumed, {} commit(s) awaited after the restart", resumed, watched);
+  }
+  return ckpt::Status::Ok();
+}
+
+void CheckpointService::ApplyLocalRetention(const std::string& job) {
+  if (local_root_.empty()) return;
+  std::lock_guard retention(local_retention_mu_);
+  const std::string dir = local_root_ + "/" + job;
+  auto names = storage_->List(dir);
+  if (!names.ok()) return;
+  std::vector<std::uint64_t> versions;
+  for (const auto& n : names.value()) {
+    if (auto v = ParseVersionDirName(n)) versions.push_back(*v);
+  }
+  std::sort(versions.rbegin(), versions.rend());  // newest first
+  std::uint32_t kept = 0;
+  bool seen_committed = false;
+  for (std::uint64_t v : versions) {
+    bool drop = false;
+    if (catalog_->IsCommitted(job, v)) {
+      seen_committed = true;
+      drop = ++kept > config_.local_keep;
+    } else {
+      drop = seen_committed;  // older than a committed version: it never commits
+    }
+    if (!drop) continue;
+    {
+      std::lock_guard lock(promote_mu_);
+      if (local_pins_.count({job, v}) != 0) continue;  // promoting or restoring; later
+    }
+    const std::string vdir = dir + "/" + VersionDirName(v);
+    if (auto files = storage_->List(vdir); files.ok()) {
+      for (const auto& f : files.value()) storage_->Remove(vdir + "/" + f);
+    }
+    if (ckpt::Status st = storage_->Remove(vdir); !st.ok()) {
+      spdlog::warn("local tier: cannot remove {}: {}", vdir, st.message());
+    }
+  }
+}
+
+ckpt::Status CheckpointService::NewRegistration(Session& s) {
+  std::string id = s.id + "." + std::to_string(++s.registrations);
+  if (ckpt::Status st = catalog_->WriteRankRegistration(s.job, s.rank, id); !st.ok()) return st;
+  s.registration = std::move(id);
+  return ckpt::Status::Ok();
+}
+
 void CheckpointService::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
+  memory_->Drop(shard->image);
   RecordError("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
               ": " + shard->error().message());
   std::shared_ptr<Session> owner;
@@ -878,14 +1354,6 @@ ckpt::Status CheckpointService::WaitForRankInFlight(grpc::ServerContext* ctx, co
     }
   }
   return ckpt::Status::Ok();
-}
-
-std::uint64_t CheckpointService::NewEpochLocked(const std::string& job, std::uint32_t rank) {
-  for (auto it = published_.begin(); it != published_.end();) {
-    if (it->first.first == job) it->second.erase(rank);
-    it = it->second.empty() ? published_.erase(it) : std::next(it);
-  }
-  return ++rank_epoch_[{job, rank}];
 }
 
 void CheckpointService::RecordError(const std::string& message) {

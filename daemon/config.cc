@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -27,7 +29,20 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
                    : "must be octal permission bits such as 0600";
       })
       ->capture_default_str();
-  app.add_option("--root", c.root, "Checkpoint root directory")->capture_default_str();
+  app.add_option("--root,--persistent", c.root,
+                 "Persistent tier: the checkpoint root, shared by all nodes (COMMITTED and latest live here)")
+      ->capture_default_str();
+  app.add_option("--local", c.local_dir,
+                 "Local tier (node-local NVMe or /dev/shm): shards land here first, then are promoted to --root");
+  app.add_option("--node-id", c.node_id,
+                 "This daemon's name in temporary files on the shared directory (default: host name + socket hash)");
+  app.add_option("--local-keep", c.local_keep, "Committed versions the local tier keeps per job")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--memory-versions", c.memory_versions,
+                 "Newest versions per rank kept in daemon memory (restore without reading a file; 0: none)")
+      ->check(CLI::Range(0, 64))->capture_default_str();
+  app.add_option("--memory-mib", c.memory_mib, "Memory tier budget in MiB (0: no memory tier)")
+      ->capture_default_str();
   app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
       ->check(CLI::Range(16, 1 << 22))->capture_default_str();
   app.add_option("--chunk-mib", c.chunk_mib, "Pool chunk size in MiB")
@@ -42,7 +57,11 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
       {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
   app.add_option("--direct-io", c.direct_io, "O_DIRECT writes: auto, on or off")
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))->default_str("auto");
-  app.add_option("--keep-last", c.keep_last, "Committed versions kept per job (0: all)")->capture_default_str();
+  app.add_option("--keep-last", c.keep_last, "Committed versions the persistent tier keeps per job (0: all)")
+      ->capture_default_str();
+  app.add_option("--keep-every", c.keep_every,
+                 "With --keep-last, also keep every committed version that is a multiple of this (0: none)")
+      ->capture_default_str();
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
   app.add_option("--max-blob-mib", c.max_blob_mib, "Largest blob total per snapshot in MiB")
       ->capture_default_str();
@@ -59,6 +78,24 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   if (c.chunk_mib * 4 > c.pool_mib) {
     std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of "
               << c.chunk_mib << " MiB\n";
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  if (c.node_id.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the socket path
+    for (unsigned char ch : c.socket_path) h = (h ^ ch) * 1099511628211ull;
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "%s-%08llx", host, static_cast<unsigned long long>(h & 0xffffffffull));
+    c.node_id = buf;
+  }
+  for (char& ch : c.node_id) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
+  }
+  if (!c.local_dir.empty() && c.local_dir == c.root) {
+    std::cerr << "ckptd: --local and --root are the same directory (" << c.root
+              << "); give one directory only, or two different ones\n";
     *exit_code = 2;
     return std::nullopt;
   }

@@ -19,8 +19,22 @@ struct Config {
   std::string socket_path;
   // Permission bits of the socket file. The directory the daemon creates is always 0700.
   std::uint32_t socket_mode = 0600;
-  // Checkpoint root directory; created if missing.
+  // The persistent tier: the checkpoint root, shared by every node of a job (the parallel
+  // file system); created if missing. COMMITTED markers and `latest` live here.
   std::string root = "/var/lib/ckptd";
+  // The local tier (node-local NVMe or /dev/shm); empty: none, shards go straight to root.
+  // With one, shards are written here first and promoted to root in the background.
+  std::string local_dir;
+  // This daemon's name in the files it writes to the shared directory (temporary files are
+  // NAME.NODE.tmp: a restart removes only its own). Default: the host name and a hash of
+  // the socket path, so several daemons on one machine differ too.
+  std::string node_id;
+  // Committed versions the local tier keeps per job (at least 1).
+  std::uint32_t local_keep = 2;
+  // The memory tier: the newest versions of each rank kept in daemon memory, so a restarted
+  // trainer restores without reading a file; bounded by memory_mib (0: no memory tier).
+  std::uint32_t memory_versions = 1;
+  std::uint64_t memory_mib = 4096;
   // Host pool size: the daemon's memory for data in flight, allocated once at start.
   std::uint64_t pool_mib = 1024;
   // Pool chunk size: the unit of copy and of write.
@@ -38,6 +52,8 @@ struct Config {
   // Committed versions kept per job: after each commit, older committed versions beyond the
   // newest `keep_last` are deleted. 0 keeps every version.
   std::uint32_t keep_last = 0;
+  // With keep_last, also keep every committed version that is a multiple of this (0: none).
+  std::uint32_t keep_every = 0;
   // Largest total of blob bytes one snapshot may carry.
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.
@@ -48,6 +64,7 @@ struct Config {
 
   std::uint64_t pool_bytes() const { return pool_mib << 20; }
   std::uint64_t chunk_bytes() const { return chunk_mib << 20; }
+  std::uint64_t memory_bytes() const { return memory_mib << 20; }
 };
 
 // The default socket path for the current user (also used by the client and ckptctl).

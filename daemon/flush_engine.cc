@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/test_pause.h"
+#include "daemon/memory_tier.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -13,9 +15,9 @@ std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a
 }  // namespace
 
 FlushEngine::FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
-                         ShardCallback on_durable, ShardCallback on_failed)
+                         ShardCallback on_durable, ShardCallback on_failed, MemoryTier* memory)
     : storage_(std::move(storage)), pool_(pool), on_durable_(std::move(on_durable)),
-      on_failed_(std::move(on_failed)) {
+      on_failed_(std::move(on_failed)), memory_(memory) {
   for (unsigned i = 0; i < writers; ++i) threads_.emplace_back([this] { WriterLoop(); });
 }
 
@@ -45,6 +47,10 @@ Status FlushEngine::Open(ShardJob& shard) {
       return;
     }
     shard.file() = std::move(fd).value();
+    // Every writer opens the shard before its first write, so all of them see the image.
+    if (memory_ != nullptr && shard.layout().planned()) {
+      shard.image = memory_->Reserve(shard.meta(), shard.layout().file_bytes());
+    }
   });
   return shard.open_status();
 }
@@ -85,6 +91,8 @@ void FlushEngine::WriterLoop() {
       Status s = storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset,
                                    shard.tmp_path());
       if (s.ok()) {
+        // The memory tier's copy, while the chunk is at hand.
+        if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
         shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
       } else {
         shard.Fail(s);
@@ -107,7 +115,11 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
   }
   // Commit runs before waiters of `durable` wake, so a waiter sees the commit decision.
   if (on_durable_) on_durable_(shard);
-  shard->Reach(ShardLevel::kDurable);
+  if (shard->failed()) {  // e.g. its done marker could not be written
+    if (on_failed_) on_failed_(shard);
+    return;
+  }
+  shard->Reach(shard->publish_level);
 }
 
 Status FlushEngine::Publish(ShardJob& shard) {
@@ -124,11 +136,13 @@ Status FlushEngine::Publish(ShardJob& shard) {
   int fd = shard.file().get();
   const std::string& what = shard.tmp_path();
   if (Status s = storage_->WriteAt(fd, raw, header.size(), 0, what); !s.ok()) return s;
+  if (shard.image) std::memcpy(shard.image->data(), header.data(), header.size());
   if (shard.direct_io() && layout.file_bytes() % kDataAlignment != 0) {
     if (Status s = storage_->Truncate(fd, layout.file_bytes(), what); !s.ok()) return s;
   }
   if (Status s = storage_->DataSync(fd, what); !s.ok()) return s;
   shard.file().reset();
+  TestPause("publish", shard.meta().version);
   // A committed version is immutable: never replace one of its shards.
   if (storage_->Exists(shard.dir() + "/" + std::string(kCommittedMarker))) {
     return FailedPrecondition("version " + std::to_string(shard.meta().version) +

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "daemon/host_pool.h"
+#include "daemon/memory_tier.h"
 #include "daemon/shard_job.h"
 #include "daemon/storage.h"
 
@@ -28,8 +29,10 @@ class FlushEngine {
 
   // `on_durable` runs (on a writer thread) once a shard is durable, before its waiters wake; `on_failed` after a
   // shard failed and its temporary file was removed.
+  // With `memory` (may be null), each shard gets a memory-tier image when it is opened,
+  // if the tier has room, and the writers fill it as they write.
   FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
-              ShardCallback on_durable, ShardCallback on_failed);
+              ShardCallback on_durable, ShardCallback on_failed, MemoryTier* memory = nullptr);
   ~FlushEngine();
 
   // Creates the shard's version directory and temporary file, once per shard, whoever
@@ -61,6 +64,7 @@ class FlushEngine {
   std::shared_ptr<Storage> storage_;
   HostPool& pool_;
   ShardCallback on_durable_, on_failed_;
+  MemoryTier* memory_;
   std::mutex mu_;
   std::condition_variable queued_;
   std::deque<Task> queue_;

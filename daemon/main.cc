@@ -23,6 +23,7 @@
 #include "common/unique_fd.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/config.h"
+#include "format/paths.h"
 #include "daemon/peer_registry.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -118,6 +119,8 @@ int Run(const Config& config) {
   ::sigaction(SIGINT, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  // Temporary files on the shared persistent tier carry this daemon's name.
+  SetTmpOwner(config.node_id);
   PeerRegistry peers;
   std::shared_ptr<DeviceBackend> backend;
   std::string no_backend_reason = "ckptd was built without CUDA";

@@ -61,6 +61,75 @@ Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targ
   return Status::Ok();
 }
 
+// Takes a shard's data section in order, in pieces of any size: checks each item's
+// checksum as its last byte passes and puts the bytes where they belong.
+class ItemSink {
+ public:
+  ItemSink(std::string what, const ShardInfo& info, const std::vector<RestoreTarget>& targets, RestoredShard& out)
+      : what_(std::move(what)), items_(info.items), dest_(items_.size()) {
+    std::map<std::string, const RestoreTarget*> by_name;
+    for (const auto& t : targets) by_name[t.item.name] = &t;
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i].kind == ItemKind::kBlob) {
+        out.blobs.emplace_back(items_[i].name, std::string());
+        out.blobs.back().second.reserve(items_[i].length);
+      } else {
+        dest_[i].target = by_name.at(items_[i].name);
+        out.tensor_bytes += items_[i].length;
+      }
+    }
+    // Pointers into out.blobs are taken once it no longer grows.
+    for (std::size_t i = 0, b = 0; i < items_.size(); ++i) {
+      if (items_[i].kind == ItemKind::kBlob) dest_[i].blob = &out.blobs[b++].second;
+    }
+  }
+
+  // Items of zero length at the start are complete before any byte.
+  Status Begin() { return CloseItems(); }
+
+  Status Consume(const char* src, std::uint64_t want) {
+    std::uint64_t used = 0;
+    while (used < want) {
+      const ShardItem& it = items_[item_];
+      std::size_t n = static_cast<std::size_t>(std::min(want - used, it.length - in_item_));
+      sum_.Update(src + used, n);
+      if (dest_[item_].blob != nullptr) {
+        dest_[item_].blob->append(src + used, n);
+      } else {
+        const RestoreTarget& t = *dest_[item_].target;
+        if (Status s = t.region->WriteAt(t.region_offset + in_item_, src + used, n); !s.ok()) {
+          return s.With("item " + it.name);
+        }
+      }
+      used += n;
+      in_item_ += n;
+      if (Status s = CloseItems(); !s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status CloseItems() {
+    while (item_ < items_.size() && in_item_ == items_[item_].length) {
+      if (sum_.Digest() != items_[item_].checksum) {
+        return DataLoss(what_ + ": checksum mismatch in item " + QuoteName(items_[item_].name) + " (stored " +
+                        ChecksumHex(items_[item_].checksum) + ", read " + ChecksumHex(sum_.Digest()) + ")");
+      }
+      sum_ = Checksum();
+      ++item_;
+      in_item_ = 0;
+    }
+    return Status::Ok();
+  }
+
+  std::string what_;
+  const std::vector<ShardItem>& items_;
+  std::vector<Destination> dest_;
+  std::size_t item_ = 0;
+  std::uint64_t in_item_ = 0;
+  Checksum sum_;
+};
+
 }  // namespace
 
 Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
@@ -71,24 +140,7 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
   if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
 
   RestoredShard out;
-  std::map<std::string, const RestoreTarget*> by_name;
-  for (const auto& t : targets) by_name[t.item.name] = &t;
-  const auto& items = info->items;
-  std::vector<Destination> dest(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (items[i].kind == ItemKind::kBlob) {
-      out.blobs.emplace_back(items[i].name, std::string());
-      out.blobs.back().second.reserve(items[i].length);
-    } else {
-      dest[i].target = by_name.at(items[i].name);
-      out.tensor_bytes += items[i].length;
-    }
-  }
-  // Pointers into out.blobs are taken once it no longer grows.
-  for (std::size_t i = 0, b = 0; i < items.size(); ++i) {
-    if (items[i].kind == ItemKind::kBlob) dest[i].blob = &out.blobs[b++].second;
-  }
-
+  ItemSink sink(path, info.value(), targets, out);
   auto fd = storage_->OpenForRead(path, direct_io);
   if (!fd.ok()) return fd.status();
   const std::uint64_t data_bytes = info->file_bytes - info->data_start;
@@ -132,23 +184,7 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
     inflight.clear();
   };
 
-  std::size_t item = 0;
-  std::uint64_t in_item = 0;
-  Checksum sum;
-  auto close_items = [&]() -> Status {
-    while (item < items.size() && in_item == items[item].length) {
-      if (sum.Digest() != items[item].checksum) {
-        return DataLoss(path + ": checksum mismatch in item " + QuoteName(items[item].name) +
-                        " (stored " + ChecksumHex(items[item].checksum) + ", read " +
-                        ChecksumHex(sum.Digest()) + ")");
-      }
-      sum = Checksum();
-      ++item;
-      in_item = 0;
-    }
-    return Status::Ok();
-  };
-  if (Status s = close_items(); !s.ok()) return s;
+  if (Status s = sink.Begin(); !s.ok()) return s;
 
   for (std::uint64_t k = 0; k < chunks; ++k) {
     while (next < chunks && inflight.size() < window) {
@@ -167,29 +203,36 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
     if (status.ok() && got.value() < want) {
       status = DataLoss(path + " ended early (truncated shard)");
     }
-    std::uint64_t used = 0;
-    while (status.ok() && used < want) {
-      const ShardItem& it = items[item];
-      std::size_t n = static_cast<std::size_t>(std::min(want - used, it.length - in_item));
-      const char* src = p.chunk.data + used;
-      sum.Update(src, n);
-      if (dest[item].blob != nullptr) {
-        dest[item].blob->append(src, n);
-      } else {
-        const RestoreTarget& t = *dest[item].target;
-        status = t.region->WriteAt(t.region_offset + in_item, src, n);
-        if (!status.ok()) status = status.With("item " + it.name);
-      }
-      used += n;
-      in_item += n;
-      if (status.ok()) status = close_items();
-    }
+    if (status.ok()) status = sink.Consume(p.chunk.data, want);
     pool_.Release(p.chunk);
-    out.bytes_read += used;
+    if (status.ok()) out.bytes_read += want;
     if (!status.ok()) {
       drain();
       return status;
     }
+  }
+  return out;
+}
+
+Result<RestoredShard> RestoreEngine::RestoreFromImage(const MemoryImage& image,
+                                                      const std::vector<RestoreTarget>& targets) {
+  const std::string what = "memory image of job '" + image.meta.job + "' version " +
+                           std::to_string(image.meta.version) + " rank " + std::to_string(image.meta.rank);
+  if (image.file_bytes < 8) return DataLoss(what + " is too short");
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(image.data()[i]);
+  if (header_len > image.file_bytes - 8) return DataLoss(what + ": header size past the end");
+  auto info = ParseShardHeader(std::string_view(image.data() + 8, header_len), image.file_bytes);
+  if (!info.ok()) return info.status().With(what);
+  if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
+  RestoredShard out;
+  ItemSink sink(what, info.value(), targets, out);
+  if (Status s = sink.Begin(); !s.ok()) return s;
+  // In pieces, so that device regions get host-to-device copies of a bounded size.
+  const std::uint64_t piece = pool_.chunk_bytes();
+  for (std::uint64_t off = info->data_start; off < image.file_bytes; off += piece) {
+    std::uint64_t n = std::min(piece, image.file_bytes - off);
+    if (Status s = sink.Consume(image.data() + off, n); !s.ok()) return s;
   }
   return out;
 }

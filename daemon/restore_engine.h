@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "daemon/host_pool.h"
+#include "daemon/memory_tier.h"
 #include "daemon/region_importer.h"
 #include "daemon/storage.h"
 #include "format/shard_format.h"
@@ -41,6 +42,8 @@ class RestoreEngine {
 
   Result<RestoredShard> Restore(const std::string& path, const std::vector<RestoreTarget>& targets,
                                 bool direct_io);
+  // The same from a complete memory-tier image: no file is read (bytes_read stays 0).
+  Result<RestoredShard> RestoreFromImage(const MemoryImage& image, const std::vector<RestoreTarget>& targets);
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -14,7 +14,7 @@ ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::str
   static std::atomic<std::uint64_t> serial{0};
   final_path_ = dir_ + "/" + ShardFileName(meta_.rank);
   tmp_path_ = final_path_ + "." + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1)) +
-              std::string(kTmpSuffix);
+              TmpSuffix();
   for (const auto& item : layout_.items()) data_bytes_ += item.length;
 }
 

@@ -22,7 +22,10 @@
 
 namespace ckpt {
 
-enum class ShardLevel { kCopying = 0, kCaptured = 1, kDurable = 2, kCommitted = 3 };
+// kLocal: durable on the local tier; kDurable: durable on the persistent tier (persisted).
+enum class ShardLevel { kCopying = 0, kCaptured = 1, kLocal = 2, kDurable = 3, kCommitted = 4 };
+
+struct MemoryImage;
 
 // Where one item's bytes come from: a region of the trainer, or blob bytes the snapshot
 // request carried.
@@ -83,6 +86,13 @@ class ShardJob {
   // Device shards of one copy queue (one registration) are copied in order by a thread of
   // their own (see SnapshotEngine).
   std::string copy_queue;
+  // The level the flush engine raises the shard to once its file is published: kLocal when
+  // it was written to the local tier (promotion to the persistent tier follows), else
+  // kDurable. Set before queueing.
+  ShardLevel publish_level = ShardLevel::kDurable;
+  // The memory tier's copy of the shard's file image, filled by the writers as they write
+  // (null when the memory tier does not keep this version).
+  std::shared_ptr<MemoryImage> image;
 
   // When the Snapshot call arrived, and how long until each level (0 until reached).
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
@@ -129,7 +139,7 @@ class ShardJob {
   std::condition_variable changed_;
   ShardLevel level_ = ShardLevel::kCopying;
   bool ordered_ = false;
-  double reached_ms_[4] = {0, 0, 0, 0};
+  double reached_ms_[5] = {0, 0, 0, 0, 0};
   Status error_;
   int pending_writes_ = 0;
   bool copy_done_ = false;

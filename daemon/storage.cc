@@ -1,5 +1,7 @@
 #include "daemon/storage.h"
 
+#include "format/paths.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +14,7 @@
 namespace ckpt {
 
 Status Storage::WriteFileAtomic(const std::string& path, const std::string& content) {
-  std::string tmp = path + ".tmp";
+  std::string tmp = path + TmpSuffix();
   auto fd = CreateFile(tmp, /*direct=*/false);
   if (!fd.ok()) return fd.status();
   if (Status s = WriteAt(fd->get(), content.data(), content.size(), 0, tmp); !s.ok()) return s;

@@ -388,9 +388,9 @@ int main(int argc, char** argv) {
       }
       restored_version = r.version;
       verified_bytes = total_bytes;
-      std::printf("restored version %" PRIu64 " (%.1f MiB) into fresh GPU buffers in %.1f ms = %.2f GB/s; "
+      std::printf("restored version %" PRIu64 " from %s (%.1f MiB) into fresh GPU buffers in %.1f ms = %.2f GB/s; "
                   "every byte verified\n",
-                  r.version, static_cast<double>(r.tensor_bytes) / (1 << 20), *restore_ms,
+                  r.version, r.tier.c_str(), static_cast<double>(r.tensor_bytes) / (1 << 20), *restore_ms,
                   static_cast<double>(r.tensor_bytes) / 1e9 / (*restore_ms / 1000.0));
       start = r.version;
     } else {

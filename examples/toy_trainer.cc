@@ -248,8 +248,8 @@ int main(int argc, char** argv) {
           return 3;
         }
       }
-      std::printf("restored version %" PRIu64 " (%.1f MiB) in %.1f ms; every byte verified\n", r.version,
-                  static_cast<double>(r.tensor_bytes) / (1 << 20), restore_ms);
+      std::printf("restored version %" PRIu64 " from %s (%.1f MiB) in %.1f ms; every byte verified\n", r.version,
+                  r.tier.c_str(), static_cast<double>(r.tensor_bytes) / (1 << 20), restore_ms);
       start = r.version;
     } else {
       for (std::size_t t = 0; t < tensors; ++t) Fill(state + t * words, words, rank, t, 0);

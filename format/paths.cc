@@ -17,6 +17,17 @@ std::optional<std::uint64_t> ParseDigits(std::string_view s) {
 
 }  // namespace
 
+namespace {
+std::string& TmpSuffixStorage() {
+  static std::string suffix = ".tmp";
+  return suffix;
+}
+}  // namespace
+
+const std::string& TmpSuffix() { return TmpSuffixStorage(); }
+
+void SetTmpOwner(const std::string& owner) { TmpSuffixStorage() = "." + owner + ".tmp"; }
+
 std::string VersionDirName(std::uint64_t version) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "v%010llu", static_cast<unsigned long long>(version));
@@ -26,6 +37,18 @@ std::string VersionDirName(std::uint64_t version) {
 std::string ShardFileName(std::uint32_t rank) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "rank-%05u.safetensors", rank);
+  return buf;
+}
+
+std::string DoneFileName(std::uint32_t rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rank-%05u.done", rank);
+  return buf;
+}
+
+std::string RankFileName(std::uint32_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05u", rank);
   return buf;
 }
 

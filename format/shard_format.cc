@@ -46,6 +46,10 @@ std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& item
   out += ",\"ckpt.version\":\"" + std::to_string(meta.version) + "\"";
   out += ",\"ckpt.rank\":\"" + std::to_string(meta.rank) + "\"";
   out += ",\"ckpt.world_size\":\"" + std::to_string(meta.world_size) + "\"";
+  if (!meta.session.empty()) {
+    out += ",\"ckpt.session\":";
+    AppendString(out, meta.session);
+  }
   for (const auto& item : items) {
     out += ',';
     AppendString(out, "ckpt.item." + item.name);
@@ -185,6 +189,9 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   info.meta.version = version.value();
   info.meta.rank = static_cast<std::uint32_t>(rank.value());
   info.meta.world_size = static_cast<std::uint32_t>(world.value());
+  if (auto session = md.find("ckpt.session"); session != md.end() && session->is_string()) {
+    info.meta.session = session->get<std::string>();
+  }
 
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;

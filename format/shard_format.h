@@ -49,6 +49,9 @@ struct ShardMeta {
   std::uint64_t version = 0;
   std::uint32_t rank = 0;
   std::uint32_t world_size = 0;
+  // The registration of the rank that wrote the shard ("ckpt.session", optional): a commit
+  // counts a shard only if it comes from the rank's current registration (see Catalog).
+  std::string session;
 };
 
 class ShardLayout {

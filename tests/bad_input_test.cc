@@ -28,24 +28,25 @@ namespace {
 // A daemon with one healthy job ("canary") that has a committed version, so each bad call
 // can be followed by proof that others are still served and committed data is intact.
 struct Fixture {
-  TempDir dir{"bad"};
-  DaemonProcess daemon{MakeOptions(dir)};
-  TrainerState canary_state{2, 1 << 20, 99};
-  Client canary = Client::connect(daemon.socket());
-  std::uint64_t canary_version = 1;
-
-  static DaemonOptions MakeOptions(const TempDir& d) {
-    DaemonOptions o;
-    o.root = d.path() + "/root";
-    o.socket = d.path() + "/sock/ckptd.sock";
-    return o;
-  }
-
-  Fixture() {
+  explicit Fixture(std::vector<std::string> extra_args = {}) : daemon(MakeOptions(dir, std::move(extra_args))) {
     canary.register_items("canary", 0, 1, canary_state.Items());
     canary_state.Fill(1);
     canary.snapshot(1);
     canary.wait_durable(1);
+  }
+
+  TempDir dir{"bad"};
+  DaemonProcess daemon;
+  TrainerState canary_state{2, 1 << 20, 99};
+  Client canary = Client::connect(daemon.socket());
+  std::uint64_t canary_version = 1;
+
+  static DaemonOptions MakeOptions(const TempDir& d, std::vector<std::string> extra_args) {
+    DaemonOptions o;
+    o.root = d.path() + "/root";
+    o.socket = d.path() + "/sock/ckptd.sock";
+    o.extra_args = std::move(extra_args);
+    return o;
   }
 
   std::string CanaryShard(std::uint64_t v) const {
@@ -392,7 +393,8 @@ TEST_CASE("restore into a registration that does not match the checkpoint", "[ba
 }
 
 TEST_CASE("a corrupted shard is refused on restore with the item named", "[bad-input]") {
-  Fixture f;
+  // No memory tier: the restore reads the file (an intact copy in memory would be used).
+  Fixture f({"--memory-mib", "0"});
   TrainerState state(2, 8192);
   Client c = Client::connect(f.daemon.socket());
   c.register_items("corrupt", 0, 1, state.Items());

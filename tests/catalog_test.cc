@@ -31,10 +31,15 @@ void Touch(const std::string& path, const std::string& content = "shard") {
   REQUIRE(out.good());
 }
 
-// Puts the shard files of `ranks` in place, as the flush engine publishes them.
-void PutShards(const Catalog& catalog, const std::string& job, std::uint64_t version,
-               const std::vector<std::uint32_t>& ranks) {
-  for (auto r : ranks) Touch(catalog.ShardPath(job, version, r), "v" + std::to_string(version));
+// Puts the shard files of `ranks` in place with their done markers, as the daemons publish
+// them, each rank registered as `registration`.
+void PutShards(Catalog& catalog, const std::string& job, std::uint64_t version,
+               const std::vector<std::uint32_t>& ranks, const std::string& registration = "run-1") {
+  for (auto r : ranks) {
+    Touch(catalog.ShardPath(job, version, r), "v" + std::to_string(version));
+    REQUIRE(catalog.WriteRankRegistration(job, r, registration).ok());
+    REQUIRE(catalog.WriteDoneMarker(job, version, r, registration).ok());
+  }
 }
 
 // Publishes and commits a complete version.
@@ -97,10 +102,18 @@ TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "
   Touch(catalog.ShardPath("job", 5, 2) + ".tmp");  // still being written
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK_FALSE(committed);
-  Touch(catalog.ShardPath("job", 5, 3));  // a rank beyond the world does not count
+  Touch(catalog.ShardPath("job", 5, 2));  // a shard without its done marker is not durable yet
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK_FALSE(committed);
-  fs::rename(catalog.ShardPath("job", 5, 1), catalog.ShardPath("job", 5, 2));  // now rank 1 is missing
+  PutShards(catalog, "job", 5, {3});  // a rank beyond the world does not count
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  // Rank 2's marker from an earlier registration of the rank: a leftover of another run.
+  REQUIRE(catalog.WriteDoneMarker("job", 5, 2, "run-0").ok());
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  CHECK_FALSE(committed);
+  fs::remove(catalog.VersionDir("job", 5) + "/" + DoneFileName(1));  // now rank 1 is missing
+  PutShards(catalog, "job", 5, {2});
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK_FALSE(committed);
   CHECK_FALSE(HasMarker(catalog, "job", 5));
@@ -130,12 +143,17 @@ TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "
   CHECK(ReadFile(catalog.VersionDir("job", 5) + "/COMMITTED") == before);
 }
 
-TEST_CASE("latest never moves back when an older version commits late", "[catalog]") {
+TEST_CASE("a version completing after a newer one committed is not committed; latest never moves back",
+          "[catalog]") {
   TempDir dir("cat");
+  bool committed = true;
   {
     Catalog catalog(Posix(), dir.path());
     Committed(catalog, "job", 5);
-    Committed(catalog, "job", 3);
+    PutShards(catalog, "job", 3, {0});
+    REQUIRE(catalog.CommitIfComplete("job", 3, 1, &committed).ok());
+    CHECK_FALSE(committed);
+    CHECK_FALSE(HasMarker(catalog, "job", 3));
     CHECK(LatestText(catalog, "job") == "5\n");
     CHECK(catalog.Latest("job") == 5);
     Committed(catalog, "job", 7);
@@ -144,9 +162,53 @@ TEST_CASE("latest never moves back when an older version commits late", "[catalo
   }
   // A fresh catalog (a restarted daemon) knows the newest from storage, not from memory.
   Catalog restarted(Posix(), dir.path());
-  Committed(restarted, "job", 6);
+  PutShards(restarted, "job", 6, {0});
+  REQUIRE(restarted.CommitIfComplete("job", 6, 1, &committed).ok());
+  CHECK_FALSE(committed);
   CHECK(LatestText(restarted, "job") == "7\n");
   CHECK(restarted.Latest("job") == 7);
+}
+
+TEST_CASE("a commit sees versions other daemons committed, and their rank registrations", "[catalog]") {
+  TempDir dir("cat");
+  Catalog node_a(Posix(), dir.path()), node_b(Posix(), dir.path());
+  // Ranks 0 and 1 on two daemons; rank 0's daemon decides.
+  REQUIRE(node_a.WriteRankRegistration("job", 0, "a.1").ok());
+  REQUIRE(node_b.WriteRankRegistration("job", 1, "b.1").ok());
+  REQUIRE(node_b.PrepareVersionDir("job", 1).ok());
+  REQUIRE(node_b.WriteDoneMarker("job", 1, 1, "b.1").ok());
+  CHECK(node_b.HasDoneMarker("job", 1, 1, "b.1"));
+  CHECK_FALSE(node_b.HasDoneMarker("job", 1, 1, "b.0"));
+  Touch(node_a.ShardPath("job", 1, 0));
+  REQUIRE(node_a.WriteDoneMarker("job", 1, 0, "a.1").ok());
+  bool committed = false;
+  REQUIRE(node_a.CommitIfComplete("job", 1, 2, &committed).ok());
+  REQUIRE(committed);
+  CHECK(node_b.RefreshLatest("job") == 1);
+  // Rank 1 restarts (a new registration): its shard of version 2, written before, no
+  // longer counts, and the one it writes again does.
+  REQUIRE(node_b.PrepareVersionDir("job", 2).ok());
+  REQUIRE(node_b.WriteDoneMarker("job", 2, 1, "b.1").ok());
+  REQUIRE(node_a.WriteDoneMarker("job", 2, 0, "a.1").ok());
+  REQUIRE(node_b.WriteRankRegistration("job", 1, "b.2").ok());
+  REQUIRE(node_a.CommitIfComplete("job", 2, 2, &committed).ok());
+  CHECK_FALSE(committed);
+  REQUIRE(node_b.WriteDoneMarker("job", 2, 1, "b.2").ok());
+  REQUIRE(node_a.CommitIfComplete("job", 2, 2, &committed).ok());
+  CHECK(committed);
+  node_b.NoteCommitted("job", 2);
+  CHECK(node_b.Latest("job") == 2);
+}
+
+TEST_CASE("retention keeps the last K committed versions and every M-th", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path(), 2, 5);
+  for (std::uint64_t v = 1; v <= 20; ++v) Committed(catalog, "job", v);
+  std::vector<std::uint64_t> kept;
+  auto list = catalog.List("job");
+  REQUIRE(list.ok());
+  for (const auto& e : list.value()) kept.push_back(e.version);
+  CHECK(kept == std::vector<std::uint64_t>{5, 10, 15, 19, 20});
 }
 
 TEST_CASE("jobs commit independently", "[catalog]") {
@@ -212,8 +274,9 @@ TEST_CASE("Recover removes temporary files and repairs latest", "[catalog]") {
   REQUIRE(catalog.Recover().ok());
 
   CHECK(ListFiles(catalog.JobDir("job-a")) ==
-        std::vector<std::string>{"latest", "v0000000001/COMMITTED", "v0000000001/rank-00000.safetensors",
-                                 "v0000000002/rank-00000.safetensors"});
+        std::vector<std::string>{"latest", "ranks/rank-00000", "v0000000001/COMMITTED",
+                                 "v0000000001/rank-00000.done", "v0000000001/rank-00000.safetensors",
+                                 "v0000000002/rank-00000.done", "v0000000002/rank-00000.safetensors"});
   CHECK(LatestText(catalog, "job-a") == "1\n");
   CHECK(catalog.Latest("job-a") == 1);
   CHECK_FALSE(catalog.IsCommitted("job-a", 2));

@@ -124,7 +124,9 @@ TEST_CASE("shards open with an independent safetensors reader", "[contract][form
 TEST_CASE("a checkpoint larger than the pool goes through with bounded daemon memory", "[contract]") {
   TempDir dir("big");
   const std::uint64_t pool_mib = 256;
-  DaemonProcess daemon(Options(dir, pool_mib, 16));
+  DaemonOptions opts = Options(dir, pool_mib, 16);
+  opts.extra_args = {"--memory-mib", "0"};  // the memory tier's own budget is tested in tiers_test
+  DaemonProcess daemon(opts);
   TrainerState state(16, 128 << 20);  // 2 GiB
   state.Fill(1);
   Client client = Client::connect(daemon.socket());
@@ -337,8 +339,10 @@ TEST_CASE("retention: keep-last deletes older committed versions after each comm
     client.snapshot(v);
     client.wait_durable(v);
   }
-  std::vector<std::string> expect = {"keep/latest", "keep/v0000000004/COMMITTED", "keep/v0000000004/rank-00000.safetensors",
-                                     "keep/v0000000005/COMMITTED", "keep/v0000000005/rank-00000.safetensors"};
+  std::vector<std::string> expect = {"keep/latest", "keep/ranks/rank-00000",
+                                     "keep/v0000000004/COMMITTED", "keep/v0000000004/rank-00000.done",
+                                     "keep/v0000000004/rank-00000.safetensors", "keep/v0000000005/COMMITTED",
+                                     "keep/v0000000005/rank-00000.done", "keep/v0000000005/rank-00000.safetensors"};
   REQUIRE(ListFiles(daemon.root()) == expect);
   std::memset(state.region()->data(), 0, state.total_bytes());
   REQUIRE(client.restore(4).version == 4);

@@ -257,7 +257,7 @@ TestShard MakeShard(const std::string& version_dir, std::shared_ptr<MemoryRegion
     items.push_back(std::move(item));
   }
   for (const auto& e : out.expected) out.data += e;
-  ShardMeta meta{"engine-job", 7, rank, world};
+  ShardMeta meta{"engine-job", 7, rank, world, ""};
   if (!planned) {
     out.job = std::make_shared<ShardJob>(ShardLayout::Unplanned(meta, std::move(items)), std::move(sources),
                                          version_dir, direct);
@@ -417,7 +417,7 @@ TEST_CASE("HostPool::Shutdown wakes a blocked Acquire with nothing", "[pool]") {
 }
 
 TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[shard]") {
-  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1}, {});
+  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1, ""}, {});
   REQUIRE(layout.ok());
   ShardJob job(std::move(layout).value(), {}, "/nonexistent/j/v0000000003", false);
   CHECK(job.final_path() == "/nonexistent/j/v0000000003/rank-00000.safetensors");
@@ -425,7 +425,7 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
   CHECK(job.tmp_path().rfind(job.final_path() + ".", 0) == 0);
   CHECK(job.tmp_path().size() > job.final_path().size() + 4);
   CHECK(job.tmp_path().substr(job.tmp_path().size() - 4) == ".tmp");
-  ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1}, {}), {}, "/nonexistent/j/v0000000003", false);
+  ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1, ""}, {}), {}, "/nonexistent/j/v0000000003", false);
   CHECK(twin.tmp_path() != job.tmp_path());
   CHECK(job.level() == ShardLevel::kCopying);
 
@@ -449,7 +449,7 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
 }
 
 TEST_CASE("ShardJob::WaitFor wakes when another thread reaches the level or fails", "[shard]") {
-  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1}, {});
+  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1, ""}, {});
   REQUIRE(layout.ok());
   ShardJob job(std::move(layout).value(), {}, "/nonexistent", false);
   auto deadline = std::chrono::steady_clock::now() + kHang;
@@ -467,7 +467,7 @@ TEST_CASE("ShardJob::WaitFor wakes when another thread reaches the level or fail
 }
 
 TEST_CASE("ShardJob write accounting elects exactly one finisher", "[shard]") {
-  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1}, {});
+  auto layout = ShardLayout::Plan(ShardMeta{"j", 3, 0, 1, ""}, {});
   REQUIRE(layout.ok());
   SECTION("writes finish after the copy") {
     ShardJob job(std::move(layout).value(), {}, "/nonexistent", false);

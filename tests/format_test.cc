@@ -22,7 +22,7 @@ using ckpt::test::TempDir;
 
 namespace {
 
-ShardMeta Meta() { return ShardMeta{"job-1", 42, 3, 8}; }
+ShardMeta Meta() { return ShardMeta{"job-1", 42, 3, 8, ""}; }
 
 ShardItem Tensor(std::string name, DType dtype, std::vector<std::int64_t> shape) {
   ShardItem item;

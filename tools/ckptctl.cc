@@ -26,7 +26,8 @@ std::string Human(std::uint64_t bytes) {
 const char* LevelName(ckpt::v1::Level l) {
   switch (l) {
     case ckpt::v1::LEVEL_CAPTURED: return "captured";
-    case ckpt::v1::LEVEL_DURABLE: return "durable";
+    case ckpt::v1::LEVEL_LOCAL: return "local";
+    case ckpt::v1::LEVEL_DURABLE: return "persisted";
     case ckpt::v1::LEVEL_COMMITTED: return "committed";
     default: return "copying";
   }
@@ -74,6 +75,18 @@ int Status(const std::string& socket, bool json) {
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
               Human(r.bytes_read_total()).c_str(), r.versions_committed());
+  std::printf("restored: %s from memory, %s from local, %s from persistent; %u promotion(s) pending\n",
+              Human(r.restored_bytes_memory()).c_str(), Human(r.restored_bytes_local()).c_str(),
+              Human(r.restored_bytes_persistent()).c_str(), r.promotions_pending());
+  std::printf("\ntiers\n");
+  for (const auto& t : r.tiers()) {
+    if (t.name() == "memory") {
+      std::printf("  %-10s %" PRIu64 " shard(s), %s of %s; keeps %s\n", t.name().c_str(), t.shards(),
+                  Human(t.bytes()).c_str(), Human(t.budget_bytes()).c_str(), t.retention().c_str());
+    } else {
+      std::printf("  %-10s %s; keeps %s\n", t.name().c_str(), t.dir().c_str(), t.retention().c_str());
+    }
+  }
   std::printf("\nclients (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
     std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n", c.job().c_str(), c.rank(),
@@ -106,12 +119,33 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
     return 0;
   }
   std::printf("job %s: latest committed %" PRIu64 "\n", job.c_str(), r.latest());
+  auto join = [](const auto& ranks) {
+    std::string out;
+    for (auto rk : ranks) out += (out.empty() ? "" : ",") + std::to_string(rk);
+    return out.empty() ? std::string("-") : out;
+  };
+  std::printf("  %-11s %-11s %-16s %-16s %s\n", "version", "state", "persistent ranks", "local ranks",
+              "memory ranks");
   for (const auto& v : r.versions()) {
-    std::string ranks;
-    for (auto rk : v.durable_ranks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rk);
-    std::printf("  v%-10" PRIu64 " %-11s ranks %s\n", v.version(), v.committed() ? "committed" : "incomplete",
-                ranks.c_str());
+    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(), v.committed() ? "committed" : "incomplete",
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
   }
+  return 0;
+}
+
+int Prefetch(const std::string& socket, const std::string& job, std::uint64_t version,
+             const std::vector<std::uint32_t>& ranks) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  ckpt::v1::PrefetchRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  for (auto r : ranks) req.add_ranks(r);
+  ckpt::v1::PrefetchReply r;
+  grpc::Status s = stub->Prefetch(&ctx, req, &r);
+  if (!s.ok()) return Fail("prefetch", s, socket);
+  std::printf("job %s version %" PRIu64 ": %u shard(s) copied to the local tier, %u into memory, %s read\n",
+              job.c_str(), r.version(), r.local_shards(), r.memory_shards(), Human(r.bytes()).c_str());
   return 0;
 }
 
@@ -162,6 +196,13 @@ int main(int argc, char** argv) {
   auto* ls = app.add_subcommand("ls", "Versions of a job");
   ls->add_option("--job", job, "Job id")->required();
   ls->add_flag("--json", json, "Print JSON");
+  std::uint64_t version = 0;
+  std::vector<std::uint32_t> ranks;
+  auto* prefetch = app.add_subcommand(
+      "prefetch", "Pull a committed version from the persistent tier into this daemon's local and memory tiers");
+  prefetch->add_option("--job", job, "Job id")->required();
+  prefetch->add_option("--version", version, "Committed version (default: the newest)");
+  prefetch->add_option("--ranks", ranks, "Ranks this node will serve (default: all)")->delimiter(',');
   std::vector<std::string> paths;
   auto* verify = app.add_subcommand("verify", "Check shard files against their checksums (no daemon needed)");
   verify->add_option("shards", paths, "Shard files")->required()->check(CLI::ExistingFile);
@@ -171,6 +212,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (*status) return Status(socket, json);
   if (*ls) return Ls(socket, job, json);
+  if (*prefetch) return Prefetch(socket, job, version, ranks);
   if (*verify) return Verify(paths);
   if (*inspect) return Inspect(path);
   return 2;

@@ -38,7 +38,7 @@ Names:
   SharedRegion  POSIX shm owned by this process (buffer protocol: memoryview, numpy, torch)
   Client        connect / register_items / snapshot / wait_snapshot / wait_snapshot_on_stream /
                 wait_durable / restore / status / unregister
-  Level         CAPTURED, DURABLE, COMMITTED (for wait_durable)
+  Level         CAPTURED, LOCAL, PERSISTED (= DURABLE), COMMITTED (for wait_durable)
   Registration  what register_items returns
   Error         raised for every failure (RuntimeError subclass; ``code``: gRPC status code)
   VersionNotFoundError  a version or job that does not exist or is not committed (a subclass

@@ -198,7 +198,9 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::enum_<ckpt::Level>(m, "Level", "Durability levels of a version (see wait_durable)")
       .value("CAPTURED", ckpt::Level::kCaptured, "every byte copied out of trainer memory")
-      .value("DURABLE", ckpt::Level::kDurable, "durable on this rank's storage tier")
+      .value("LOCAL", ckpt::Level::kLocal, "durable on the daemon's node-local tier")
+      .value("PERSISTED", ckpt::Level::kPersisted, "durable on the persistent tier (the shared directory)")
+      .value("DURABLE", ckpt::Level::kDurable, "same as PERSISTED")
       .value("COMMITTED", ckpt::Level::kCommitted, "durable on all ranks and the commit marker written");
 
   m.attr("DTYPES") = [] {
@@ -338,17 +340,19 @@ PYBIND11_MODULE(_ckpt, m) {
           "Blocks until `version` reaches `level` (default: COMMITTED). timeout: seconds (None: forever).")
       .def(
           "restore",
-          [](ckpt::Client& c, std::optional<std::uint64_t> version) {
+          [](ckpt::Client& c, std::optional<std::uint64_t> version, bool with_tier) -> py::tuple {
             ckpt::RestoreResult r;
             {
               py::gil_scoped_release release;
               r = c.restore(version);
             }
+            if (with_tier) return py::make_tuple(r.version, FromBlobs(r.blobs), r.tier);
             return py::make_tuple(r.version, FromBlobs(r.blobs));
           },
-          py::arg("version") = py::none(),
+          py::arg("version") = py::none(), py::arg("with_tier") = false,
           "Fills the registered regions from `version` (None: the newest committed) and returns "
-          "(version, blobs) with blobs a dict name -> bytes.")
+          "(version, blobs) with blobs a dict name -> bytes; with_tier=True adds the tier the daemon "
+          "read it from: 'memory', 'local' or 'persistent'.")
       .def(
           "status",
           [](ckpt::Client& c) {

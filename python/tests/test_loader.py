@@ -300,3 +300,24 @@ def test_blocking_calls_release_the_gil(daemon):
             assert ticks >= 5, f"{what} took {seconds * 1000:.0f} ms and let only {ticks} ticks through"
     assert torch.equal(ckpt.load_file(path).tensors["big"][:4], torch.full((4,), 1.5))
     client.unregister()
+
+
+def test_levels_and_the_tier_a_restore_reads(start_daemon, temp_dir):
+    d = start_daemon(extra_args=("--local", str(temp_dir / "local")))
+    client = d.client()
+    state = State(client, rank=0, world_size=1, seed=3)
+    client.snapshot(1, {})
+    client.wait_durable(1, ckpt.Level.LOCAL, timeout=60)
+    client.wait_durable(1, ckpt.Level.PERSISTED, timeout=60)
+    client.wait_durable(1, ckpt.Level.COMMITTED, timeout=60)
+    assert ckpt.Level.PERSISTED == ckpt.Level.DURABLE
+    want = state.expected()
+    for t in state.tensors.values():
+        t.zero_()
+    version, blobs, tier = client.restore(1, with_tier=True)
+    assert (version, tier) == (1, "memory")
+    assert_same(state.tensors, want)
+    assert client.restore(1) == (1, {})  # the two-tuple form stays
+    # The loader ignores the done markers and the rank registrations beside the shards.
+    assert ckpt.load_version(d.root, JOB, "latest").version == 1
+    client.unregister()

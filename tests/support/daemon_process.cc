@@ -4,10 +4,12 @@
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -44,7 +46,13 @@ int ExitCode(int status) {
 }  // namespace
 
 DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options)) {
-  log_path_ = options_.root + ".ckptd.log";
+  // Beside the socket: daemons sharing one root (nodes of a job) keep separate logs.
+  log_path_ = options_.socket + ".log";
+  const std::string sock_dir = options_.socket.substr(0, options_.socket.find_last_of('/'));
+  if (!std::filesystem::exists(sock_dir)) {
+    std::filesystem::create_directories(sock_dir);
+    ::chmod(sock_dir.c_str(), 0700);  // as the daemon would make it
+  }
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   std::vector<std::string> argv = {CKPTD_BINARY,

@@ -39,7 +39,10 @@
 
 namespace ckpt {
 
-enum class Level { kCaptured = 1, kDurable = 2, kCommitted = 3 };
+// How far a version has come, in order: captured (out of trainer memory), local (durable on
+// the node-local tier), persisted (durable on the persistent tier; kDurable is the same),
+// committed (every rank persisted and COMMITTED written). The values are the protocol's.
+enum class Level { kCaptured = 1, kLocal = 4, kPersisted = 2, kDurable = 2, kCommitted = 3 };
 
 class Error : public std::runtime_error {
  public:
@@ -89,6 +92,7 @@ struct Blob {
 
 struct RestoreResult {
   std::uint64_t version = 0;
+  std::string tier;  // where the daemon read it: "memory", "local" or "persistent"
   std::vector<Blob> blobs;
   std::uint64_t tensor_bytes = 0;
 };

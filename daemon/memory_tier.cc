@@ -1,0 +1,194 @@
+#include "daemon/memory_tier.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace ckpt {
+namespace {
+
+constexpr std::uint64_t kPage = 4096;
+
+std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+struct MemoryTier::Store {
+  struct Buffer {
+    char* data;
+    std::uint64_t capacity;
+  };
+  std::mutex mu;
+  std::vector<Buffer> free;
+  std::uint64_t accounted = 0;  // buffers in use + free ones
+
+  ~Store() {
+    for (const auto& b : free) ::munmap(b.data, b.capacity);
+  }
+
+  // A buffer of at least `bytes` (page multiple) within `budget`, or nullptr.
+  char* Take(std::uint64_t bytes, std::uint64_t budget, std::uint64_t* capacity) {
+    std::lock_guard lock(mu);
+    // Reuse a freed buffer of the right size: steady-state checkpoints of one size never
+    // fault in fresh pages.
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (it->capacity >= bytes && it->capacity <= 2 * bytes &&
+          (best == free.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best != free.end()) {
+      Buffer b = *best;
+      free.erase(best);
+      *capacity = b.capacity;
+      return b.data;
+    }
+    // Make room by unmapping freed buffers, then map a new one.
+    while (accounted + bytes > budget && !free.empty()) {
+      ::munmap(free.back().data, free.back().capacity);
+      accounted -= free.back().capacity;
+      free.pop_back();
+    }
+    if (accounted + bytes > budget) return nullptr;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    accounted += bytes;
+    *capacity = bytes;
+    return static_cast<char*>(p);
+  }
+
+  void Give(char* data, std::uint64_t capacity) {
+    std::lock_guard lock(mu);
+    free.push_back(Buffer{data, capacity});
+  }
+};
+
+MemoryTier::MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions)
+    : budget_(budget_bytes), versions_(versions), store_(std::make_shared<Store>()) {}
+
+MemoryTier::~MemoryTier() = default;
+
+std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uint64_t file_bytes) {
+  if (!enabled()) return nullptr;
+  const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
+  {
+    std::lock_guard lock(mu_);
+    auto& versions = images_[Key{meta.job, meta.rank}];
+    // The same version written again (after a rollback or a failure): the old image goes.
+    if (auto it = versions.find(meta.version); it != versions.end()) versions.erase(it);
+    // Uncommitted images older than the newest committed one will never be needed.
+    PruneLocked(versions);
+  }
+  std::uint64_t capacity = 0;
+  char* data = store_->Take(bytes, budget_, &capacity);
+  if (data == nullptr) {
+    spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget", meta.job,
+                  meta.version, meta.rank, file_bytes, budget_ >> 20);
+    return nullptr;
+  }
+  // The padding past the file's end must be zero: it is written with O_DIRECT.
+  if (bytes > file_bytes) std::memset(data + file_bytes, 0, bytes - file_bytes);
+  std::weak_ptr<Store> store = store_;
+  std::shared_ptr<MemoryImage> image(new MemoryImage(meta, file_bytes, data, capacity), [store](MemoryImage* img) {
+    if (auto s = store.lock()) {
+      s->Give(img->data(), img->capacity());
+    } else {
+      ::munmap(img->data(), img->capacity());
+    }
+    delete img;
+  });
+  std::lock_guard lock(mu_);
+  images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false};
+  return image;
+}
+
+void MemoryTier::Complete(const std::shared_ptr<MemoryImage>& image) {
+  if (image) image->complete = true;
+}
+
+void MemoryTier::Drop(const std::shared_ptr<MemoryImage>& image) {
+  if (!image) return;
+  std::lock_guard lock(mu_);
+  auto it = images_.find(Key{image->meta.job, image->meta.rank});
+  if (it == images_.end()) return;
+  auto v = it->second.find(image->meta.version);
+  if (v != it->second.end() && v->second.image == image) it->second.erase(v);
+}
+
+void MemoryTier::PruneLocked(std::map<std::uint64_t, Entry>& versions) {
+  std::uint32_t committed_seen = 0;
+  std::uint64_t newest_committed = 0;
+  // Newest first: keep `versions_` committed images and anything newer than the newest
+  // committed one (in flight); drop the rest.
+  for (auto it = versions.rbegin(); it != versions.rend();) {
+    bool drop = false;
+    if (it->second.committed) {
+      if (newest_committed == 0) newest_committed = it->first;
+      drop = ++committed_seen > versions_;
+    } else {
+      drop = newest_committed != 0;  // older than a committed version
+    }
+    if (drop) {
+      it = std::make_reverse_iterator(versions.erase(std::next(it).base()));
+    } else {
+      ++it;
+    }
+  }
+}
+
+void MemoryTier::OnCommitted(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(mu_);
+  for (auto& [key, versions] : images_) {
+    if (std::get<0>(key) != job) continue;
+    if (auto it = versions.find(version); it != versions.end() && it->second.image->complete) {
+      it->second.committed = true;
+    }
+    PruneLocked(versions);
+  }
+}
+
+void MemoryTier::DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  std::lock_guard lock(mu_);
+  auto it = images_.find(Key{job, rank});
+  if (it == images_.end()) return;
+  it->second.erase(it->second.upper_bound(version), it->second.end());
+}
+
+std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  std::lock_guard lock(mu_);
+  auto it = images_.find(Key{job, rank});
+  if (it == images_.end()) return nullptr;
+  auto v = it->second.find(version);
+  if (v == it->second.end() || !v->second.image->complete) return nullptr;
+  return v->second.image;
+}
+
+std::map<std::uint64_t, std::vector<std::uint32_t>> MemoryTier::List(const std::string& job) {
+  std::map<std::uint64_t, std::vector<std::uint32_t>> out;
+  std::lock_guard lock(mu_);
+  for (const auto& [key, versions] : images_) {
+    if (std::get<0>(key) != job) continue;
+    for (const auto& [v, e] : versions) {
+      if (e.image->complete) out[v].push_back(std::get<1>(key));
+    }
+  }
+  for (auto& [v, ranks] : out) std::sort(ranks.begin(), ranks.end());
+  return out;
+}
+
+MemoryTier::Stats MemoryTier::GetStats() {
+  Stats st;
+  st.budget = budget_;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, versions] : images_) st.images += versions.size();
+  }
+  std::lock_guard lock(store_->mu);
+  st.bytes = store_->accounted;
+  return st;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,101 @@
+// MemoryTier: the newest versions of each rank's shard, kept whole in daemon memory.
+//
+// Each kept shard is a MemoryImage: the exact bytes of its safetensors file (header, data),
+// filled by the flush engine's writers as they write the same chunks to the first storage
+// tier, so keeping it costs a memcpy and no extra read. A trainer that crashed and restarts
+// while the daemon lives restores from here without reading a file; promotion to the
+// persistent tier writes from here instead of reading the local file back.
+//
+// Bounded twice: at most `versions` committed versions per (job, rank), and at most
+// `budget` bytes in all (images and the freed buffers kept for reuse). The rule of every
+// tier holds: an image is dropped only once a newer committed version of its (job, rank)
+// is here, or when its version failed or can no longer commit. A shard that does not fit
+// is simply not kept (its restore reads a file). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "format/shard_format.h"
+
+namespace ckpt {
+
+struct MemoryImage {
+  MemoryImage(ShardMeta meta, std::uint64_t file_bytes, char* data, std::uint64_t capacity)
+      : meta(std::move(meta)), file_bytes(file_bytes), data_(data), capacity_(capacity) {}
+  const ShardMeta meta;
+  const std::uint64_t file_bytes;  // the file's exact size
+  // Page-aligned, capacity() bytes (file_bytes rounded up to 4 KiB, zero padded): usable as
+  // an O_DIRECT write buffer.
+  char* data() const { return data_; }
+  std::uint64_t capacity() const { return capacity_; }
+  // Every byte is in place (set when the shard is published on its first tier).
+  std::atomic<bool> complete{false};
+
+ private:
+  char* data_;
+  std::uint64_t capacity_;
+};
+
+class MemoryTier {
+ public:
+  MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions);
+  ~MemoryTier();
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  bool enabled() const { return budget_ > 0 && versions_ > 0; }
+
+  // An image for a new shard of `file_bytes` bytes, or null if it does not fit without
+  // dropping an image the rules keep. Replaces an older image of the same (job, version,
+  // rank), which belongs to a version that will now be rewritten.
+  std::shared_ptr<MemoryImage> Reserve(const ShardMeta& meta, std::uint64_t file_bytes);
+  // The image is complete (its shard is published).
+  void Complete(const std::shared_ptr<MemoryImage>& image);
+  // The image's shard failed: drop it.
+  void Drop(const std::shared_ptr<MemoryImage>& image);
+  // `version` of `job` committed: per rank, keep the newest `versions` committed images
+  // and drop older ones, committed or not (an older version never commits after a newer).
+  void OnCommitted(const std::string& job, std::uint64_t version);
+  // A rank restored an older version (rollback): its images of newer versions are dropped.
+  void DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version);
+
+  // The complete image of (job, version, rank), or null.
+  std::shared_ptr<MemoryImage> Find(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // Ranks with a complete image, per version of `job`.
+  std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job);
+
+  struct Stats {
+    std::uint64_t images = 0;
+    std::uint64_t bytes = 0;  // held by images and by freed buffers kept for reuse
+    std::uint64_t budget = 0;
+  };
+  Stats GetStats();
+  std::uint32_t versions() const { return versions_; }
+
+ private:
+  using Key = std::tuple<std::string, std::uint32_t>;  // (job, rank)
+  struct Entry {
+    std::shared_ptr<MemoryImage> image;
+    bool committed = false;
+  };
+  // The memory itself: buffers in use and freed ones kept for reuse. Shared with the
+  // images' deleters, since an image in use (a restore, a promotion) may outlive its entry.
+  struct Store;
+  void PruneLocked(std::map<std::uint64_t, Entry>& versions);
+
+  const std::uint64_t budget_;
+  const std::uint32_t versions_;
+  std::shared_ptr<Store> store_;
+  std::mutex mu_;  // guards images_
+  std::map<Key, std::map<std::uint64_t, Entry>> images_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,115 @@
+#include "daemon/shard_copier.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/test_pause.h"
+#include "format/paths.h"
+#include "format/shard_format.h"
+
+namespace ckpt {
+namespace {
+
+std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
+  const std::string final_path = dst.dir + "/" + dst.name;
+  const std::string tmp_path = final_path + TmpSuffix();
+  const std::string marker = dst.dir + "/" + std::string(kCommittedMarker);
+  if (storage_->Exists(marker)) {
+    return FailedPrecondition(dst.dir + " is committed; its shard " + dst.name + " is not replaced");
+  }
+  if (Status s = storage_->MakeDirs(dst.dir); !s.ok()) return s;
+  UniqueFd in;
+  if (!src.image) {
+    auto fd = storage_->OpenForRead(src.path, src.direct_io);
+    if (!fd.ok()) return fd.status();
+    in = std::move(fd).value();
+  }
+  auto out = storage_->CreateFile(tmp_path, dst.direct_io);
+  if (!out.ok()) return out.status();
+
+  const std::uint64_t piece = pool_.chunk_bytes();
+  const std::uint64_t pieces = (src.file_bytes + piece - 1) / piece;
+  std::atomic<std::uint64_t> next{0}, done{0}, read_bytes{0};
+  std::mutex mu;
+  Status first_error;
+  auto fail = [&](Status s) {
+    std::lock_guard lock(mu);
+    if (first_error.ok()) first_error = std::move(s);
+  };
+  auto failed = [&] {
+    std::lock_guard lock(mu);
+    return !first_error.ok();
+  };
+  auto worker = [&] {
+    for (;;) {
+      std::uint64_t i = next.fetch_add(1);
+      if (i >= pieces || failed()) return;
+      const std::uint64_t off = i * piece;
+      const std::uint64_t len = std::min(piece, src.file_bytes - off);
+      // O_DIRECT writes the last piece padded to a whole block; the file is cut after.
+      const std::uint64_t wlen = dst.direct_io ? AlignUp(len, kDataAlignment) : len;
+      const char* buf = nullptr;
+      std::optional<HostPool::Chunk> chunk;
+      if (src.image) {
+        buf = src.image->data() + off;  // zero padded to a whole page
+      } else {
+        chunk = pool_.Acquire();
+        if (!chunk) {
+          fail(FailedPrecondition("daemon is shutting down"));
+          return;
+        }
+        const std::uint64_t rlen = src.direct_io ? AlignUp(len, kDataAlignment) : len;
+        auto got = storage_->ReadAt(in.get(), chunk->data, rlen, off, src.path);
+        if (!got.ok() || got.value() < len) {
+          pool_.Release(*chunk);
+          fail(got.ok() ? DataLoss(src.path + " ended early (truncated shard)") : got.status());
+          return;
+        }
+        read_bytes += len;
+        if (wlen > len) std::memset(chunk->data + len, 0, wlen - len);
+        buf = chunk->data;
+      }
+      Status s = storage_->WriteAt(out->get(), buf, wlen, off, tmp_path);
+      if (chunk) pool_.Release(*chunk);
+      if (!s.ok()) {
+        fail(s);
+        return;
+      }
+      if (done.fetch_add(1) + 1 == (pieces + 1) / 2) TestPause("promote", dst.version);
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    const unsigned n = static_cast<unsigned>(std::min<std::uint64_t>(streams_, std::max<std::uint64_t>(pieces, 1)));
+    for (unsigned t = 1; t < n; ++t) threads.emplace_back(worker);
+    worker();
+    for (auto& t : threads) t.join();
+  }
+  Status s = first_error;
+  if (s.ok() && dst.direct_io && src.file_bytes % kDataAlignment != 0) {
+    s = storage_->Truncate(out->get(), src.file_bytes, tmp_path);
+  }
+  if (s.ok()) s = storage_->DataSync(out->get(), tmp_path);
+  out->reset();
+  if (s.ok() && storage_->Exists(marker)) {
+    s = FailedPrecondition(dst.dir + " was committed meanwhile; its shard " + dst.name + " is not replaced");
+  }
+  if (s.ok()) s = storage_->Rename(tmp_path, final_path);
+  if (s.ok()) s = storage_->SyncDir(dst.dir);
+  if (s.ok()) s = storage_->SyncDir(dst.dir.substr(0, dst.dir.find_last_of('/')));
+  if (!s.ok()) {
+    storage_->Remove(tmp_path);
+    return s;
+  }
+  return read_bytes.load();
+}
+
+}  // namespace ckpt
