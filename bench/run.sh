@@ -25,7 +25,9 @@
 #                  lazy: median over versions of state bytes / the time from the snapshot
 #                  call to the slowest rank's shard being durable (copy and writes overlap);
 #   restore        lazy only: a new trainer process per rank restores the newest version
-#                  through ckptd (O_DIRECT reads, checksums) and checks every byte;
+#                  through ckptd (O_DIRECT reads, checksums) and checks every byte; the
+#                  daemon runs without its memory tier (--memory-mib 0), so the restore
+#                  reads the disk (bench/tiers.sh measures each tier);
 #   daemon RSS     lazy only: VmHWM of a ckptd started for that run (1 GiB pool).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -111,12 +113,20 @@ for mib in $sizes; do
           "\"every\": $every, \"iters\": $n, \"compute_ms\": $compute_ms, \"compute\": \"$compute_mode\"}" \
           >"$work/res/$id.run.json"
         mkdir -p "$work/files-$id"
+        if [ "$strategy" = lazy ]; then
+          # The disk drifts on a shared machine: measure its limits again right before the
+          # lazy run, so flush and restore are also compared with an adjacent figure.
+          adj_w=$(fio_mbps "$work" write)
+          adj_r=$(fio_mbps "$work" read)
+          rm -f "$work/fio.dat"
+          echo "{\"write_MBps\": $adj_w, \"read_MBps\": $adj_r}" >"$work/res/$id.fio.json"
+        fi
         if [ "$strategy" != lazy ]; then
           trainers train "$strategy" "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms"
         else
           rm -f "$work/ready"
           mkfifo "$work/ready"
-          "$build/ckptd" --socket "$work/ckptd.sock" --root "$work/root-$id" --pool-mib 1024 --keep-last 2 \
+          "$build/ckptd" --socket "$work/ckptd.sock" --root "$work/root-$id" --pool-mib 1024 --keep-last 2 --memory-mib 0 \
             --ready-fd 3 3>"$work/ready" >"$work/ckptd-$id.log" 2>&1 &
           daemon=$!
           read -r _ <"$work/ready"

@@ -1050,10 +1050,14 @@ void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool tra
 void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
   copied_done_total_ += shard->copied_bytes.load();
   written_done_total_ += shard->written_bytes.load();
-  if (shard->image) memory_->Complete(shard->image);
+  if (shard->image) {
+    memory_->Complete(shard->image);
+    // The tier owns it now: a shard kept for status must not pin its buffer.
+    shard->image.reset();
+  }
   const ShardMeta& m = shard->meta();
   if (shard->publish_level == ShardLevel::kLocal) {
-    PromoteTask task{m, shard->final_path(), shard->layout().file_bytes(), shard->image, shard};
+    PromoteTask task{m, shard->final_path(), shard->layout().file_bytes(), shard};
     {
       std::lock_guard lock(promote_mu_);
       local_pins_.insert({m.job, m.version});
@@ -1196,7 +1200,10 @@ void CheckpointService::PromoteLoop() {
     src.path = task.local_path;
     src.direct_io = local_direct_io_;
     src.file_bytes = task.file_bytes;
-    if (task.image && task.image->complete) src.image = task.image;
+    // From the memory tier's image if it still has one (no read); queued tasks hold none,
+    // so the tier's budget is spent on what it keeps.
+    src.image = memory_->Find(m.job, m.version, m.rank);
+    if (src.image && src.image->meta.session != m.session) src.image = nullptr;
     ShardCopier::Target dst{catalog_->VersionDir(m.job, m.version), ShardFileName(m.rank), direct_io_, m.version};
     auto copied = copier_->Copy(src, dst);
     bool ok = copied.ok();
@@ -1264,7 +1271,7 @@ ckpt::Status CheckpointService::ResumeLocalTier() {
         }
         std::lock_guard lock(promote_mu_);
         local_pins_.insert({job, *v});
-        promotions_.push_back(PromoteTask{m, path, info->file_bytes, nullptr, nullptr});
+        promotions_.push_back(PromoteTask{m, path, info->file_bytes, nullptr});
         ++resumed;
       }
     }
@@ -1322,6 +1329,7 @@ ckpt::Status CheckpointService::NewRegistration(Session& s) {
 void CheckpointService::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
   memory_->Drop(shard->image);
+  shard->image.reset();
   RecordError("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
               ": " + shard->error().message());
   std::shared_ptr<Session> owner;

@@ -134,8 +134,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
     ShardMeta meta;
     std::string local_path;
     std::uint64_t file_bytes = 0;
-    std::shared_ptr<MemoryImage> image;  // complete image, or null: read the local file
-    std::shared_ptr<ShardJob> shard;     // null for a promotion resumed after a restart
+    std::shared_ptr<ShardJob> shard;  // null for a promotion resumed after a restart
   };
   std::mutex promote_mu_;
   std::condition_variable promote_cv_;

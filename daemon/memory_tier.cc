@@ -46,7 +46,11 @@ struct MemoryTier::Store {
       *capacity = b.capacity;
       return b.data;
     }
-    // Make room by unmapping freed buffers, then map a new one.
+    // Make room by unmapping freed buffers, then map a new one; unmap nothing if even that
+    // would not make room (the buffers stay for reuse).
+    std::uint64_t freeable = 0;
+    for (const auto& b : free) freeable += b.capacity;
+    if (accounted - freeable + bytes > budget) return nullptr;
     while (accounted + bytes > budget && !free.empty()) {
       ::munmap(free.back().data, free.back().capacity);
       accounted -= free.back().capacity;
@@ -84,9 +88,34 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
   }
   std::uint64_t capacity = 0;
   char* data = store_->Take(bytes, budget_, &capacity);
+  while (data == nullptr) {
+    // Short of room: the newest version matters most (it is what a restarting trainer
+    // wants), so older versions of this rank still in flight give way, oldest first. The
+    // committed ones the rules keep never do.
+    {
+      std::lock_guard lock(mu_);
+      auto& versions = images_[Key{meta.job, meta.rank}];
+      auto victim = std::find_if(versions.begin(), versions.end(), [&](const auto& e) {
+        return !e.second.committed && e.first < meta.version;
+      });
+      if (victim == versions.end()) break;
+      versions.erase(victim);  // its buffer returns once no restore or promotion uses it
+    }
+    data = store_->Take(bytes, budget_, &capacity);
+  }
   if (data == nullptr) {
-    spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget", meta.job,
-                  meta.version, meta.rank, file_bytes, budget_ >> 20);
+    // Said once at warn level: restores of such versions read a file, which is not what a
+    // user who configured the tier expects.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      spdlog::warn("memory tier: job {} version {} rank {} ({} MiB) not kept: over the {} MiB budget (it needs "
+                   "--memory-versions + 1 versions of each rank: raise --memory-mib); restores of versions not "
+                   "kept read the local or persistent tier",
+                   meta.job, meta.version, meta.rank, file_bytes >> 20, budget_ >> 20);
+    } else {
+      spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget", meta.job,
+                    meta.version, meta.rank, file_bytes, budget_ >> 20);
+    }
     return nullptr;
   }
   // The padding past the file's end must be zero: it is written with O_DIRECT.

@@ -229,11 +229,15 @@ int main(int argc, char** argv) {
     }
 
     std::uint64_t start = 0;
-    double restore_ms = 0;
+    double restore_ms = 0, restore_end_unix_ms = 0;
+    std::string restore_tier;
     if (resume) {
       auto t0 = Clock::now();
       auto r = client->restore();
       restore_ms = Ms(Clock::now() - t0);
+      restore_end_unix_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::system_clock::now().time_since_epoch()).count();
+      restore_tier = r.tier;
       std::string step;
       for (const auto& b : r.blobs) if (b.name == "step") step = b.data;
       if (step != std::to_string(r.version)) {
@@ -372,7 +376,8 @@ int main(int argc, char** argv) {
             "\"stall_ms_p50\": %s, \"stall_ms_p99\": %s, \"snapshot_call_us_p50\": %s, \"iter_ms_p50\": "
             "%.6f, "
             "\"iter_ms_mean\": %.6f, \"flush_ms_p50\": %s, \"flush_MBps_p50\": %s, \"restore_ms\": %s, "
-            "\"run_s\": %.6f, \"last_version\": %" PRIu64 ", \"final_durable_ms\": %.3f}\n",
+            "\"run_s\": %.6f, \"last_version\": %" PRIu64 ", \"final_durable_ms\": %.3f, "
+            "\"restore_tier\": \"%s\", \"restore_end_unix_ms\": %.3f}\n",
             StrategyName(strategy), spin ? "spin" : "wait", compute_ms, rank, world, iter_ms.size(),
             checkpoints, state_bytes, JsonNumber(has_stalls, Percentile(stalls, 50)).c_str(),
             JsonNumber(has_stalls, Percentile(stalls, 99)).c_str(),
@@ -381,7 +386,8 @@ int main(int argc, char** argv) {
             JsonNumber(has_flush && flush_p50 > 0,
                        static_cast<double>(state_bytes) / 1e6 / (flush_p50 / 1000))
                 .c_str(),
-            JsonNumber(resume, restore_ms).c_str(), run_s, last_snapshot, durable_ms);
+            JsonNumber(resume, restore_ms).c_str(), run_s, last_snapshot, durable_ms, restore_tier.c_str(),
+            restore_end_unix_ms);
         std::fclose(f);
       }
     }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The ckptd demo: starts a daemon, runs a trainer that checkpoints every iteration and
-# is killed with SIGKILL mid-run, restarts it so it restores the newest committed version
-# and checks every byte, then shows what the daemon and the files look like.
+# The ckptd demo: starts a daemon with its three tiers (memory, a local directory, the
+# persistent root), runs a trainer that checkpoints every iteration and is killed with
+# SIGKILL mid-run, restarts it so it restores the newest committed version (from daemon
+# memory, reading no file) and checks every byte, then shows what the daemon and the
+# files look like.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="$here/build"
@@ -12,15 +14,17 @@ ninja -C "$build" ckptd ckptctl ckpt-toy-trainer >/dev/null
 work="$(mktemp -d /tmp/ckptd-demo-XXXXXX)"
 sock="$work/run/ckptd.sock"
 root="$work/checkpoints"
+local_tier="$work/local"
 cleanup() {
   [ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-echo "== 1. start ckptd (root $root, pool 256 MiB)"
+echo "== 1. start ckptd (tiers: memory, local $local_tier, persistent $root; pool 256 MiB)"
 mkfifo "$work/ready"
-"$build/ckptd" --socket "$sock" --root "$root" --pool-mib 256 --ready-fd 4 4>"$work/ready" \
+"$build/ckptd" --socket "$sock" --root "$root" --local "$local_tier" --keep-last 3 --pool-mib 256 \
+  --memory-mib 1024 --ready-fd 4 4>"$work/ready" \
   >"$work/ckptd.log" 2>&1 &
 daemon=$!
 read -r _ <"$work/ready"
@@ -32,14 +36,16 @@ echo "== 2. a trainer with 256 MiB of state checkpoints every iteration; it is k
 "${trainer[@]}" --iters 20 --crash-at 8 || echo "   trainer died with status $? (as planned)"
 
 echo
-echo "== 3. the restarted trainer restores the newest committed version, verifies every byte, trains on to 12"
+echo "== 3. the restarted trainer restores the newest committed version (from daemon memory), verifies"
+echo "   every byte, trains on to 12"
 "${trainer[@]}" --iters 12 --resume
 
 echo
 echo "== 4. ckptctl status"
 "$build/ckptctl" --socket "$sock" status
 echo
-echo "== 5. ckptctl ls, and the files (valid safetensors; ckptctl verify checks every checksum)"
+echo "== 5. ckptctl ls (which tier holds which version), and the files (valid safetensors;"
+echo "   ckptctl verify checks every checksum)"
 "$build/ckptctl" --socket "$sock" ls --job demo
 latest=$(cat "$root/demo/latest")
 shard="$root/demo/$(printf 'v%010d' "$latest")/rank-00000.safetensors"

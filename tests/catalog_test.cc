@@ -143,7 +143,7 @@ TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "
   CHECK(ReadFile(catalog.VersionDir("job", 5) + "/COMMITTED") == before);
 }
 
-TEST_CASE("a version completing after a newer one committed is not committed; latest never moves back",
+TEST_CASE("a version completing after a newer one committed is not committed, and latest never moves back",
           "[catalog]") {
   TempDir dir("cat");
   bool committed = true;

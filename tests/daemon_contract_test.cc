@@ -77,7 +77,7 @@ TEST_CASE("snapshot returns while the copy is still in progress", "[contract]") 
   REQUIRE(VerifyShard(ShardPath(daemon.root(), "lazy", 1, 0)).ok());
 }
 
-TEST_CASE("after wait_snapshot the trainer may overwrite everything; the shard keeps the snapshot", "[contract]") {
+TEST_CASE("after wait_snapshot the trainer may overwrite everything, and the shard keeps the snapshot", "[contract]") {
   TempDir dir("mutate");
   DaemonProcess daemon(Options(dir, 16, 1));  // 64 MiB through 16 MiB: writes must recycle chunks
   TrainerState state(8, 8 << 20);
@@ -234,7 +234,7 @@ TEST_CASE("several ranks on one daemon: COMMITTED only once every rank is durabl
   }
 }
 
-TEST_CASE("restore fills the regions byte-exact and returns the blobs; rollback sets newer versions aside",
+TEST_CASE("restore fills the regions byte-exact and returns the blobs, and rollback sets newer versions aside",
           "[contract]") {
   TempDir dir("restore");
   DaemonProcess daemon(Options(dir));

@@ -429,3 +429,25 @@ TEST_CASE("ckptctl shows the tiers and the levels of each version", "[tiers][too
   INFO(ls.output);
   CHECK(ls.output.find("v1          committed   0                0                0") != std::string::npos);
 }
+
+TEST_CASE("the shipped config file starts a daemon with its tiers, and a local tier equal to the root is refused",
+          "[tiers][config]") {
+  TempDir dir("conf");
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/sock/ckptd.sock";
+  o.extra_args = {"--config", CKPT_SOURCE_DIR "/deploy/ckptd.conf"};  // flags win over the file
+  DaemonProcess daemon(o);
+  v1::StatusReply st = daemon.Status();
+  REQUIRE(st.tiers_size() == 2);  // the file sets no local tier
+  CHECK(st.tiers(0).name() == "memory");
+  CHECK(st.tiers(0).budget_bytes() == 4096ull << 20);
+  CHECK(st.tiers(1).name() == "persistent");
+  CHECK(st.tiers(1).dir() == o.root);
+  CHECK(st.tiers(1).retention() == "last 3 committed versions");
+
+  ProcessResult same = RunProcess({CKPTD_BINARY, "--root", o.root, "--local", o.root, "--socket",
+                                   dir.path() + "/sock2/ckptd.sock"});
+  CHECK(same.exit_code == 2);
+  CHECK(same.output.find("--local and --root are the same directory") != std::string::npos);
+}
