@@ -734,6 +734,12 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
     spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s->job, v, moved.value());
     memory_->DropNewerThan(s->job, s->rank, v);
   }
+  if (v < latest) {
+    // Numbering continues from v: versions above it will be committed (again).
+    std::lock_guard glock(mu_);
+    auto& done = finished_commits_[s->job];
+    done = std::min(done, v);
+  }
   // What this rank published before belongs to the timeline it just left.
   if (ckpt::Status st = NewRegistration(*s); !st.ok()) return ToGrpc(st.With("after restoring version " + std::to_string(v)));
   s->last_version = v;
@@ -1070,6 +1076,7 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
 }
 
 bool CheckpointService::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJob>& shard) {
+  if (shard) shard->persisted = true;  // before the marker: a commit may follow at once
   if (ckpt::Status st = catalog_->WriteDoneMarker(m.job, m.version, m.rank, m.session); !st.ok()) {
     st = st.With("done marker of rank " + std::to_string(m.rank));
     if (shard) {
@@ -1129,6 +1136,10 @@ void CheckpointService::FinishCommit(const std::string& job, std::uint64_t versi
   std::vector<std::shared_ptr<ShardJob>> peers;
   {
     std::lock_guard lock(mu_);
+    // The watcher and a writer may both see the commit: the first one finishes it.
+    auto& done = finished_commits_[job];
+    if (version <= done) return;
+    done = version;
     auto it = by_version_.find({job, version});
     if (it != by_version_.end()) {
       for (const auto& w : it->second) {
@@ -1152,10 +1163,11 @@ void CheckpointService::FinishCommit(const std::string& job, std::uint64_t versi
   // The tiers' retention first, so that a trainer woken by the commit finds them settled.
   memory_->OnCommitted(job, version);
   ApplyLocalRetention(job);
-  // Only shards that are persisted are part of the commit; the one that just became
-  // persisted is raised by its own writer right after this returns.
+  // Only shards that are persisted are part of the commit (each sets `persisted` before
+  // its marker, so none is missed); one whose writer has not raised it to persisted yet
+  // goes straight to committed, which implies persisted.
   for (const auto& p : peers) {
-    if (p == shard || p->level() >= ShardLevel::kDurable) p->Reach(ShardLevel::kCommitted);
+    if (p == shard || p->persisted) p->Reach(ShardLevel::kCommitted);
   }
 }
 

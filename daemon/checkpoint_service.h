@@ -148,6 +148,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   // see (another daemon decides): (job, version) -> world size. Guarded by mu_.
   std::map<std::pair<std::string, std::uint64_t>, std::uint32_t> pending_commits_;
   std::map<std::pair<std::string, std::uint64_t>, std::uint32_t> watched_commits_;
+  std::map<std::string, std::uint64_t> finished_commits_;  // job -> newest commit finished here
   std::condition_variable watch_cv_;  // with mu_
   std::thread watcher_;
   std::atomic<std::uint64_t> restored_memory_{0}, restored_local_{0}, restored_persistent_{0};

@@ -75,6 +75,9 @@ class ShardJob {
 
   std::atomic<std::uint64_t> copied_bytes{0};
   std::atomic<std::uint64_t> written_bytes{0};
+  // Set just before its done marker is written on the persistent tier: from then on a
+  // commit of its version (by this daemon or seen from another) includes it.
+  std::atomic<bool> persisted{false};
   // Set once the trainer has been told of this shard's failure (so it is told only once).
   std::atomic<bool> error_reported{false};
   // The registration epoch of its rank when it was snapshotted (see CheckpointService).
