@@ -40,11 +40,9 @@ if [ -z "$compute_ms" ]; then
   compute_ms=$(compute_ms_for "$state_mib" "$write_mbps")
 fi
 
-mkfifo "$work/ready"
-"$build/ckptd" --socket "$work/ckptd.sock" --root "$work/root" --pool-mib 1024 --keep-last 2 \
-  --ready-fd 3 3>"$work/ready" >"$work/ckptd.log" 2>&1 &
-daemon=$!
-read -r _ <"$work/ready"
+# No memory tier: the restore reads the disk, to be set against fio's read figure.
+start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --root "$work/root" --pool-mib 1024 \
+  --keep-last 2 --memory-mib 0
 echo "== trainer: $state_mib MiB in 16 tensors, checkpoint every iteration, $iters iterations, compute $compute_ms ms"
 "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
   --iters "$iters" --every 1 --compute-ms "$compute_ms" --quiet --summary "$work/trainer.json"
@@ -52,7 +50,7 @@ echo "== trainer: $state_mib MiB in 16 tensors, checkpoint every iteration, $ite
 echo "== restore: a new trainer process restores the newest version (O_DIRECT reads) and checks every byte"
 "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
   --iters "$iters" --resume --quiet | tee "$work/restore.txt"
-restore_ms=$(sed -n 's/.*restored version [0-9]* ([0-9.]* MiB) in \([0-9.]*\) ms.*/\1/p' "$work/restore.txt")
+restore_ms=$(sed -n 's/.*restored version [0-9]* from [a-z]* ([0-9.]* MiB) in \([0-9.]*\) ms.*/\1/p' "$work/restore.txt")
 rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$daemon/status)
 
 python3 - "$work/trainer.json" "$work/status.json" "$write_mbps" "$read_mbps" "$compute_ms" "$rss_kib" "$out" "$dir" "$restore_ms" <<'PY'

@@ -15,3 +15,21 @@ fio_mbps() {
 compute_ms_for() {
   python3 -c "print(int($1 * 1.048576 / $2 * 1000 * 1.2) + 1)"
 }
+
+# start_ckptd BINARY LOG ARGS...: starts ckptd with ARGS in the background, its output
+# appended to LOG, and returns once it serves (its --ready-fd, through $work/ready); sets
+# $daemon to its pid. stop_ckptd: SIGTERM, then waits for it.
+start_ckptd() {
+  local binary=$1 log=$2
+  shift 2
+  rm -f "$work/ready"
+  mkfifo "$work/ready"
+  "$binary" "$@" --ready-fd 3 3>"$work/ready" >>"$log" 2>&1 &
+  daemon=$!
+  read -r _ <"$work/ready"
+}
+stop_ckptd() {
+  kill "$daemon"
+  wait "$daemon" || true
+  daemon=""
+}

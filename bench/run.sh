@@ -124,21 +124,15 @@ for mib in $sizes; do
         if [ "$strategy" != lazy ]; then
           trainers train "$strategy" "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms"
         else
-          rm -f "$work/ready"
-          mkfifo "$work/ready"
-          "$build/ckptd" --socket "$work/ckptd.sock" --root "$work/root-$id" --pool-mib 1024 --keep-last 2 --memory-mib 0 \
-            --ready-fd 3 3>"$work/ready" >"$work/ckptd-$id.log" 2>&1 &
-          daemon=$!
-          read -r _ <"$work/ready"
+          start_ckptd "$build/ckptd" "$work/ckptd-$id.log" --socket "$work/ckptd.sock" --root "$work/root-$id" \
+            --pool-mib 1024 --keep-last 2 --memory-mib 0
           trainers train lazy "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms"
           "$build/ckptctl" --socket "$work/ckptd.sock" status --json >"$work/res/$id.status.json"
           # A new process per rank restores the newest committed version (O_DIRECT reads)
           # and checks every byte.
           trainers restore lazy "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms" --resume
           awk '/VmHWM/ {print $2}' "/proc/$daemon/status" >"$work/res/$id.rss_kib"
-          kill "$daemon"
-          wait "$daemon" || true
-          daemon=""
+          stop_ckptd
           rm -rf "$work/root-$id"
         fi
         rm -rf "$work/files-$id"

@@ -74,17 +74,8 @@ echo "   persistent $read_persistent MB/s, local $read_local MB/s"
 start_daemon() {  # MEMORY_MIB [extra ckptd flags]
   local memory=$1
   shift
-  rm -f "$work/ready"
-  mkfifo "$work/ready"
-  "$build/ckptd" --socket "$work/ckptd.sock" --root "$work/persistent" --pool-mib 1024 --memory-mib "$memory" \
-    --ready-fd 3 "$@" 3>"$work/ready" >>"$work/ckptd.log" 2>&1 &
-  daemon=$!
-  read -r _ <"$work/ready"
-}
-stop_daemon() {
-  kill "$daemon"
-  wait "$daemon" || true
-  daemon=""
+  start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --root "$work/persistent" \
+    --pool-mib 1024 --memory-mib "$memory" "$@"
 }
 trainer() {  # TAG [extra trainer flags]
   local tag=$1
@@ -103,15 +94,15 @@ killed_ms=$(date +%s%3N)
 trainer after_kill --iters 4 --resume
 echo "== 2. restore again, 3 times (memory, nothing in flight)"
 for i in 1 2 3; do trainer "memory-$i" --iters 4 --resume; done
-stop_daemon
+stop_ckptd
 echo "== 3. daemon restarted without its memory tier: restore from the local tier, 3 times"
 start_daemon 0 --local "$local_tier"
 for i in 1 2 3; do trainer "local-$i" --iters 4 --resume; done
-stop_daemon
+stop_ckptd
 echo "== 4. daemon without the local tier: restore from the persistent tier, 3 times"
 start_daemon 0
 for i in 1 2 3; do trainer "persistent-$i" --iters 4 --resume; done
-stop_daemon
+stop_ckptd
 
 python3 - "$work" "$out" "$killed_ms" "$read_persistent" "$read_local" "$mib" "bench/tiers.sh $args" <<'PY'
 import datetime, json, os, platform, sys

@@ -647,23 +647,9 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   // after snapshot) finish first: the daemon holds their data, and the newest of them is
   // what the restarted trainer wants.
   if (ckpt::Status st = WaitForRankInFlight(ctx, s->job, s->rank); !st.ok()) return ToGrpc(st);
-  // Another node's daemon may have committed since this one last looked.
-  std::uint64_t latest = catalog_->RefreshLatest(s->job);
-  std::uint64_t v = req->version() == 0 ? latest : req->version();
-  if (v == 0) {
-    return ToGrpc(NotFound("job '" + s->job + "' has no committed version under " + config_.root));
-  }
-  catalog_->Pin(s->job, v);
-  struct Unpin {
-    Catalog& catalog;
-    std::string job;
-    std::uint64_t version;
-    ~Unpin() { catalog.Unpin(job, version); }
-  } unpin{*catalog_, s->job, v};
-  if (!catalog_->IsCommitted(s->job, v)) {
-    return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + s->job + "' is not committed" +
-                           (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));
-  }
+  std::uint64_t v = 0, latest = 0;
+  std::unique_ptr<VersionHold> hold;
+  if (ckpt::Status st = HoldCommitted(s->job, req->version(), &v, &latest, &hold); !st.ok()) return ToGrpc(st);
   // The fastest tier that holds the version: daemon memory, the local tier, the persistent
   // tier. Memory and local hold only what this daemon wrote or prefetched, and the version
   // is committed, so any copy of the shard is the committed one (checksums are verified).
@@ -671,24 +657,9 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   std::string path = catalog_->ShardPath(s->job, v, s->rank);
   std::string tier = "persistent";
   bool direct = direct_io_;
-  struct LocalPin {
-    CheckpointService* self;
-    std::pair<std::string, std::uint64_t> key;
-    bool held = false;
-    ~LocalPin() {
-      if (!held) return;
-      std::lock_guard lock(self->promote_mu_);
-      self->local_pins_.erase(self->local_pins_.find(key));
-    }
-  } local_pin{this, {s->job, v}};
   if (image) {
     tier = "memory";
   } else if (!local_root_.empty()) {
-    {
-      std::lock_guard lock(promote_mu_);
-      local_pins_.insert({s->job, v});
-      local_pin.held = true;
-    }
     std::string local_path = LocalVersionDir(s->job, v) + "/" + ShardFileName(s->rank);
     if (storage_->Exists(local_path)) {
       path = local_path;
@@ -913,20 +884,9 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
     return ToGrpc(FailedPrecondition("this daemon has neither a local tier (--local) nor a memory tier "
                                      "(--memory-mib): nothing to prefetch into"));
   }
-  std::uint64_t latest = catalog_->RefreshLatest(req->job());
-  std::uint64_t v = req->version() == 0 ? latest : req->version();
-  if (v == 0) return ToGrpc(NotFound("job '" + req->job() + "' has no committed version under " + config_.root));
-  catalog_->Pin(req->job(), v);
-  struct Unpin {
-    Catalog& catalog;
-    std::string job;
-    std::uint64_t version;
-    ~Unpin() { catalog.Unpin(job, version); }
-  } unpin{*catalog_, req->job(), v};
-  if (!catalog_->IsCommitted(req->job(), v)) {
-    return ToGrpc(NotFound("version " + std::to_string(v) + " of job '" + req->job() + "' is not committed" +
-                           (latest ? " (newest committed: " + std::to_string(latest) + ")" : std::string())));
-  }
+  std::uint64_t v = 0, latest = 0;
+  std::unique_ptr<VersionHold> hold;
+  if (ckpt::Status st = HoldCommitted(req->job(), req->version(), &v, &latest, &hold); !st.ok()) return ToGrpc(st);
   std::vector<std::uint32_t> ranks(req->ranks().begin(), req->ranks().end());
   if (ranks.empty()) {
     auto listed = storage_->List(catalog_->VersionDir(req->job(), v));
@@ -936,20 +896,6 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
     }
     std::sort(ranks.begin(), ranks.end());
   }
-  // Local retention leaves the version alone while it is being prefetched.
-  struct LocalPin {
-    CheckpointService* self;
-    std::pair<std::string, std::uint64_t> key;
-    ~LocalPin() {
-      std::lock_guard lock(self->promote_mu_);
-      self->local_pins_.erase(self->local_pins_.find(key));
-    }
-  };
-  {
-    std::lock_guard lock(promote_mu_);
-    local_pins_.insert({req->job(), v});
-  }
-  LocalPin pin{this, {req->job(), v}};
   std::uint64_t bytes = 0;
   std::uint32_t local_shards = 0, memory_shards = 0;
   for (std::uint32_t rank : ranks) {
@@ -1064,9 +1010,9 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
   if (shard->publish_level == ShardLevel::kLocal) {
     PromoteTask task{m, shard->final_path(), shard->layout().file_bytes(), shard};
+    PinLocal(m.job, m.version);  // until promoted
     {
       std::lock_guard lock(promote_mu_);
-      local_pins_.insert({m.job, m.version});
       promotions_.push_back(std::move(task));
     }
     promote_cv_.notify_one();
@@ -1115,13 +1061,7 @@ void CheckpointService::TryCommit(const std::string& job, std::uint64_t version,
     if (st.ok() && !superseded) return;  // not complete yet: the watcher looks again
     pending_commits_.erase({job, version});
     if (st.ok()) return;  // a newer version committed first; this one never will
-    auto it = by_version_.find({job, version});
-    if (it != by_version_.end()) {
-      for (const auto& w : it->second) {
-        if (auto p = w.lock()) peers.push_back(std::move(p));
-      }
-      by_version_.erase(it);
-    }
+    peers = TakeShardsLocked(job, version);
   }
   RecordError("job " + job + " version " + std::to_string(version) + ": commit failed: " + st.message());
   // Every rank of the version hears of the failed commit, as of any flush failure.
@@ -1140,13 +1080,7 @@ void CheckpointService::FinishCommit(const std::string& job, std::uint64_t versi
     auto& done = finished_commits_[job];
     if (version <= done) return;
     done = version;
-    auto it = by_version_.find({job, version});
-    if (it != by_version_.end()) {
-      for (const auto& w : it->second) {
-        if (auto p = w.lock()) peers.push_back(std::move(p));
-      }
-      by_version_.erase(it);
-    }
+    peers = TakeShardsLocked(job, version);
     // Older versions that never completed will not commit: this one is newer.
     for (auto* m : {&pending_commits_, &watched_commits_}) {
       for (auto i = m->begin(); i != m->end();) {
@@ -1234,11 +1168,59 @@ void CheckpointService::PromoteLoop() {
       if (ok && task.shard) task.shard->Reach(ShardLevel::kDurable);
       if (ok && !task.shard) spdlog::info("job {} rank {} version {}: promotion resumed and done", m.job, m.rank, m.version);
     }
-    {
-      std::lock_guard lock(promote_mu_);
-      local_pins_.erase(local_pins_.find({m.job, m.version}));
-    }
+    UnpinLocal(m.job, m.version);
   }
+}
+
+std::vector<std::shared_ptr<ShardJob>> CheckpointService::TakeShardsLocked(const std::string& job,
+                                                                          std::uint64_t version) {
+  std::vector<std::shared_ptr<ShardJob>> out;
+  auto it = by_version_.find({job, version});
+  if (it == by_version_.end()) return out;
+  for (const auto& w : it->second) {
+    if (auto p = w.lock()) out.push_back(std::move(p));
+  }
+  by_version_.erase(it);
+  return out;
+}
+
+void CheckpointService::PinLocal(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(promote_mu_);
+  local_pins_.insert({job, version});
+}
+
+void CheckpointService::UnpinLocal(const std::string& job, std::uint64_t version) {
+  std::lock_guard lock(promote_mu_);
+  local_pins_.erase(local_pins_.find({job, version}));
+}
+
+// Keeps a version from every retention (persistent and local) while it is read.
+struct CheckpointService::VersionHold {
+  CheckpointService& self;
+  std::string job;
+  std::uint64_t version;
+  VersionHold(CheckpointService& s, std::string j, std::uint64_t v) : self(s), job(std::move(j)), version(v) {
+    self.catalog_->Pin(job, version);
+    self.PinLocal(job, version);
+  }
+  ~VersionHold() {
+    self.UnpinLocal(job, version);
+    self.catalog_->Unpin(job, version);
+  }
+};
+
+ckpt::Status CheckpointService::HoldCommitted(const std::string& job, std::uint64_t requested, std::uint64_t* v,
+                                              std::uint64_t* latest, std::unique_ptr<VersionHold>* hold) {
+  // Another node's daemon may have committed since this one last looked.
+  *latest = catalog_->RefreshLatest(job);
+  *v = requested == 0 ? *latest : requested;
+  if (*v == 0) return NotFound("job '" + job + "' has no committed version under " + config_.root);
+  *hold = std::make_unique<VersionHold>(*this, job, *v);  // before the check: retention waits
+  if (!catalog_->IsCommitted(job, *v)) {
+    return NotFound("version " + std::to_string(*v) + " of job '" + job + "' is not committed" +
+                    (*latest ? " (newest committed: " + std::to_string(*latest) + ")" : std::string()));
+  }
+  return ckpt::Status::Ok();
 }
 
 std::string CheckpointService::LocalVersionDir(const std::string& job, std::uint64_t version) const {
@@ -1281,8 +1263,8 @@ ckpt::Status CheckpointService::ResumeLocalTier() {
           ++watched;
           continue;
         }
+        PinLocal(job, *v);
         std::lock_guard lock(promote_mu_);
-        local_pins_.insert({job, *v});
         promotions_.push_back(PromoteTask{m, path, info->file_bytes, nullptr});
         ++resumed;
       }

@@ -99,6 +99,16 @@ class CheckpointService final : public v1::Checkpoint::Service {
   // Deletes what the local tier's retention rule no longer keeps for `job`.
   void ApplyLocalRetention(const std::string& job);
   std::string LocalVersionDir(const std::string& job, std::uint64_t version) const;
+  // The committed version `requested` (0: the newest) of `job`, held against retention on
+  // every tier until *hold goes; NotFound saying why if there is none.
+  struct VersionHold;
+  ckpt::Status HoldCommitted(const std::string& job, std::uint64_t requested, std::uint64_t* v,
+                             std::uint64_t* latest, std::unique_ptr<VersionHold>* hold);
+  // Local retention skips pinned versions (queued promotions, restores, prefetches).
+  void PinLocal(const std::string& job, std::uint64_t version);
+  void UnpinLocal(const std::string& job, std::uint64_t version);
+  // Removes and returns this daemon's live shards of (job, version); caller holds mu_.
+  std::vector<std::shared_ptr<ShardJob>> TakeShardsLocked(const std::string& job, std::uint64_t version);
   // Writes a new registration id for the session's rank (caller holds s.mu).
   ckpt::Status NewRegistration(Session& s);
   void RecordError(const std::string& message);

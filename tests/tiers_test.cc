@@ -62,6 +62,12 @@ struct Rank {
     client = std::make_unique<Client>(Client::connect(node.socket()));
     client->register_items(job, rank, world, state.Items());
   }
+  // Writes `version`'s content, snapshots it, and waits until it reaches `level`.
+  void Save(std::uint64_t version, Level level = Level::kCommitted) {
+    state.Fill(version);
+    client->snapshot(version);
+    client->wait_durable(version, level);
+  }
 };
 
 std::string ShardPath(const std::string& root, const std::string& job, std::uint64_t v, std::uint32_t rank) {
@@ -175,9 +181,7 @@ TEST_CASE("3 daemons x 2 ranks: a version commits once all 6 shards are durable"
   }
   // Five of six ranks durable on the persistent tier: no commit; the sixth completes it.
   for (std::uint32_t r = 0; r < 5; ++r) {
-    ranks[r].state.Fill(5);
-    ranks[r].client->snapshot(5);
-    ranks[r].client->wait_durable(5, Level::kPersisted);
+    ranks[r].Save(5, Level::kPersisted);
   }
   CHECK_FALSE(Committed(root, job, 5));
   CHECK(LatestOnDisk(root, job) == 4);
@@ -275,9 +279,7 @@ TEST_CASE("without its image in memory a restore reads the local tier, then the 
   node.Start();
   Rank r0(0);
   r0.Connect(node, "order", 1);
-  r0.state.Fill(1);
-  r0.client->snapshot(1);
-  r0.client->wait_durable(1);
+  r0.Save(1);
   std::memset(r0.state.region()->data(), 0, r0.state.total_bytes());
   RestoreResult got = r0.client->restore();
   CHECK(got.tier == "local");
@@ -304,12 +306,8 @@ TEST_CASE("kill -9 of a daemon during promotion: after its restart the promotion
   // 8 MiB in 1 MiB pieces: the pause comes with half of it copied.
   Rank r0(0, 8);
   r0.Connect(node, "promo", 1);
-  r0.state.Fill(1);
-  r0.client->snapshot(1);
-  r0.client->wait_durable(1);
-  r0.state.Fill(2);
-  r0.client->snapshot(2);
-  r0.client->wait_durable(2, Level::kLocal);
+  r0.Save(1);
+  r0.Save(2, Level::kLocal);
   REQUIRE(Eventually([&] { return fs::exists(pause + ".reached"); }));
   node.daemon->Kill9();
   bool half_copied = false;
@@ -338,9 +336,7 @@ TEST_CASE("retention: after 20 versions with K=2 and M=5 each tier holds what it
   Rank r0(0);
   r0.Connect(node, "ret", 1);
   for (std::uint64_t v = 1; v <= 20; ++v) {
-    r0.state.Fill(v);
-    r0.client->snapshot(v);
-    r0.client->wait_durable(v);
+    r0.Save(v);
   }
   const std::string root = node.options.root;
   CHECK(VersionDirs(root + "/ret") == std::set<std::uint64_t>{5, 10, 15, 19, 20});
@@ -416,9 +412,7 @@ TEST_CASE("ckptctl shows the tiers and the levels of each version", "[tiers][too
   node.Start();
   Rank r0(0);
   r0.Connect(node, "show", 1);
-  r0.state.Fill(1);
-  r0.client->snapshot(1);
-  r0.client->wait_durable(1);
+  r0.Save(1);
   ProcessResult st = RunProcess({CKPTCTL_BINARY, "--socket", node.socket(), "status"});
   INFO(st.output);
   CHECK(st.exit_code == 0);
