@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
+#include "proto/level_codec.h"
 #include "client/cuda_tensors.h"
 #include "common/socket_path.h"
 #include "format/dtype.h"
@@ -435,7 +436,7 @@ std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, 
 void Client::wait_durable(std::uint64_t version, Level level, std::chrono::milliseconds timeout) {
   const std::string session = impl_->Session();
   v1::WaitReply rep;
-  grpc::Status s = CallWait(*impl_->stub, session, version, static_cast<v1::Level>(level), timeout, false, &rep);
+  grpc::Status s = CallWait(*impl_->stub, session, version, LevelToProto(level), timeout, false, &rep);
   impl_->WaitReturned(session, version, s.error_code());
   if (!s.ok()) Throw(s, "wait_durable " + std::to_string(version));
 }

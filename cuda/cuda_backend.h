@@ -1,4 +1,4 @@
-// CudaBackend: the daemon's DeviceBackend on the CUDA runtime (see daemon/device_copier.h).
+// CudaBackend: the daemon's DeviceBackend on the CUDA runtime (see backend/device_copier.h).
 //
 // In: region names "cuda:<uuid>:<handle>" (cuda/region_name.h) with the client's pid,
 // the trainers' event handles, and the host pool to page-lock. Out: imported regions
@@ -27,7 +27,7 @@
 
 #include "common/status.h"
 #include "cuda/event_ring.h"
-#include "daemon/device_copier.h"
+#include "backend/device_copier.h"
 
 namespace ckpt::cuda {
 

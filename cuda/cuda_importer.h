@@ -38,7 +38,7 @@
 #include "common/status.h"
 #include "cuda/ipc_handle_cache.h"
 #include "cuda/region_name.h"
-#include "daemon/region_importer.h"
+#include "backend/region_importer.h"
 
 namespace ckpt::cuda {
 

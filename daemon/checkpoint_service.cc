@@ -13,6 +13,7 @@
 
 #include "common/names.h"
 #include "format/paths.h"
+#include "proto/level_codec.h"
 
 namespace ckpt {
 
@@ -48,17 +49,6 @@ grpc::Status ToGrpc(const ckpt::Status& s) {
     case ckpt::StatusCode::kInternal: code = StatusCode::INTERNAL; break;
   }
   return grpc::Status(code, s.message());
-}
-
-v1::Level ToProto(ShardLevel l) {
-  switch (l) {
-    case ShardLevel::kCopying: return v1::LEVEL_UNSPECIFIED;
-    case ShardLevel::kCaptured: return v1::LEVEL_CAPTURED;
-    case ShardLevel::kLocal: return v1::LEVEL_LOCAL;
-    case ShardLevel::kDurable: return v1::LEVEL_DURABLE;
-    case ShardLevel::kCommitted: return v1::LEVEL_COMMITTED;
-  }
-  return v1::LEVEL_UNSPECIFIED;
 }
 
 std::string NewSessionId() {
@@ -480,12 +470,12 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
     std::shared_ptr<ShardJob> oldest;
     std::size_t in_flight = 0;
     for (const auto& [ver, shard] : s->shards) {
-      if (shard->level() >= ShardLevel::kDurable || shard->failed()) continue;
+      if (shard->level() >= Level::kPersisted || shard->failed()) continue;
       if (!oldest) oldest = shard;
       ++in_flight;
     }
     if (in_flight < kMaxInFlightPerSession) break;
-    oldest->WaitFor(ShardLevel::kDurable, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+    oldest->WaitFor(Level::kPersisted, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   }
   if (v <= s->last_version) {
@@ -548,7 +538,7 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   auto shard = std::make_shared<ShardJob>(std::move(meta), s->tensors, std::move(items), std::move(sources),
                                           local ? LocalVersionDir(s->job, v) : catalog_->VersionDir(s->job, v),
                                           local ? local_direct_io_ : direct_io_);
-  shard->publish_level = local ? ShardLevel::kLocal : ShardLevel::kDurable;
+  shard->publish_level = local ? Level::kLocal : Level::kPersisted;
   shard->device = s->device;
   shard->sync = std::move(sync);
   shard->copy_queue = s->id;
@@ -557,7 +547,7 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   s->shards[v] = shard;
   while (s->shards.size() > kVersionsKeptPerSession) {
     auto oldest = s->shards.begin();
-    if (oldest->second->level() < ShardLevel::kDurable && !oldest->second->failed()) break;
+    if (oldest->second->level() < Level::kPersisted && !oldest->second->failed()) break;
     s->shards.erase(oldest);
   }
   {
@@ -579,12 +569,12 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
 grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitReply* reply) {
   std::shared_ptr<Session> s;
   if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
-  ShardLevel want;
+  Level want;
   switch (req->level()) {
-    case v1::LEVEL_CAPTURED: want = ShardLevel::kCaptured; break;
-    case v1::LEVEL_LOCAL: want = ShardLevel::kLocal; break;
-    case v1::LEVEL_DURABLE: want = ShardLevel::kDurable; break;
-    case v1::LEVEL_COMMITTED: want = ShardLevel::kCommitted; break;
+    case v1::LEVEL_CAPTURED: want = Level::kCaptured; break;
+    case v1::LEVEL_LOCAL: want = Level::kLocal; break;
+    case v1::LEVEL_DURABLE: want = Level::kPersisted; break;
+    case v1::LEVEL_COMMITTED: want = Level::kCommitted; break;
     default: return ToGrpc(InvalidArgument("wait needs a level: captured, local, persisted (durable) or committed"));
   }
   std::shared_ptr<ShardJob> shard;
@@ -600,7 +590,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   auto deadline = req->timeout_ms() == 0 || req->timeout_ms() > kMaxWaitMs
                       ? std::chrono::steady_clock::time_point::max()
                                          : std::chrono::steady_clock::now() + std::chrono::milliseconds(req->timeout_ms());
-  if (req->stream_ordered() && want != ShardLevel::kCaptured) {
+  if (req->stream_ordered() && want != Level::kCaptured) {
     return ToGrpc(InvalidArgument("a stream-ordered wait is for level captured only"));
   }
   // Stream-ordered waits of host-memory sessions are plain waits.
@@ -627,7 +617,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
     reply->set_daemon_event_slot(shard->sync->daemon_slot());
     return grpc::Status::OK;
   }
-  reply->set_reached(ToProto(shard->level()));
+  reply->set_reached(LevelToProto(shard->level()));
   return grpc::Status::OK;
 }
 
@@ -637,7 +627,7 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   if (ckpt::Status st = FindSession(ctx, req->session(), &s); !st.ok()) return ToGrpc(st);
   std::lock_guard lock(s->mu);
   for (const auto& [v, shard] : s->shards) {
-    if (shard->level() < ShardLevel::kCaptured && !shard->failed()) {
+    if (shard->level() < Level::kCaptured && !shard->failed()) {
       return ToGrpc(FailedPrecondition("version " + std::to_string(v) +
                                        " is still being captured from this trainer's memory; "
                                        "wait for it before restoring"));
@@ -816,12 +806,12 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
     sh->set_total_bytes(shard->data_bytes());
     sh->set_copied_bytes(shard->copied_bytes.load());
     sh->set_written_bytes(shard->written_bytes.load());
-    sh->set_level(ToProto(shard->level()));
+    sh->set_level(LevelToProto(shard->level()));
     if (shard->failed()) sh->set_error(shard->error().message());
-    sh->set_capture_ms(shard->MillisTo(ShardLevel::kCaptured));
-    sh->set_durable_ms(shard->MillisTo(ShardLevel::kDurable));
-    ShardLevel l = shard->level();
-    if (l < ShardLevel::kDurable && !shard->failed()) {
+    sh->set_capture_ms(shard->MillisTo(Level::kCaptured));
+    sh->set_durable_ms(shard->MillisTo(Level::kPersisted));
+    Level l = shard->level();
+    if (l < Level::kPersisted && !shard->failed()) {
       copied += shard->copied_bytes.load();
       written += shard->written_bytes.load();
     }
@@ -979,7 +969,7 @@ void CheckpointService::CloseSession(const std::shared_ptr<Session>& s, bool tra
           if (key.first != s->job) continue;
           for (const auto& weak : shards) {
             auto shard = weak.lock();
-            if (shard && shard->copy_queue == s->id && shard->level() < ShardLevel::kCaptured) {
+            if (shard && shard->copy_queue == s->id && shard->level() < Level::kCaptured) {
               uncaptured.push_back(std::move(shard));
             }
           }
@@ -1008,7 +998,7 @@ void CheckpointService::OnDurable(const std::shared_ptr<ShardJob>& shard) {
     shard->image.reset();
   }
   const ShardMeta& m = shard->meta();
-  if (shard->publish_level == ShardLevel::kLocal) {
+  if (shard->publish_level == Level::kLocal) {
     PromoteTask task{m, shard->final_path(), shard->layout().file_bytes(), shard};
     PinLocal(m.job, m.version);  // until promoted
     {
@@ -1101,7 +1091,7 @@ void CheckpointService::FinishCommit(const std::string& job, std::uint64_t versi
   // its marker, so none is missed); one whose writer has not raised it to persisted yet
   // goes straight to committed, which implies persisted.
   for (const auto& p : peers) {
-    if (p == shard || p->persisted) p->Reach(ShardLevel::kCommitted);
+    if (p == shard || p->persisted) p->Reach(Level::kCommitted);
   }
 }
 
@@ -1165,7 +1155,7 @@ void CheckpointService::PromoteLoop() {
     } else {
       ok = OnPersisted(m, task.shard);
       if (!ok && task.shard) OnFailed(task.shard);
-      if (ok && task.shard) task.shard->Reach(ShardLevel::kDurable);
+      if (ok && task.shard) task.shard->Reach(Level::kPersisted);
       if (ok && !task.shard) spdlog::info("job {} rank {} version {}: promotion resumed and done", m.job, m.rank, m.version);
     }
     UnpinLocal(m.job, m.version);
@@ -1350,7 +1340,7 @@ ckpt::Status CheckpointService::WaitForRankInFlight(grpc::ServerContext* ctx, co
   for (const auto& shard : inflight) {
     for (;;) {
       auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      ckpt::Status st = shard->WaitFor(ShardLevel::kDurable, slice);
+      ckpt::Status st = shard->WaitFor(Level::kPersisted, slice);
       if (st.code() != ckpt::StatusCode::kDeadlineExceeded) break;
       if (ctx->IsCancelled()) return ckpt::Status(ckpt::StatusCode::kDeadlineExceeded, "client went away");
     }

@@ -23,8 +23,9 @@
 #include "common/unique_fd.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/config.h"
+#include "daemon/io/shm_importer.h"
+#include "daemon/rpc/peer_registry.h"
 #include "format/paths.h"
-#include "daemon/peer_registry.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/catalog.h"
-#include "daemon/storage.h"
+#include "daemon/commit/catalog.h"
+#include "daemon/io/storage.h"
 #include "format/paths.h"
 #include "support/test_dirs.h"
 

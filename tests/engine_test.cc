@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/device_copier.h"
-#include "daemon/flush_engine.h"
-#include "daemon/host_pool.h"
-#include "daemon/region_importer.h"
-#include "daemon/shard_job.h"
-#include "daemon/snapshot_engine.h"
-#include "daemon/storage.h"
+#include "backend/device_copier.h"
+#include "daemon/pipeline/flush_engine.h"
+#include "daemon/pipeline/host_pool.h"
+#include "backend/region_importer.h"
+#include "daemon/pipeline/shard_job.h"
+#include "daemon/pipeline/snapshot_engine.h"
+#include "daemon/io/storage.h"
 #include "format/checksum.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
@@ -183,7 +183,7 @@ class Engines {
       REQUIRE(reported);
       durable = outcome_[shard];
     }
-    if (durable) REQUIRE(shard->WaitFor(ShardLevel::kDurable, std::chrono::steady_clock::now() + kHang).ok());
+    if (durable) REQUIRE(shard->WaitFor(Level::kPersisted, std::chrono::steady_clock::now() + kHang).ok());
     return durable;
   }
   int callbacks(const std::shared_ptr<ShardJob>& shard) {
@@ -427,16 +427,16 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
   CHECK(job.tmp_path().substr(job.tmp_path().size() - 4) == ".tmp");
   ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1, ""}, {}), {}, "/nonexistent/j/v0000000003", false);
   CHECK(twin.tmp_path() != job.tmp_path());
-  CHECK(job.level() == ShardLevel::kCopying);
+  CHECK(job.level() == Level::kNone);
 
   auto past = std::chrono::steady_clock::now();
-  CHECK(job.WaitFor(ShardLevel::kCaptured, past).code() == StatusCode::kDeadlineExceeded);
-  job.Reach(ShardLevel::kDurable);
-  job.Reach(ShardLevel::kCaptured);
-  CHECK(job.level() == ShardLevel::kDurable);
-  CHECK(job.WaitFor(ShardLevel::kCaptured, past).ok());
-  CHECK(job.WaitFor(ShardLevel::kDurable, past).ok());
-  CHECK(job.WaitFor(ShardLevel::kCommitted, past).code() == StatusCode::kDeadlineExceeded);
+  CHECK(job.WaitFor(Level::kCaptured, past).code() == StatusCode::kDeadlineExceeded);
+  job.Reach(Level::kPersisted);
+  job.Reach(Level::kCaptured);
+  CHECK(job.level() == Level::kPersisted);
+  CHECK(job.WaitFor(Level::kCaptured, past).ok());
+  CHECK(job.WaitFor(Level::kPersisted, past).ok());
+  CHECK(job.WaitFor(Level::kCommitted, past).code() == StatusCode::kDeadlineExceeded);
 
   CHECK_FALSE(job.failed());
   job.Fail(IoError("first", EIO));
@@ -444,8 +444,8 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
   CHECK(job.failed());
   CHECK(job.error().code() == StatusCode::kIoError);
   CHECK_THAT(job.error().message(), Catch::StartsWith("first"));
-  CHECK(job.level() == ShardLevel::kDurable);  // a failure does not lower the level
-  CHECK_THAT(job.WaitFor(ShardLevel::kCommitted, past).message(), Catch::StartsWith("first"));
+  CHECK(job.level() == Level::kPersisted);  // a failure does not lower the level
+  CHECK_THAT(job.WaitFor(Level::kCommitted, past).message(), Catch::StartsWith("first"));
 }
 
 TEST_CASE("ShardJob::WaitFor wakes when another thread reaches the level or fails", "[shard]") {
@@ -456,13 +456,13 @@ TEST_CASE("ShardJob::WaitFor wakes when another thread reaches the level or fail
   std::promise<void> waiting;
   std::thread t([&] {
     waiting.get_future().wait();
-    job.Reach(ShardLevel::kCaptured);
+    job.Reach(Level::kCaptured);
   });
   waiting.set_value();
-  CHECK(job.WaitFor(ShardLevel::kCaptured, deadline).ok());
+  CHECK(job.WaitFor(Level::kCaptured, deadline).ok());
   t.join();
   std::thread f([&] { job.Fail(IoError("boom", EIO)); });
-  CHECK(job.WaitFor(ShardLevel::kDurable, deadline).code() == StatusCode::kIoError);
+  CHECK(job.WaitFor(Level::kPersisted, deadline).code() == StatusCode::kIoError);
   f.join();
 }
 
@@ -499,10 +499,10 @@ TEST_CASE("the engines write a shard of tensors and blobs that verifies and hold
     auto region = Region(512 * kKiB);
     TestShard shard = MakeShard(vdir, region, MixedItems(), direct);
     engines.Enqueue(shard.job);
-    REQUIRE(shard.job->WaitFor(ShardLevel::kDurable, std::chrono::steady_clock::now() + kHang).ok());
+    REQUIRE(shard.job->WaitFor(Level::kPersisted, std::chrono::steady_clock::now() + kHang).ok());
     REQUIRE(engines.Outcome(shard.job));
     CHECK(engines.callbacks(shard.job) == 1);
-    CHECK(shard.job->level() == ShardLevel::kDurable);
+    CHECK(shard.job->level() == Level::kPersisted);
     CHECK(shard.job->copied_bytes.load() == shard.data.size());
     CHECK(shard.job->written_bytes.load() == shard.data.size());
     CHECK(engines.pool().used_bytes() == 0);
@@ -593,13 +593,13 @@ TEST_CASE("a shard far larger than the pool completes: copies wait for writes", 
     REQUIRE(shard.data.size() > 4 * pool_bytes);
     engines.Enqueue(shard.job);
     // With every write held, the copy cannot get further than the pool holds.
-    Status early = shard.job->WaitFor(ShardLevel::kCaptured, std::chrono::steady_clock::now() + 100ms);
+    Status early = shard.job->WaitFor(Level::kCaptured, std::chrono::steady_clock::now() + 100ms);
     CHECK(early.code() == StatusCode::kDeadlineExceeded);
     CHECK(shard.job->copied_bytes.load() <= pool_bytes);
     CHECK(engines.pool().used_bytes() <= pool_bytes);
     storage->OpenGate();
     REQUIRE(engines.Outcome(shard.job));
-    CHECK(shard.job->level() == ShardLevel::kDurable);
+    CHECK(shard.job->level() == Level::kPersisted);
     CHECK(storage->write_calls.load() >= static_cast<int>(shard.data.size() / (64 * kKiB)));
     CHECK(engines.pool().used_bytes() == 0);
     CheckShardFile(shard);
@@ -621,14 +621,14 @@ TEST_CASE("ENOSPC on a write fails the shard, removes its .tmp and publishes not
       std::string vdir = dir.path() + "/v" + std::to_string(nth) + (direct ? "d" : "b");
       TestShard shard = MakeShard(vdir, region, {{"w", ItemKind::kTensor, DType::kU8, {1024 * 1024}, 0}}, direct);
       engines.Enqueue(shard.job);
-      Status s = shard.job->WaitFor(ShardLevel::kDurable, std::chrono::steady_clock::now() + kHang);
+      Status s = shard.job->WaitFor(Level::kPersisted, std::chrono::steady_clock::now() + kHang);
       REQUIRE_FALSE(engines.Outcome(shard.job));
       CHECK(engines.callbacks(shard.job) == 1);
       INFO(s.message());
       CHECK(s.code() == StatusCode::kResourceExhausted);
       CHECK_THAT(s.message(), Catch::Contains("No space left"));
       CHECK(shard.job->failed());
-      CHECK(shard.job->level() < ShardLevel::kDurable);
+      CHECK(shard.job->level() < Level::kPersisted);
       CHECK_FALSE(fs::exists(shard.job->tmp_path()));
       CHECK_FALSE(fs::exists(shard.job->final_path()));
       CHECK(storage->renames.load() == 0);
@@ -735,7 +735,7 @@ TEST_CASE("a region read error fails the shard and names the item", "[engine][fa
     INFO(s.message());
     CHECK_THAT(s.message(), Catch::Contains("layers.1.mlp.weight"));
     CHECK_THAT(s.message(), Catch::Contains("read region"));
-    CHECK(shard.job->level() == ShardLevel::kCopying);  // never captured
+    CHECK(shard.job->level() == Level::kNone);  // never captured
     CHECK_FALSE(fs::exists(shard.job->tmp_path()));
     CHECK_FALSE(fs::exists(shard.job->final_path()));
     CHECK(engines.pool().used_bytes() == 0);
@@ -777,7 +777,7 @@ TEST_CASE("stopping the engines finishes the shards already queued", "[engine]")
   for (const auto& shard : shards) {
     INFO("rank " << shard.job->meta().rank);
     CHECK(engines.callbacks(shard.job) == 1);  // already reported: Stop waited for it
-    CHECK(shard.job->level() == ShardLevel::kDurable);
+    CHECK(shard.job->level() == Level::kPersisted);
     CheckShardFile(shard);
   }
 }
@@ -1092,7 +1092,7 @@ TEST_CASE("device copies wait for the trainer's event and capture the state it o
   // holds that one chunk until the event fires.
   backend.fake.first_copy_queued.Wait();
   CHECK(backend.fake.bytes_done.load() == 0);
-  CHECK(shard.job->level() == ShardLevel::kCopying);
+  CHECK(shard.job->level() == Level::kNone);
   bool ordered_only = false;
   CHECK(shard.job->WaitOrdered(std::chrono::steady_clock::now(), &ordered_only).code() ==
         StatusCode::kDeadlineExceeded);
@@ -1214,7 +1214,7 @@ TEST_CASE("a device shard waiting for its trainer holds one chunk and blocks no 
   REQUIRE(engines.Outcome(b.job));
   CheckShardFile(b);
   // A is still waiting for its event, holding the one chunk it queued.
-  CHECK(a.job->level() == ShardLevel::kCopying);
+  CHECK(a.job->level() == Level::kNone);
   CHECK(engines.pool().used_bytes() == chunk);
   sync_a->trainer_event.Open();
   REQUIRE(engines.Outcome(a.job));

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
+#include "proto/level_codec.h"
 #include "common/socket_path.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
@@ -21,16 +22,6 @@ std::string Human(std::uint64_t bytes) {
   else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
   else std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
   return buf;
-}
-
-const char* LevelName(ckpt::v1::Level l) {
-  switch (l) {
-    case ckpt::v1::LEVEL_CAPTURED: return "captured";
-    case ckpt::v1::LEVEL_LOCAL: return "local";
-    case ckpt::v1::LEVEL_DURABLE: return "persisted";
-    case ckpt::v1::LEVEL_COMMITTED: return "committed";
-    default: return "copying";
-  }
 }
 
 std::unique_ptr<ckpt::v1::Checkpoint::Stub> Connect(const std::string& socket) {
@@ -96,7 +87,7 @@ int Status(const std::string& socket, bool json) {
   std::printf("\nshards (recent %d)\n", r.shards_size());
   for (const auto& sh : r.shards()) {
     std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n", sh.job().c_str(),
-                sh.version(), sh.rank(), sh.error().empty() ? LevelName(sh.level()) : "FAILED",
+                sh.version(), sh.rank(), sh.error().empty() ? ckpt::LevelName(ckpt::LevelFromProto(sh.level())) : "FAILED",
                 Human(sh.copied_bytes()).c_str(), Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
                 sh.error().empty() ? "" : "  ", sh.error().c_str());
   }

@@ -36,13 +36,9 @@
 #include <vector>
 
 #include "ckpt/dtype.h"
+#include "ckpt/level.h"
 
 namespace ckpt {
-
-// How far a version has come, in order: captured (out of trainer memory), local (durable on
-// the node-local tier), persisted (durable on the persistent tier; kDurable is the same),
-// committed (every rank persisted and COMMITTED written). The values are the protocol's.
-enum class Level { kCaptured = 1, kLocal = 4, kPersisted = 2, kDurable = 2, kCommitted = 3 };
 
 class Error : public std::runtime_error {
  public:

@@ -14,16 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/level.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "daemon/device_copier.h"
-#include "daemon/region_importer.h"
+#include "backend/device_copier.h"
+#include "backend/region_importer.h"
 #include "format/shard_format.h"
 
 namespace ckpt {
-
-// kLocal: durable on the local tier; kDurable: durable on the persistent tier (persisted).
-enum class ShardLevel { kCopying = 0, kCaptured = 1, kLocal = 2, kDurable = 3, kCommitted = 4 };
 
 struct MemoryImage;
 
@@ -92,26 +90,26 @@ class ShardJob {
   // The level the flush engine raises the shard to once its file is published: kLocal when
   // it was written to the local tier (promotion to the persistent tier follows), else
   // kDurable. Set before queueing.
-  ShardLevel publish_level = ShardLevel::kDurable;
+  Level publish_level = Level::kPersisted;
   // The memory tier's copy of the shard's file image, filled by the writers as they write
   // (null when the memory tier does not keep this version).
   std::shared_ptr<MemoryImage> image;
 
   // When the Snapshot call arrived, and how long until each level (0 until reached).
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
-  double MillisTo(ShardLevel level) const;
+  double MillisTo(Level level) const;
 
   // Raises the level (never lowers it) and wakes waiters.
-  void Reach(ShardLevel level);
+  void Reach(Level level);
   // Records the first failure; the level stays where it was. Wakes waiters.
   void Fail(const Status& status);
   bool failed() const;
   Status error() const;
-  ShardLevel level() const;
+  Level level() const;
 
   // Blocks until the level is at least `level` (ok), the shard failed (its error), or
   // `deadline` passes (DeadlineExceeded).
-  Status WaitFor(ShardLevel level, std::chrono::steady_clock::time_point deadline);
+  Status WaitFor(Level level, std::chrono::steady_clock::time_point deadline);
 
   // Every copy is queued on the device and the completion event recorded (sync->Signal).
   void MarkOrdered();
@@ -140,7 +138,7 @@ class ShardJob {
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  ShardLevel level_ = ShardLevel::kCopying;
+  Level level_ = Level::kNone;
   bool ordered_ = false;
   double reached_ms_[5] = {0, 0, 0, 0, 0};
   Status error_;

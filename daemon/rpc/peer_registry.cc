@@ -1,4 +1,4 @@
-#include "daemon/peer_registry.h"
+#include "daemon/rpc/peer_registry.h"
 
 #include <cstdlib>
 

@@ -1,10 +1,10 @@
-#include "daemon/flush_engine.h"
+#include "daemon/pipeline/flush_engine.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include "common/test_pause.h"
-#include "daemon/memory_tier.h"
+#include "daemon/tiers/memory_tier.h"
 #include "format/paths.h"
 
 namespace ckpt {

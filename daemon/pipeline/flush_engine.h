@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/host_pool.h"
-#include "daemon/memory_tier.h"
-#include "daemon/shard_job.h"
-#include "daemon/storage.h"
+#include "daemon/pipeline/host_pool.h"
+#include "daemon/tiers/memory_tier.h"
+#include "daemon/pipeline/shard_job.h"
+#include "daemon/io/storage.h"
 
 namespace ckpt {
 

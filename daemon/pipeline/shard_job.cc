@@ -1,4 +1,4 @@
-#include "daemon/shard_job.h"
+#include "daemon/pipeline/shard_job.h"
 
 #include <unistd.h>
 
@@ -43,7 +43,7 @@ Status ShardJob::Prepare() {
   return layout_.planned() ? Status::Ok() : layout_.PlanInPlace();
 }
 
-void ShardJob::Reach(ShardLevel level) {
+void ShardJob::Reach(Level level) {
   {
     std::lock_guard lock(mu_);
     if (level > level_) {
@@ -73,17 +73,17 @@ Status ShardJob::error() const {
   return error_;
 }
 
-double ShardJob::MillisTo(ShardLevel level) const {
+double ShardJob::MillisTo(Level level) const {
   std::lock_guard lock(mu_);
   return reached_ms_[static_cast<int>(level)];
 }
 
-ShardLevel ShardJob::level() const {
+Level ShardJob::level() const {
   std::lock_guard lock(mu_);
   return level_;
 }
 
-Status ShardJob::WaitFor(ShardLevel level, std::chrono::steady_clock::time_point deadline) {
+Status ShardJob::WaitFor(Level level, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mu_);
   bool done = changed_.wait_until(lock, deadline, [&] { return level_ >= level || !error_.ok(); });
   if (level_ >= level) return Status::Ok();
@@ -103,10 +103,10 @@ void ShardJob::MarkOrdered() {
 
 Status ShardJob::WaitOrdered(std::chrono::steady_clock::time_point deadline, bool* ordered_only) {
   std::unique_lock lock(mu_);
-  auto ready = [&] { return level_ >= ShardLevel::kCaptured || ordered_ || !error_.ok(); };
+  auto ready = [&] { return level_ >= Level::kCaptured || ordered_ || !error_.ok(); };
   changed_.wait_until(lock, deadline, ready);
   *ordered_only = false;
-  if (level_ >= ShardLevel::kCaptured) return Status::Ok();
+  if (level_ >= Level::kCaptured) return Status::Ok();
   if (!error_.ok()) return error_;
   if (ordered_) {
     *ordered_only = true;

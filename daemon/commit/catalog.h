@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/storage.h"
+#include "daemon/io/storage.h"
 
 namespace ckpt {
 

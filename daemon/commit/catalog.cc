@@ -1,4 +1,4 @@
-#include "daemon/catalog.h"
+#include "daemon/commit/catalog.h"
 
 #include <spdlog/spdlog.h>
 

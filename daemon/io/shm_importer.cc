@@ -1,10 +1,11 @@
+#include "daemon/io/shm_importer.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/unique_fd.h"
-#include "daemon/region_importer.h"
 #include "shm/shm_region.h"
 
 namespace ckpt {

@@ -1,4 +1,4 @@
-#include "daemon/snapshot_engine.h"
+#include "daemon/pipeline/snapshot_engine.h"
 
 #include <algorithm>
 #include <cstring>
@@ -296,7 +296,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   }
   while (!pending.empty()) complete_oldest();
   if (!shard->failed()) {
-    shard->Reach(ShardLevel::kCaptured);
+    shard->Reach(Level::kCaptured);
     return;
   }
   bool idle = true;

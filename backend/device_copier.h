@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/region_importer.h"
+#include "backend/region_importer.h"
 
 namespace ckpt {
 

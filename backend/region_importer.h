@@ -5,7 +5,7 @@
 // GPU backend) opened by the daemon. ReadAt/WriteAt are synchronous copies: for shm they
 // are pread/pwrite on the object's descriptor, for CUDA cudaMemcpyAsync on a daemon stream
 // then a stream synchronise (restore uses them; snapshots go through the copy lanes of
-// daemon/device_copier.h, which read CUDA regions asynchronously via DeviceAt). Both report a region that is now smaller than asked as an error,
+// backend/device_copier.h, which read CUDA regions asynchronously via DeviceAt). Both report a region that is now smaller than asked as an error,
 // never a crash. Thread-safe: several copy threads may read one region at once.
 #pragma once
 
@@ -56,13 +56,6 @@ class RegionImporter {
   // exists, belongs to `owner` and is at least `min_size` bytes.
   virtual Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, uid_t owner,
                                                          std::uint64_t min_size) = 0;
-};
-
-// Importer of POSIX shared-memory objects.
-class ShmImporter : public RegionImporter {
- public:
-  Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, uid_t owner,
-                                                 std::uint64_t min_size) override;
 };
 
 }  // namespace ckpt

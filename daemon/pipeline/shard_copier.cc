@@ -1,4 +1,4 @@
-#include "daemon/shard_copier.h"
+#include "daemon/pipeline/shard_copier.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "daemon/memory_tier.h"
+#include "daemon/tiers/memory_tier.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "daemon/restore_engine.h"
+#include "daemon/pipeline/restore_engine.h"
 
 #include <algorithm>
 #include <deque>

@@ -1,4 +1,4 @@
-#include "daemon/storage.h"
+#include "daemon/io/storage.h"
 
 #include "format/paths.h"
 

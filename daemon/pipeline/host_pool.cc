@@ -1,4 +1,4 @@
-#include "daemon/host_pool.h"
+#include "daemon/pipeline/host_pool.h"
 
 #include <sys/mman.h>
 

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/host_pool.h"
-#include "daemon/memory_tier.h"
-#include "daemon/region_importer.h"
-#include "daemon/storage.h"
+#include "daemon/pipeline/host_pool.h"
+#include "daemon/tiers/memory_tier.h"
+#include "backend/region_importer.h"
+#include "daemon/io/storage.h"
 #include "format/shard_format.h"
 
 namespace ckpt {

@@ -6,7 +6,7 @@
 // waits for writes to return chunks (backpressure). Each shard is copied by one thread
 // (so its checksums stream in order); several threads copy several shards at once.
 //
-// Copies go through copy lanes (daemon/device_copier.h). Host regions use one synchronous
+// Copies go through copy lanes (backend/device_copier.h). Host regions use one synchronous
 // lane: each piece is copied and checksummed at once, one chunk in flight. Device regions
 // use `lanes` lanes of the backend: chunk i is queued on lane i % lanes after the lane
 // waited for the trainer's event; the copy thread queues as many chunks as the pool lends
@@ -30,10 +30,10 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/device_copier.h"
-#include "daemon/flush_engine.h"
-#include "daemon/host_pool.h"
-#include "daemon/shard_job.h"
+#include "backend/device_copier.h"
+#include "daemon/pipeline/flush_engine.h"
+#include "daemon/pipeline/host_pool.h"
+#include "daemon/pipeline/shard_job.h"
 
 namespace ckpt {
 
