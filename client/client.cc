@@ -34,25 +34,7 @@ namespace {
 
 [[noreturn]] void Throw(const Status& s) { throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), s.message()); }
 
-// The gRPC code closest to a library status (for the GPU path's errors).
-grpc::StatusCode GrpcCode(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk: return grpc::StatusCode::OK;
-    case StatusCode::kInvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
-    case StatusCode::kNotFound: return grpc::StatusCode::NOT_FOUND;
-    case StatusCode::kAlreadyExists: return grpc::StatusCode::ALREADY_EXISTS;
-    case StatusCode::kFailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
-    case StatusCode::kDataLoss: return grpc::StatusCode::DATA_LOSS;
-    case StatusCode::kResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    case StatusCode::kPermissionDenied: return grpc::StatusCode::PERMISSION_DENIED;
-    case StatusCode::kDeadlineExceeded: return grpc::StatusCode::DEADLINE_EXCEEDED;
-    case StatusCode::kIoError: return grpc::StatusCode::UNKNOWN;
-    case StatusCode::kInternal: return grpc::StatusCode::INTERNAL;
-  }
-  return grpc::StatusCode::UNKNOWN;
-}
-
-[[noreturn]] void ThrowWithCode(const Status& s) { throw Error(static_cast<int>(GrpcCode(s.code())), s.message()); }
+[[noreturn]] void ThrowWithCode(const Status& s) { throw Error(GrpcCodeNumber(s.code()), s.message()); }
 
 class PosixSharedRegion : public SharedRegion {
  public:

@@ -20,6 +20,7 @@ enum class StatusCode {
   kResourceExhausted,  // no space left, too large
   kPermissionDenied,   // the peer may not do this
   kDeadlineExceeded,   // a wait ran out of time
+  kCancelled,          // the caller went away before the work was done
   kIoError,            // the operating system failed an I/O call
   kInternal,           // a bug
 };
@@ -57,11 +58,17 @@ inline Status ResourceExhausted(std::string m) {
 }
 inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // An I/O failure with errno `err`, described as "`what`: strerror(err)". ENOSPC and EDQUOT
 // map to kResourceExhausted so callers can tell a full disk from a broken one.
 Status IoError(const std::string& what, int err);
+
+// The gRPC status code (its standard number, grpc::StatusCode) that reports `code`; the
+// daemon's replies, the client's errors and the Python module's all use this one mapping.
+// kIoError is UNKNOWN (2).
+int GrpcCodeNumber(StatusCode code);
 
 // Value-or-error, for functions that produce something.
 template <typename T>

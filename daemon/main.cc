@@ -2,7 +2,8 @@
 //
 // Sets up the socket (its directory 0700, the socket itself --socket-mode), accepts
 // connections itself to record each peer's SO_PEERCRED, and hands them to a gRPC server
-// that runs CheckpointService. SIGTERM/SIGINT stop it gracefully: no new calls, in-flight
+// that runs CheckpointService (daemon/rpc/) over the Daemon's parts (daemon/daemon.h). Picks
+// the implementations: POSIX storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it gracefully: no new calls, in-flight
 // shards finish. Readiness is announced on --ready-fd and to systemd (NOTIFY_SOCKET).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -21,10 +22,11 @@
 #include <thread>
 
 #include "common/unique_fd.h"
-#include "daemon/checkpoint_service.h"
 #include "daemon/config.h"
+#include "daemon/daemon.h"
 #include "daemon/io/shm_importer.h"
 #include "daemon/rpc/peer_registry.h"
+#include "daemon/rpc/service.h"
 #include "format/paths.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -132,18 +134,18 @@ int Run(const Config& config) {
     no_backend_reason = made.status().message();
   }
 #endif
-  auto service = CheckpointService::Create(config, std::make_shared<PosixStorage>(),
-                                           std::make_unique<ShmImporter>(), &peers, std::move(backend),
-                                           no_backend_reason);
-  if (!service.ok()) {
-    spdlog::critical("cannot start: {}", service.status().message());
+  auto daemon = Daemon::Create(config, std::make_shared<PosixStorage>(), std::make_unique<ShmImporter>(),
+                               std::move(backend), no_backend_reason);
+  if (!daemon.ok()) {
+    spdlog::critical("cannot start: {}", daemon.status().message());
     return 1;
   }
+  CheckpointService service(*daemon.value(), &peers);
   UniqueFd listener = Listen(config);
   if (!listener.valid()) return 1;
 
   grpc::ServerBuilder builder;
-  builder.RegisterService(service->get());
+  builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
   builder.SetMaxSendMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -181,7 +183,7 @@ int Run(const Config& config) {
   NotifySystemd("STOPPING=1");
   ::unlink(config.socket_path.c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  service->get()->Shutdown();
+  daemon.value()->Shutdown();
   spdlog::info("stopped");
   return 0;
 }

@@ -8,6 +8,9 @@
 //                                                 registration that wrote it)
 //   ROOT/JOB/ranks/rank-00003                     the rank's current registration
 //
+// The node-local tier (--local) has the same tree of version directories and shards, without
+// markers, `latest`, ranks/ or set-aside/ (commit happens on the persistent tier only).
+//
 // Files being written carry a ".tmp" suffix until they are renamed into place; a daemon
 // names its own ".NODE.tmp" (TmpSuffix()), so that a daemon restarting on one node removes
 // only its own leftovers from the directory all nodes share.
@@ -17,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace ckpt {
 
@@ -39,5 +43,29 @@ std::string RankFileName(std::uint32_t rank);       // "rank-00003"
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name);
 // Parses "rank-00003.safetensors"; nullopt for anything else.
 std::optional<std::uint32_t> ParseShardFileName(std::string_view name);
+
+// "dir/name".
+std::string JoinPath(const std::string& dir, std::string_view name);
+
+// The paths of one checkpoint tree (drawn above) under `root`: every path of the daemon's
+// tiers is built here. Job ids and names are checked by the callers (common/names.h).
+class CheckpointTree {
+ public:
+  explicit CheckpointTree(std::string root) : root_(std::move(root)) {}
+  const std::string& root() const { return root_; }
+
+  std::string JobDir(const std::string& job) const;                          // ROOT/JOB
+  std::string LatestFile(const std::string& job) const;                      // ROOT/JOB/latest
+  std::string RanksDir(const std::string& job) const;                        // ROOT/JOB/ranks
+  std::string RankFile(const std::string& job, std::uint32_t rank) const;    // ROOT/JOB/ranks/rank-R
+  std::string SetAsideDir(const std::string& job) const;                     // ROOT/JOB/set-aside
+  std::string VersionDir(const std::string& job, std::uint64_t version) const;
+  std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
+  std::string DoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
+  std::string CommittedMarker(const std::string& job, std::uint64_t version) const;
+
+ private:
+  std::string root_;
+};
 
 }  // namespace ckpt

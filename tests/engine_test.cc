@@ -229,9 +229,12 @@ struct TestShard {
 };
 
 // With `planned` false the layout is left for the copy thread to plan, as the daemon does.
+// `placement` gives the device, sync and copy queue (its dir and direct_io are set here).
 TestShard MakeShard(const std::string& version_dir, std::shared_ptr<MemoryRegion> region,
                     const std::vector<ItemSpec>& specs, bool direct, std::uint32_t rank = 0,
-                    std::uint32_t world = 1, bool planned = true) {
+                    std::uint32_t world = 1, bool planned = true, ShardPlacement placement = {}) {
+  placement.dir = version_dir;
+  placement.direct_io = direct;
   std::vector<ShardItem> items;
   std::vector<ItemSource> sources;
   TestShard out;
@@ -260,12 +263,12 @@ TestShard MakeShard(const std::string& version_dir, std::shared_ptr<MemoryRegion
   ShardMeta meta{"engine-job", 7, rank, world, ""};
   if (!planned) {
     out.job = std::make_shared<ShardJob>(ShardLayout::Unplanned(meta, std::move(items)), std::move(sources),
-                                         version_dir, direct);
+                                         std::move(placement));
     return out;
   }
   auto layout = ShardLayout::Plan(meta, std::move(items));
   REQUIRE(layout.ok());
-  out.job = std::make_shared<ShardJob>(std::move(layout).value(), std::move(sources), version_dir, direct);
+  out.job = std::make_shared<ShardJob>(std::move(layout).value(), std::move(sources), std::move(placement));
   return out;
 }
 
@@ -1062,13 +1065,19 @@ class FakeBackend : public DeviceBackend {
   FakeDevice fake;
 };
 
-// A shard of MixedItems from a device region, ordered by `sync`.
+// A placement on device 0, ordered by `sync` (may be null), in copy queue `queue`.
+ShardPlacement OnDevice(std::shared_ptr<VersionSync> sync, std::string queue = "") {
+  ShardPlacement p;
+  p.device = 0;
+  p.sync = std::move(sync);
+  p.copy_queue = std::move(queue);
+  return p;
+}
+
+// A shard of MixedItems from a device region, ordered by `sync`, in copy queue `queue`.
 TestShard DeviceShard(const std::string& dir, const std::shared_ptr<FakeDeviceRegion>& region,
-                      const std::shared_ptr<FakeSync>& sync) {
-  TestShard shard = MakeShard(dir, region, MixedItems(), false, 0, 1, /*planned=*/false);
-  shard.job->device = 0;
-  shard.job->sync = sync;
-  return shard;
+                      const std::shared_ptr<FakeSync>& sync, std::string queue = "") {
+  return MakeShard(dir, region, MixedItems(), false, 0, 1, /*planned=*/false, OnDevice(sync, std::move(queue)));
 }
 
 }  // namespace
@@ -1133,9 +1142,7 @@ TEST_CASE("a device shard larger than the pool streams through it in order", "[e
       {"meta", ItemKind::kBlob, DType::kU8, {333}, 0},
       {"b", ItemKind::kTensor, DType::kF32, {300 * 1024}, 800 * 1024},
   };
-  TestShard shard = MakeShard(dir.path() + "/v", region, items, false, 0, 1, false);
-  shard.job->device = 0;
-  shard.job->sync = sync;
+  TestShard shard = MakeShard(dir.path() + "/v", region, items, false, 0, 1, false, OnDevice(sync));
   REQUIRE(shard.data.size() > 4 * pool_bytes);
   sync->trainer_event.Open();
   engines.Enqueue(shard.job);
@@ -1179,8 +1186,7 @@ TEST_CASE("a device shard on a daemon without a device backend fails with the re
   TempDir dir("eng");
   Engines engines(std::make_shared<FaultyStorage>(), 4 * 64 * kKiB, 64 * kKiB);
   auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 41));
-  TestShard shard = MakeShard(dir.path() + "/v", region, MixedItems(), false, 0, 1, false);
-  shard.job->device = 0;
+  TestShard shard = MakeShard(dir.path() + "/v", region, MixedItems(), false, 0, 1, false, OnDevice(nullptr));
   engines.Enqueue(shard.job);
   REQUIRE_FALSE(engines.Outcome(shard.job));
   CHECK(shard.job->error().message().find("no device backend") != std::string::npos);
@@ -1202,10 +1208,8 @@ TEST_CASE("a device shard waiting for its trainer holds one chunk and blocks no 
     FakeSync& sync;
     ~OpenOnExit() { sync.trainer_event.Open(); }
   } open_on_exit{*sync_a};
-  TestShard a = DeviceShard(dir.path() + "/a", region_a, sync_a);
-  TestShard b = DeviceShard(dir.path() + "/b", region_b, sync_b);
-  a.job->copy_queue = "rank-0";
-  b.job->copy_queue = "rank-1";
+  TestShard a = DeviceShard(dir.path() + "/a", region_a, sync_a, "rank-0");
+  TestShard b = DeviceShard(dir.path() + "/b", region_b, sync_b, "rank-1");
   REQUIRE(a.data.size() > 4 * chunk);
   engines.Enqueue(a.job);  // its trainer's event has not fired
   sync_a->gated.Wait();
@@ -1234,8 +1238,7 @@ TEST_CASE("a device shard whose trainer exits before its event fires is abandone
     FakeSync& sync;
     ~OpenOnExit() { sync.trainer_event.Open(); }
   } open_on_exit{*sync};
-  TestShard shard = DeviceShard(dir.path() + "/a", region, sync);
-  shard.job->copy_queue = "rank-0";
+  TestShard shard = DeviceShard(dir.path() + "/a", region, sync, "rank-0");
   engines.Enqueue(shard.job);
   sync->gated.Wait();
   // What the service does when the trainer's process is gone: the event may never fire.
@@ -1252,8 +1255,7 @@ TEST_CASE("a device shard whose trainer exits before its event fires is abandone
   auto next_sync = std::make_shared<FakeSync>(backend.fake);
   next_sync->trainer_event.Open();
   TestShard next = DeviceShard(dir.path() + "/b", std::make_shared<FakeDeviceRegion>("cuda:b", Bytes(512 * kKiB, 62)),
-                               next_sync);
-  next.job->copy_queue = "rank-0";
+                               next_sync, "rank-0");
   engines.Enqueue(next.job);
   REQUIRE(engines.Outcome(next.job));
   CheckShardFile(next);

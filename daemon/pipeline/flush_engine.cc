@@ -119,7 +119,7 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     if (on_failed_) on_failed_(shard);
     return;
   }
-  shard->Reach(shard->publish_level);
+  shard->Reach(shard->publish_level());
 }
 
 Status FlushEngine::Publish(ShardJob& shard) {

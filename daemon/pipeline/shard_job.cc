@@ -6,22 +6,22 @@
 
 namespace ckpt {
 
-ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io)
-    : meta_(layout.meta()), layout_(std::move(layout)), sources_(std::move(sources)), dir_(std::move(dir)),
-      direct_io_(direct_io) {
+ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, ShardPlacement placement)
+    : meta_(layout.meta()), layout_(std::move(layout)), sources_(std::move(sources)),
+      placement_(std::move(placement)) {
   // Unique per shard object: a crashed trainer's version still in flight and a new
   // snapshot of the same version never write the same temporary file.
   static std::atomic<std::uint64_t> serial{0};
-  final_path_ = dir_ + "/" + ShardFileName(meta_.rank);
+  final_path_ = JoinPath(placement_.dir, ShardFileName(meta_.rank));
   tmp_path_ = final_path_ + "." + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1)) +
               TmpSuffix();
   for (const auto& item : layout_.items()) data_bytes_ += item.length;
 }
 
 ShardJob::ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std::vector<ShardItem> blobs,
-                   std::vector<ItemSource> blob_sources, std::string dir, bool direct_io)
+                   std::vector<ItemSource> blob_sources, ShardPlacement placement)
     : ShardJob(ShardLayout::Unplanned(std::move(meta), std::move(blobs)), std::move(blob_sources),
-               std::move(dir), direct_io) {
+               std::move(placement)) {
   tensors_ = std::move(tensors);
   data_bytes_ += tensors_->bytes;
 }

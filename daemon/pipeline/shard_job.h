@@ -41,13 +41,32 @@ struct TensorSet {
   std::uint64_t bytes = 0;
 };
 
+// Where a shard goes and how it is copied: decided by snapshot admission, fixed for the
+// shard's life.
+struct ShardPlacement {
+  std::string dir;         // the version directory on its first tier
+  bool direct_io = false;  // write it with O_DIRECT
+  // The level the flush engine raises the shard to once its file is published: kLocal when
+  // it goes to the local tier (promotion to the persistent tier follows), else kPersisted.
+  Level publish_level = Level::kPersisted;
+  // Device regions: the device they are on (-1: host memory only) and the ordering of the
+  // copies against the trainer (null without device events).
+  int device = -1;
+  std::shared_ptr<VersionSync> sync;
+  // Device shards of one copy queue (one registration) are copied in order by a thread of
+  // their own (see SnapshotEngine).
+  std::string copy_queue;
+};
+
 class ShardJob {
  public:
   // A shard whose items and sources are given (the layout may be planned or not).
-  ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io);
+  ShardJob(ShardLayout layout, std::vector<ItemSource> sources, ShardPlacement placement);
+  ShardJob(ShardLayout layout, std::vector<ItemSource> sources, std::string dir, bool direct_io)
+      : ShardJob(std::move(layout), std::move(sources), Placed(std::move(dir), direct_io)) {}
   // A shard of `tensors` followed by `blobs`; the item list is assembled by Prepare().
   ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std::vector<ShardItem> blobs,
-           std::vector<ItemSource> blob_sources, std::string dir, bool direct_io);
+           std::vector<ItemSource> blob_sources, ShardPlacement placement);
 
   // Assembles the item list (if built from a TensorSet) and plans the layout. Called by
   // the copy thread before the first byte is copied; idempotent.
@@ -60,10 +79,14 @@ class ShardJob {
   std::uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<ItemSource>& sources() const { return sources_; }
   // Directory of the version and the final and temporary paths of the shard.
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return placement_.dir; }
   const std::string& final_path() const { return final_path_; }
   const std::string& tmp_path() const { return tmp_path_; }
-  bool direct_io() const { return direct_io_; }
+  bool direct_io() const { return placement_.direct_io; }
+  Level publish_level() const { return placement_.publish_level; }
+  int device() const { return placement_.device; }
+  const std::shared_ptr<VersionSync>& sync() const { return placement_.sync; }
+  const std::string& copy_queue() const { return placement_.copy_queue; }
 
   // The open temporary file; opened by the flush engine on the first write.
   UniqueFd& file() { return file_; }
@@ -71,26 +94,17 @@ class ShardJob {
   std::once_flag& open_once() { return open_once_; }
   Status& open_status() { return open_status_; }
 
+  // Progress, for status: bytes copied out of trainer memory, bytes written.
   std::atomic<std::uint64_t> copied_bytes{0};
   std::atomic<std::uint64_t> written_bytes{0};
-  // Set just before its done marker is written on the persistent tier: from then on a
+
+  // Called just before its done marker is written on the persistent tier: from then on a
   // commit of its version (by this daemon or seen from another) includes it.
-  std::atomic<bool> persisted{false};
-  // Set once the trainer has been told of this shard's failure (so it is told only once).
-  std::atomic<bool> error_reported{false};
-  // The registration epoch of its rank when it was snapshotted (see CheckpointService).
-  std::uint64_t epoch = 0;
-  // Device regions: the device they are on (-1: host memory only) and the ordering of
-  // the copies against the trainer (null without device events). Set before queueing.
-  int device = -1;
-  std::shared_ptr<VersionSync> sync;
-  // Device shards of one copy queue (one registration) are copied in order by a thread of
-  // their own (see SnapshotEngine).
-  std::string copy_queue;
-  // The level the flush engine raises the shard to once its file is published: kLocal when
-  // it was written to the local tier (promotion to the persistent tier follows), else
-  // kDurable. Set before queueing.
-  Level publish_level = Level::kPersisted;
+  void MarkPersisted() { persisted_ = true; }
+  bool persisted() const { return persisted_; }
+  // True to the first caller only: the trainer is told of a failure once.
+  bool ClaimErrorReport() { return !error_reported_.exchange(true); }
+
   // The memory tier's copy of the shard's file image, filled by the writers as they write
   // (null when the memory tier does not keep this version).
   std::shared_ptr<MemoryImage> image;
@@ -125,13 +139,22 @@ class ShardJob {
   bool CopyDone();
 
  private:
+  static ShardPlacement Placed(std::string dir, bool direct_io) {
+    ShardPlacement p;
+    p.dir = std::move(dir);
+    p.direct_io = direct_io;
+    return p;
+  }
+
   const ShardMeta meta_;
   ShardLayout layout_;
   std::uint64_t data_bytes_ = 0;
   std::vector<ItemSource> sources_;
   std::shared_ptr<const TensorSet> tensors_;  // consumed by Prepare()
-  std::string dir_, final_path_, tmp_path_;
-  bool direct_io_;
+  const ShardPlacement placement_;
+  std::string final_path_, tmp_path_;
+  std::atomic<bool> persisted_{false};
+  std::atomic<bool> error_reported_{false};
   UniqueFd file_;
   std::once_flag open_once_;
   Status open_status_;

@@ -45,7 +45,7 @@ void SnapshotEngine::Stop() {
 }
 
 void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
-  if (shard->device >= 0) {
+  if (shard->device() >= 0) {
     std::lock_guard lock(mu_);
     // Queues whose thread has ended and that hold nothing go (sessions come and go).
     for (auto it = device_queues_.begin(); it != device_queues_.end();) {
@@ -57,7 +57,7 @@ void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
         ++it;
       }
     }
-    auto& slot = device_queues_[shard->copy_queue];
+    auto& slot = device_queues_[shard->copy_queue()];
     if (!slot) slot = std::make_unique<DeviceQueue>();
     DeviceQueue* q = slot.get();
     q->shards.push_back(std::move(shard));
@@ -160,7 +160,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     ~ReleaseSync() {
       if (sync != nullptr) sync->Release();
     }
-  } release_sync{shard->sync.get()};
+  } release_sync{shard->sync().get()};
 
   // Planning (offsets, header size) happens here rather than in the Snapshot call, which
   // must return at once even for thousands of items.
@@ -169,12 +169,12 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     return;
   }
   std::vector<std::unique_ptr<CopyLane>> lanes;
-  if (shard->device >= 0) {
+  if (shard->device() >= 0) {
     if (backend_ == nullptr) {
       shard->Fail(FailedPrecondition("this daemon has no device backend for device regions"));
       return;
     }
-    auto made = backend_->MakeLanes(shard->device, lanes_);
+    auto made = backend_->MakeLanes(shard->device(), lanes_);
     if (!made.ok()) {
       shard->Fail(made.status().With("create copy streams"));
       return;
@@ -247,8 +247,8 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     const std::size_t lane_index = chunk_index % lanes.size();
     CopyLane& lane = *lanes[lane_index];
     Status status;
-    if (shard->sync && !gated[lane_index]) {
-      status = shard->sync->Gate(lane);
+    if (shard->sync() && !gated[lane_index]) {
+      status = shard->sync()->Gate(lane);
       gated[lane_index] = true;
     }
     const std::uint64_t fill = std::min(chunk_bytes, data_bytes - data_off);
@@ -284,11 +284,11 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     data_off += fill;
     ++chunk_index;
   }
-  if (shard->sync && !shard->failed()) {
+  if (shard->sync() && !shard->failed()) {
     // Every copy is queued: record the daemon's completion event after all of them.
     std::vector<CopyLane*> all;
     for (auto& l : lanes) all.push_back(l.get());
-    if (Status s = shard->sync->Signal(all); !s.ok()) {
+    if (Status s = shard->sync()->Signal(all); !s.ok()) {
       shard->Fail(s.With("record the completion event of version " + std::to_string(shard->meta().version)));
     } else {
       shard->MarkOrdered();

@@ -30,37 +30,8 @@ namespace py = pybind11;
 namespace ckpt::python {
 namespace {
 
-// The gRPC status code a daemon would report for `code`, so that ckpt.Error.code means the
-// same whether the failure came from ckptd or from a local read.
-int GrpcCode(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 0;
-    case StatusCode::kInvalidArgument:
-      return 3;
-    case StatusCode::kDeadlineExceeded:
-      return 4;
-    case StatusCode::kNotFound:
-      return 5;
-    case StatusCode::kAlreadyExists:
-      return 6;
-    case StatusCode::kPermissionDenied:
-      return 7;
-    case StatusCode::kResourceExhausted:
-      return 8;
-    case StatusCode::kFailedPrecondition:
-      return 9;
-    case StatusCode::kInternal:
-      return 13;
-    case StatusCode::kDataLoss:
-      return 15;
-    case StatusCode::kIoError:
-      return 2;  // UNKNOWN, as ckptd maps it
-  }
-  return 2;
-}
 
-[[noreturn]] void Throw(const Status& s) { throw ckpt::Error(GrpcCode(s.code()), s.message()); }
+[[noreturn]] void Throw(const Status& s) { throw ckpt::Error(GrpcCodeNumber(s.code()), s.message()); }
 
 // Opens `path` and parses its header; an open failure becomes OSError (FileNotFoundError,
 // PermissionError, ...) with the path, as Python's own open() would raise.

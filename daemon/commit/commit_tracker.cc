@@ -1,0 +1,155 @@
+#include "daemon/commit/commit_tracker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <vector>
+
+namespace ckpt {
+namespace {
+
+// How often the shared directory is read while a commit is awaited, and while none is.
+constexpr std::chrono::milliseconds kPollBusy{20};
+constexpr std::chrono::milliseconds kPollIdle{500};
+
+}  // namespace
+
+CommitTracker::CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks)
+    : catalog_(catalog), shards_(shards), hooks_(std::move(hooks)) {}
+
+void CommitTracker::Start() { watcher_ = std::thread([this] { WatchLoop(); }); }
+
+void CommitTracker::Stop() {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+  }
+  wake_.SignalAll();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+bool CommitTracker::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJob>& shard) {
+  if (shard) shard->MarkPersisted();  // before the marker: a commit may follow at once
+  if (Status st = catalog_.WriteDoneMarker(m.job, m.version, m.rank, m.session); !st.ok()) {
+    st = st.With("done marker of rank " + std::to_string(m.rank));
+    if (shard) {
+      shard->Fail(st);  // the flush engine or the promoter reports it
+    } else {
+      hooks_.on_error("job " + m.job + " version " + std::to_string(m.version) + ": " + st.message());
+    }
+    return false;
+  }
+  bool decides = false;
+  {
+    MutexLock lock(mu_);
+    auto key = std::make_pair(m.job, m.version);
+    if (m.rank == 0) deciding_[key] = m.world_size;
+    decides = deciding_.count(key) != 0;
+    if (!decides) watching_[key] = m.world_size;
+  }
+  // Synchronous where this daemon decides: a waiter woken by `persisted` sees the decision.
+  if (decides) TryCommit(m.job, m.version, m.world_size, shard);
+  wake_.SignalAll();
+  return true;
+}
+
+void CommitTracker::Await(const ShardMeta& m) {
+  {
+    MutexLock lock(mu_);
+    auto key = std::make_pair(m.job, m.version);
+    if (m.rank == 0) deciding_[key] = m.world_size;
+    if (!deciding_.count(key)) watching_[key] = m.world_size;
+  }
+  wake_.SignalAll();
+}
+
+void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
+  MutexLock lock(mu_);
+  auto& done = finished_[job];
+  done = std::min(done, version);
+}
+
+void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                              const std::shared_ptr<ShardJob>& shard) {
+  bool committed = false;
+  Status st = catalog_.CommitIfComplete(job, version, world_size, &committed);
+  if (committed) {
+    Finish(job, version, shard, /*ours=*/true);
+    return;
+  }
+  std::vector<std::shared_ptr<ShardJob>> failed;
+  {
+    MutexLock lock(mu_);
+    const bool superseded = st.ok() && version < catalog_.Latest(job);
+    if (st.ok() && !superseded) return;  // not complete yet: the watcher looks again
+    deciding_.erase({job, version});
+    if (st.ok()) return;  // a newer version committed first; this one never will
+    failed = shards_.TakeVersion(job, version);
+  }
+  hooks_.on_error("job " + job + " version " + std::to_string(version) + ": commit failed: " + st.message());
+  // Every rank of the version hears of the failed commit, as of any flush failure.
+  for (const auto& p : failed) {
+    p->Fail(st.With("commit"));
+    hooks_.on_shard_failed(p);
+  }
+}
+
+void CommitTracker::Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard,
+                           bool ours) {
+  std::vector<std::shared_ptr<ShardJob>> raised;
+  {
+    MutexLock lock(mu_);
+    // The watcher and a writer may both see the commit: the first one finishes it.
+    auto& done = finished_[job];
+    if (version <= done) return;
+    done = version;
+    raised = shards_.TakeVersion(job, version);
+    // Older versions that never completed will not commit: this one is newer.
+    for (auto* m : {&deciding_, &watching_}) {
+      for (auto i = m->begin(); i != m->end();) {
+        i = i->first.first == job && i->first.second <= version ? m->erase(i) : std::next(i);
+      }
+    }
+  }
+  if (ours) {
+    ++committed_total_;
+    spdlog::info("job {}: version {} committed", job, version);
+  } else {
+    spdlog::debug("job {}: version {} committed by rank 0's daemon", job, version);
+  }
+  // The tiers' retention first, so that a trainer woken by the commit finds them settled.
+  hooks_.on_committed(job, version);
+  // Only shards that are persisted are part of the commit (each is marked before its done
+  // marker, so none is missed); one whose writer has not raised it to persisted yet goes
+  // straight to committed, which implies persisted.
+  for (const auto& p : raised) {
+    if (p == shard || p->persisted()) p->Reach(Level::kCommitted);
+  }
+}
+
+void CommitTracker::WatchLoop() {
+  for (;;) {
+    std::map<Key, std::uint32_t> deciding, watching;
+    {
+      MutexLock lock(mu_);
+      if (stop_) return;
+      const bool busy = !deciding_.empty() || !watching_.empty();
+      // Polls the shared directory while some commit is awaited; idle otherwise.
+      wake_.WaitFor(mu_, busy ? kPollBusy : kPollIdle);
+      if (stop_) return;
+      deciding = deciding_;
+      watching = watching_;
+    }
+    for (const auto& [key, world] : deciding) TryCommit(key.first, key.second, world, nullptr);
+    for (const auto& [key, world] : watching) {
+      if (catalog_.IsCommitted(key.first, key.second)) {
+        catalog_.NoteCommitted(key.first, key.second);
+        Finish(key.first, key.second, nullptr, /*ours=*/false);
+      } else if (key.second < catalog_.Latest(key.first)) {
+        MutexLock lock(mu_);
+        watching_.erase(key);  // a newer version committed first
+      }
+    }
+  }
+}
+
+}  // namespace ckpt

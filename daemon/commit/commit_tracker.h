@@ -1,0 +1,85 @@
+// CommitTracker: from persisted shards to committed versions, across daemons. In: each shard
+// of this daemon that is durable on the persistent tier (OnPersisted), and, after a restart,
+// versions whose shards were persisted before it (Await). Out: committed versions, whose
+// shards here are raised to committed, and whose tiers apply their retention first
+// (`on_committed`); a failed commit fails every shard of its version (`on_shard_failed`).
+//
+// The protocol is the Catalog's (done markers, rank registrations, COMMITTED, `latest`):
+// the daemon that persisted rank 0's shard of a version decides its commit; the others
+// watch the shared directory for it. Decisions are tried at once, when a shard is
+// persisted; a watcher thread polls every 20 ms while any commit is awaited, and sleeps
+// otherwise. Each commit is finished once here, by whoever sees it first. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "common/mutex.h"
+#include "daemon/commit/catalog.h"
+#include "daemon/pipeline/shard_registry.h"
+
+namespace ckpt {
+
+class CommitTracker {
+ public:
+  struct Hooks {
+    // (job, version) committed: the tiers apply their retention.
+    std::function<void(const std::string& job, std::uint64_t version)> on_committed;
+    // The shard failed (its error is set): its trainer hears of it.
+    std::function<void(const std::shared_ptr<ShardJob>&)> on_shard_failed;
+    // A failure with no shard to carry it.
+    std::function<void(const std::string&)> on_error;
+  };
+
+  CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks);
+  ~CommitTracker() { Stop(); }
+
+  void Start();
+  void Stop() EXCLUDES(mu_);
+
+  // `meta`'s shard is durable on the persistent tier: writes its done marker, then commits
+  // the version if this daemon decides it (else watches for the commit). `shard` may be
+  // null (a promotion resumed after a restart). False if the marker could not be written
+  // (the shard, if any, is failed; else the error is recorded).
+  bool OnPersisted(const ShardMeta& meta, const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
+  // After a restart: `meta`'s done marker is already written; awaits the version's commit.
+  void Await(const ShardMeta& meta) EXCLUDES(mu_);
+  // A rank of `job` rolled back to `version`: versions above it will be committed again.
+  void RolledBack(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+
+  // Versions this daemon committed since it started.
+  std::uint64_t committed_total() const { return committed_total_; }
+
+ private:
+  using Key = std::pair<std::string, std::uint64_t>;  // (job, version)
+  void Track(const ShardMeta& meta) EXCLUDES(mu_);
+  void TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                 const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
+  // (job, version) is committed (by this daemon if `ours`): raises this daemon's shards of
+  // it, stops awaiting it and older versions, applies the tiers' retention.
+  void Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard, bool ours)
+      EXCLUDES(mu_);
+  void WatchLoop() EXCLUDES(mu_);
+
+  Catalog& catalog_;
+  ShardRegistry& shards_;
+  const Hooks hooks_;
+  Mutex mu_;
+  CondVar wake_;
+  // Commits this daemon decides (it persisted rank 0's shard) and commits it waits to see
+  // (another daemon decides): (job, version) -> world size.
+  std::map<Key, std::uint32_t> deciding_ GUARDED_BY(mu_);
+  std::map<Key, std::uint32_t> watching_ GUARDED_BY(mu_);
+  std::map<std::string, std::uint64_t> finished_ GUARDED_BY(mu_);  // job -> newest commit finished here
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::atomic<std::uint64_t> committed_total_{0};
+  std::thread watcher_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,202 @@
+#include "daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ckpt {
+
+void ErrorLog::Record(const std::string& message) {
+  spdlog::error("{}", message);
+  MutexLock lock(mu_);
+  errors_.push_back(message);
+  while (errors_.size() > kKept) errors_.pop_front();
+}
+
+std::vector<std::string> ErrorLog::Recent() const {
+  MutexLock lock(mu_);
+  return {errors_.begin(), errors_.end()};
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, std::shared_ptr<Storage> storage,
+                                               std::unique_ptr<RegionImporter> importer,
+                                               std::shared_ptr<DeviceBackend> backend,
+                                               std::string no_backend_reason) {
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  if (Status st = d->Build(std::move(storage), std::move(importer), std::move(backend), std::move(no_backend_reason));
+      !st.ok()) {
+    return st;  // the destructor stops whatever was started
+  }
+  return d;
+}
+
+Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImporter> importer,
+                     std::shared_ptr<DeviceBackend> backend, std::string no_backend_reason) {
+  storage_ = std::move(storage);
+  importer_ = std::move(importer);
+  backend_ = std::move(backend);
+  no_backend_reason_ = std::move(no_backend_reason);
+
+  // The persistent tier: its tree, its leftovers, whether it takes O_DIRECT.
+  catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every);
+  if (Status s = catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config_.root);
+  const bool direct_ok = storage_->SupportsDirectIo(config_.root);
+  if (config_.direct_io == DirectIoMode::kOn && !direct_ok) {
+    return FailedPrecondition(config_.root + " does not accept O_DIRECT writes (--direct-io on)");
+  }
+  persistent_direct_io_ = config_.direct_io != DirectIoMode::kOff && direct_ok;
+  if (!config_.local_dir.empty()) {
+    auto local = LocalTier::Open(storage_, config_.local_dir, config_.direct_io, config_.local_keep, *catalog_);
+    if (!local.ok()) return local.status().With("local tier " + config_.local_dir);
+    local_ = std::move(local).value();
+  }
+  memory_ = std::make_unique<MemoryTier>(config_.memory_bytes(), config_.memory_versions);
+
+  // The data path: pool, copier between tiers, commit, promotion, writers, copiers.
+  auto pool = HostPool::Create(config_.pool_bytes(), config_.chunk_bytes());
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(pool).value();
+  PinPool();
+  copier_ = std::make_unique<ShardCopier>(storage_, *pool_, config_.writers);
+  tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_, *copier_,
+                                     pool_->chunk_bytes());
+  commits_ = std::make_unique<CommitTracker>(
+      *catalog_, shards_,
+      CommitTracker::Hooks{[this](const std::string& job, std::uint64_t v) { OnCommitted(job, v); },
+                           [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); },
+                           [this](const std::string& m) { errors_.Record(m); }});
+  if (local_) {
+    promoter_ = std::make_unique<Promoter>(
+        *local_, *memory_, *copier_, *catalog_, persistent_direct_io_,
+        Promoter::Hooks{[this](const ShardMeta& m, const std::shared_ptr<ShardJob>& s) {
+                          return commits_->OnPersisted(m, s);
+                        },
+                        [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); },
+                        [this](const std::string& m) { errors_.Record(m); }});
+  }
+  flush_ = std::make_unique<FlushEngine>(
+      storage_, *pool_, config_.writers, [this](const std::shared_ptr<ShardJob>& s) { OnPublished(s); },
+      [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); }, memory_.get());
+  snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, config_.copiers, backend_.get(),
+                                               config_.copy_streams);
+  restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers);
+
+  // The sessions: import, admission, restore.
+  loader_ = std::make_unique<TableLoader>(*importer_, backend_.get(), no_backend_reason_);
+  sessions_ = std::make_unique<SessionTable>(shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); });
+  registrar_ = std::make_unique<Registrar>(storage_, *catalog_, *loader_, *sessions_, shards_);
+  admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_, shards_,
+                                                   *snapshot_, config_.max_blob_mib << 20);
+  restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_, restore_counters_);
+
+  ResumeLocalTier();
+  commits_->Start();
+  if (promoter_) promoter_->Start();
+  sessions_->StartReaper();
+  spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks, {} writers, {} copiers", config_.root,
+               persistent_direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync", config_.pool_mib,
+               config_.chunk_mib, config_.writers, config_.copiers);
+  LogTiers();
+  if (backend_) {
+    spdlog::info("device backend: {}; {} copy streams per shard", backend_->Describe(), config_.copy_streams);
+  } else {
+    spdlog::info("no device backend ({}): GPU tensors are refused", no_backend_reason_);
+  }
+  return Status::Ok();
+}
+
+void Daemon::PinPool() {
+  if (!backend_) return;
+  // Device copies into pageable memory go through a staging buffer at a fraction of the
+  // speed; the pool is page-locked once, here, never per checkpoint.
+  if (Status s = backend_->Pin(pool_->base(), pool_->pool_bytes()); !s.ok()) {
+    spdlog::warn("host pool not page-locked, device copies will be slower: {}", s.message());
+    return;
+  }
+  std::shared_ptr<DeviceBackend> b = backend_;
+  void* base = pool_->base();
+  pool_->OnDestroy([b, base] { b->Unpin(base); });
+}
+
+void Daemon::LogTiers() const {
+  const std::string memory = memory_->enabled() ? std::to_string(config_.memory_versions) + " version(s) in " +
+                                                      std::to_string(config_.memory_mib) + " MiB"
+                                                : std::string("off");
+  const std::string local = !local_ ? std::string("none")
+                                    : local_->root() + (local_->direct_io() ? " (O_DIRECT)" : " (buffered)") +
+                                          ", keep last " + std::to_string(config_.local_keep);
+  spdlog::info("tiers: memory {}, local {}, persistent {} (keep last {}{})", memory, local, config_.root,
+               config_.keep_last == 0 ? std::string("all") : std::to_string(config_.keep_last),
+               config_.keep_every ? ", and every " + std::to_string(config_.keep_every) + "th" : std::string());
+}
+
+void Daemon::ResumeLocalTier() {
+  if (!local_) return;
+  int resumed = 0, awaited = 0;
+  for (auto& shard : local_->ScanUncommitted()) {
+    const ShardMeta& m = shard.meta;
+    if (catalog_->HasDoneMarker(m.job, m.version, m.rank, m.session)) {
+      commits_->Await(m);  // promoted before the restart: only the commit is left to see
+      ++awaited;
+      continue;
+    }
+    promoter_->Enqueue(Promoter::Task{m, std::move(shard.path), shard.file_bytes, nullptr});
+    ++resumed;
+  }
+  if (resumed + awaited > 0) {
+    spdlog::info("local tier: {} promotion(s) resumed, {} commit(s) awaited after the restart", resumed, awaited);
+  }
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+void Daemon::Shutdown() {
+  {
+    MutexLock lock(shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  // Reverse stage order: no more reaping, copies end, writes end, the queued promotions
+  // finish (a restart would resume them anyway) with the commits they complete, then the
+  // commit watcher stops. A part that Build did not reach is null.
+  if (sessions_) sessions_->Stop();
+  if (snapshot_) snapshot_->Stop();
+  if (flush_) flush_->Stop();
+  if (promoter_) promoter_->Stop();
+  if (commits_) commits_->Stop();
+  if (pool_) pool_->Shutdown();
+}
+
+std::string Daemon::DescribeBackend() const {
+  return backend_ ? backend_->Describe() : "none (" + no_backend_reason_ + ")";
+}
+
+void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
+  copied_done_total_ += shard->copied_bytes.load();
+  written_done_total_ += shard->written_bytes.load();
+  if (shard->image) {
+    memory_->Complete(shard->image);
+    // The tier owns it now: a shard kept for status must not pin its buffer.
+    shard->image.reset();
+  }
+  const ShardMeta& m = shard->meta();
+  if (shard->publish_level() == Level::kLocal) {
+    promoter_->Enqueue(Promoter::Task{m, shard->final_path(), shard->layout().file_bytes(), shard});
+    return;
+  }
+  commits_->OnPersisted(m, shard);
+}
+
+void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
+  const ShardMeta& m = shard->meta();
+  memory_->Drop(shard->image);
+  shard->image.reset();
+  errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) + ": " +
+                 shard->error().message());
+  sessions_->NoteFailure(m.job, m.rank, m.version);
+}
+
+void Daemon::OnCommitted(const std::string& job, std::uint64_t version) {
+  memory_->OnCommitted(job, version);
+  if (local_) local_->ApplyRetention(job);
+}
+
+}  // namespace ckpt

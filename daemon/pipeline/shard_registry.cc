@@ -1,0 +1,68 @@
+#include "daemon/pipeline/shard_registry.h"
+
+#include <algorithm>
+
+namespace ckpt {
+
+void ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
+  MutexLock lock(mu_);
+  // Versions that never commit leave entries whose shards are all gone: drop them.
+  for (auto it = by_version_.begin(); it != by_version_.end();) {
+    auto& weak = it->second;
+    weak.erase(std::remove_if(weak.begin(), weak.end(), [](const auto& w) { return w.expired(); }), weak.end());
+    it = weak.empty() ? by_version_.erase(it) : std::next(it);
+  }
+  by_version_[{shard->meta().job, shard->meta().version}].push_back(shard);
+  recent_.push_back(shard);
+  while (recent_.size() > kRecentShards) recent_.pop_front();
+}
+
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::TakeVersion(const std::string& job, std::uint64_t version) {
+  std::vector<std::shared_ptr<ShardJob>> out;
+  MutexLock lock(mu_);
+  auto it = by_version_.find({job, version});
+  if (it == by_version_.end()) return out;
+  for (const auto& w : it->second) {
+    if (auto p = w.lock()) out.push_back(std::move(p));
+  }
+  by_version_.erase(it);
+  return out;
+}
+
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Recent() const {
+  MutexLock lock(mu_);
+  return {recent_.begin(), recent_.end()};
+}
+
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::string& job,
+                                                                 const std::string& queue) const {
+  std::vector<std::shared_ptr<ShardJob>> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, shards] : by_version_) {
+    if (key.first != job) continue;
+    for (const auto& weak : shards) {
+      auto shard = weak.lock();
+      if (shard && shard->copy_queue() == queue && shard->level() < Level::kCaptured) out.push_back(std::move(shard));
+    }
+  }
+  return out;
+}
+
+Status ShardRegistry::WaitRankSettled(const std::string& job, std::uint32_t rank, const CancelCheck& cancelled) const {
+  std::vector<std::shared_ptr<ShardJob>> inflight;
+  {
+    MutexLock lock(mu_);
+    for (const auto& shard : recent_) {
+      if (shard->meta().job == job && shard->meta().rank == rank) inflight.push_back(shard);
+    }
+  }
+  for (const auto& shard : inflight) {
+    // The shard's own outcome (a failure) is its trainer's to hear, not this caller's.
+    Status st = WaitInSlices(std::chrono::steady_clock::time_point::max(), cancelled,
+                             [&](auto slice_end) { return shard->WaitFor(Level::kPersisted, slice_end); });
+    if (st.code() == StatusCode::kCancelled) return st;
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,50 @@
+// ShardRegistry: the shards this daemon has in flight or finished recently, found by the
+// stages that act on more than one shard at a time. The commit tracker takes every shard
+// of a (job, version) to raise them to committed (or fail them) together; sessions wait for
+// a rank's shards to settle before a new registration or a restore, and give up the GPU
+// shards of a trainer that exited; the status report lists the recent ones. Holds the
+// newest kRecentShards strongly and the rest of each version weakly, so shards are freed
+// once nothing else needs them. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cancellable_wait.h"
+#include "common/mutex.h"
+#include "daemon/pipeline/shard_job.h"
+
+namespace ckpt {
+
+class ShardRegistry {
+ public:
+  static constexpr std::size_t kRecentShards = 64;
+
+  // A shard was admitted (before it is queued for copying).
+  void Add(const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
+  // Removes and returns the live shards of (job, version): the caller commits or fails them.
+  std::vector<std::shared_ptr<ShardJob>> TakeVersion(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  // The newest shards, oldest first (in flight and recently done).
+  std::vector<std::shared_ptr<ShardJob>> Recent() const EXCLUDES(mu_);
+  // Shards of `job` from copy queue `queue` (one registration) not yet captured.
+  std::vector<std::shared_ptr<ShardJob>> Uncaptured(const std::string& job, const std::string& queue) const
+      EXCLUDES(mu_);
+  // Blocks until every recent shard of (job, rank) is persisted or failed; kCancelled if
+  // `cancelled` turns true meanwhile.
+  Status WaitRankSettled(const std::string& job, std::uint32_t rank, const CancelCheck& cancelled) const
+      EXCLUDES(mu_);
+
+ private:
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<std::weak_ptr<ShardJob>>> by_version_
+      GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<ShardJob>> recent_ GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt

@@ -1,0 +1,72 @@
+#include "daemon/rpc/convert.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(GrpcCodeNumber(s.code())), s.message());
+}
+
+CancelCheck CancelCheckOf(grpc::ServerContext* ctx) {
+  return [ctx] { return ctx->IsCancelled(); };
+}
+
+RegistrationRequest FromProto(const v1::RegisterRequest& req) {
+  RegistrationRequest out;
+  out.job = req.job();
+  out.rank = req.rank();
+  out.world_size = req.world_size();
+  out.descriptor_table = req.descriptor_table();
+  out.device.present = req.has_cuda();
+  if (req.has_cuda()) {
+    out.device.device_uuid = req.cuda().device_uuid();
+    out.device.trainer_events.assign(req.cuda().trainer_events().begin(), req.cuda().trainer_events().end());
+  }
+  return out;
+}
+
+SnapshotRequestData FromProto(const v1::SnapshotRequest& req) {
+  SnapshotRequestData out;
+  out.version = req.version();
+  out.table_generation = req.table_generation();
+  out.trainer_event_slot = req.trainer_event_slot();
+  out.blobs.reserve(req.blobs_size());
+  for (const auto& b : req.blobs()) out.blobs.push_back(SnapshotBlob{b.name(), std::make_shared<const std::string>(b.data())});
+  return out;
+}
+
+void ToProto(const Registered& r, v1::RegisterReply* reply) {
+  reply->set_session(r.session->id);
+  reply->set_item_count(r.items);
+  reply->set_tensor_bytes(r.tensor_bytes);
+  reply->set_latest_committed(r.latest_committed);
+  for (const auto& h : r.daemon_events) reply->add_daemon_events(h);
+}
+
+void ToProto(Restored r, v1::RestoreReply* reply) {
+  reply->set_version(r.version);
+  reply->set_tensor_bytes(r.tensor_bytes);
+  reply->set_tier(TierName(r.tier));
+  for (auto& [name, data] : r.blobs) {
+    auto* b = reply->add_blobs();
+    b->set_name(name);
+    b->set_data(std::move(data));
+  }
+}
+
+void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* out) {
+  out->set_version(version);
+  out->set_committed(v.committed);
+  for (auto r : v.persistent_ranks) out->add_durable_ranks(r);
+  for (auto r : v.local_ranks) out->add_local_ranks(r);
+  for (auto r : v.memory_ranks) out->add_memory_ranks(r);
+}
+
+void ToProto(const PrefetchResult& r, v1::PrefetchReply* reply) {
+  reply->set_version(r.version);
+  reply->set_local_shards(r.local_shards);
+  reply->set_memory_shards(r.memory_shards);
+  reply->set_bytes(r.bytes);
+}
+
+}  // namespace ckpt

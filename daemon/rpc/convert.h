@@ -1,0 +1,31 @@
+// The edge between the wire (ckpt.v1) and the daemon's own types: every translation of a
+// request into the parts' inputs, of their results into replies, and of a Status into a
+// gRPC status happens here. Levels use proto/level_codec.h.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "ckpt/v1/ckpt.grpc.pb.h"
+#include "common/cancellable_wait.h"
+#include "common/status.h"
+#include "daemon/session/admission.h"
+#include "daemon/session/registrar.h"
+#include "daemon/session/restorer.h"
+#include "daemon/tiers/tier_set.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpc(const Status& s);
+// Asks whether the call's client went away.
+CancelCheck CancelCheckOf(grpc::ServerContext* ctx);
+
+RegistrationRequest FromProto(const v1::RegisterRequest& req);
+// Copies the blobs' bytes (once): the shard keeps them until it is written.
+SnapshotRequestData FromProto(const v1::SnapshotRequest& req);
+
+void ToProto(const Registered& r, v1::RegisterReply* reply);
+void ToProto(Restored r, v1::RestoreReply* reply);
+void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* out);
+void ToProto(const PrefetchResult& r, v1::PrefetchReply* reply);
+
+}  // namespace ckpt

@@ -1,0 +1,159 @@
+#include "daemon/rpc/service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "common/names.h"
+#include "daemon/rpc/convert.h"
+#include "daemon/rpc/status_report.h"
+#include "proto/level_codec.h"
+
+namespace ckpt {
+namespace {
+
+// Waits longer than this are waits without limit (and never overflow a deadline).
+constexpr std::uint64_t kMaxWaitMs = 30ull * 24 * 3600 * 1000;
+
+}  // namespace
+
+Result<std::shared_ptr<Session>> CheckpointService::FindSession(grpc::ServerContext* ctx, const std::string& id) {
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return peer.status();
+  return daemon_.sessions().Find(id, peer->uid);
+}
+
+grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                                         v1::RegisterReply* reply) {
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (req->world_size() == 0 || req->world_size() > kMaxWorldSize) {
+    return ToGrpc(InvalidArgument("world size " + std::to_string(req->world_size()) + " is not in [1, " +
+                                  std::to_string(kMaxWorldSize) + "]"));
+  }
+  if (req->rank() >= req->world_size()) {
+    return ToGrpc(InvalidArgument("rank " + std::to_string(req->rank()) + " is outside world size " +
+                                  std::to_string(req->world_size())));
+  }
+  Result<Registered> done = Registered{};
+  if (req->session().empty()) {
+    done = daemon_.registrar().Register(FromProto(*req), peer.value(), CancelCheckOf(ctx));
+  } else {
+    auto s = daemon_.sessions().Find(req->session(), peer->uid);
+    if (!s.ok()) return ToGrpc(s.status());
+    done = daemon_.registrar().Reregister(s.value(), FromProto(*req));
+  }
+  if (!done.ok()) return ToGrpc(done.status());
+  ToProto(done.value(), reply);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
+                                         v1::SnapshotReply* reply) {
+  auto s = FindSession(ctx, req->session());
+  if (!s.ok()) return ToGrpc(s.status());
+  Session& session = *s.value();
+  MutexLock lock(session.mu);
+  auto shard = daemon_.admission().Admit(session, FromProto(*req), CancelCheckOf(ctx));
+  if (!shard.ok()) return ToGrpc(shard.status());
+  reply->set_data_bytes(shard.value()->data_bytes());
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitReply* reply) {
+  auto s = FindSession(ctx, req->session());
+  if (!s.ok()) return ToGrpc(s.status());
+  const Level want = LevelFromProto(req->level());
+  if (want == Level::kNone) {
+    return ToGrpc(InvalidArgument("wait needs a level: captured, local, persisted (durable) or committed"));
+  }
+  std::shared_ptr<ShardJob> shard;
+  {
+    Session& session = *s.value();
+    MutexLock lock(session.mu);
+    auto it = session.shards.find(req->version());
+    if (it == session.shards.end()) {
+      return ToGrpc(NotFound("version " + std::to_string(req->version()) +
+                             " was not snapshotted by this session (or is too old to wait for)"));
+    }
+    shard = it->second;
+  }
+  if (req->stream_ordered() && want != Level::kCaptured) {
+    return ToGrpc(InvalidArgument("a stream-ordered wait is for level captured only"));
+  }
+  const auto deadline = req->timeout_ms() == 0 || req->timeout_ms() > kMaxWaitMs
+                            ? std::chrono::steady_clock::time_point::max()
+                            : std::chrono::steady_clock::now() + std::chrono::milliseconds(req->timeout_ms());
+  // Stream-ordered waits of host-memory sessions are plain waits.
+  const bool ordered = req->stream_ordered() && shard->sync() != nullptr;
+  bool ordered_only = false;
+  ckpt::Status st = WaitInSlices(deadline, CancelCheckOf(ctx), [&](auto slice_end) {
+    return ordered ? shard->WaitOrdered(slice_end, &ordered_only) : shard->WaitFor(want, slice_end);
+  });
+  if (!st.ok()) {
+    if (shard->failed()) {
+      shard->ClaimErrorReport();
+      st = st.With("version " + std::to_string(req->version()) + " failed");
+    }
+    return ToGrpc(st);
+  }
+  if (ordered_only) {
+    reply->set_reached(v1::LEVEL_UNSPECIFIED);
+    reply->set_has_daemon_event(true);
+    reply->set_daemon_event_slot(shard->sync()->daemon_slot());
+    return grpc::Status::OK;
+  }
+  reply->set_reached(LevelToProto(shard->level()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
+                                        v1::RestoreReply* reply) {
+  auto s = FindSession(ctx, req->session());
+  if (!s.ok()) return ToGrpc(s.status());
+  Session& session = *s.value();
+  MutexLock lock(session.mu);
+  auto restored = daemon_.restorer().Restore(session, req->version(), CancelCheckOf(ctx));
+  if (!restored.ok()) return ToGrpc(restored.status());
+  ToProto(std::move(restored).value(), reply);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListRequest* req, v1::ListReply* reply) {
+  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  auto versions = daemon_.tiers().List(req->job());
+  if (!versions.ok()) return ToGrpc(versions.status());
+  for (const auto& [version, on_tiers] : versions.value()) ToProto(version, on_tiers, reply->add_versions());
+  reply->set_latest(daemon_.catalog().RefreshLatest(req->job()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*, v1::StatusReply* reply) {
+  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
+  FillStatusReport(daemon_, reply);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
+                                           v1::UnregisterReply*) {
+  auto s = FindSession(ctx, req->session());
+  if (!s.ok()) return ToGrpc(s.status());
+  daemon_.sessions().Close(s.value(), /*trainer_gone=*/false);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
+                                         v1::PrefetchReply* reply) {
+  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  std::vector<std::uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+  auto done = daemon_.tiers().Prefetch(req->job(), req->version(), std::move(ranks));
+  if (!done.ok()) return ToGrpc(done.status());
+  daemon_.restore_counters().bytes_read += done->bytes;
+  ToProto(done.value(), reply);
+  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)", req->job(),
+               done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
+  return grpc::Status::OK;
+}
+
+}  // namespace ckpt

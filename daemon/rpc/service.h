@@ -1,0 +1,43 @@
+// CheckpointService: the gRPC face of the daemon (ckpt.v1.Checkpoint). Each handler checks
+// the peer, validates what the request alone can tell, delegates to the part that does the
+// work (daemon/session/, daemon/tiers/) and fills the reply; translations live in
+// rpc/convert.h, the status report in rpc/status_report.h. Errors become gRPC statuses
+// whose message says what is wrong; nothing a client sends stops the daemon serving the
+// others. Thread-safe (gRPC calls it from many threads).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "ckpt/v1/ckpt.grpc.pb.h"
+#include "daemon/daemon.h"
+#include "daemon/rpc/peer_auth.h"
+
+namespace ckpt {
+
+class CheckpointService final : public v1::Checkpoint::Service {
+ public:
+  // The largest world size a registration may declare.
+  static constexpr std::uint32_t kMaxWorldSize = 1u << 20;
+
+  // `peers` null: in-process use (every caller is this process).
+  CheckpointService(Daemon& daemon, const PeerRegistry* peers)
+      : daemon_(daemon), auth_(peers, daemon.config().allow_uids) {}
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterReply*) override;
+  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*, v1::SnapshotReply*) override;
+  grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitReply*) override;
+  grpc::Status Restore(grpc::ServerContext*, const v1::RestoreRequest*, v1::RestoreReply*) override;
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListReply*) override;
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
+  grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest*, v1::UnregisterReply*) override;
+  grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
+
+ private:
+  // The caller's session `id`, checked against the caller's uid.
+  Result<std::shared_ptr<Session>> FindSession(grpc::ServerContext* ctx, const std::string& id);
+
+  Daemon& daemon_;
+  const PeerAuth auth_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,108 @@
+#include "daemon/rpc/status_report.h"
+
+#include <unistd.h>
+
+#include "proto/level_codec.h"
+
+namespace ckpt {
+namespace {
+
+void AddClients(Daemon& daemon, v1::StatusReply* reply) {
+  for (const auto& sess : daemon.sessions().All()) {
+    auto* c = reply->add_clients();
+    c->set_session(sess->id);
+    c->set_job(sess->job);
+    c->set_rank(sess->rank);
+    c->set_world_size(sess->world_size);
+    c->set_pid(sess->peer.pid);
+    c->set_alive(!sess->TrainerExited());
+    if (sess->mu.TryLock()) {  // never block status on a busy session
+      c->set_items(static_cast<std::uint32_t>(sess->items.size()));
+      c->set_tensor_bytes(sess->tensor_bytes);
+      c->set_last_version(sess->last_version);
+      sess->mu.Unlock();
+    }
+  }
+}
+
+// The recent shards; their bytes in flight are added to the totals of finished ones.
+void AddShards(Daemon& daemon, v1::StatusReply* reply) {
+  std::uint64_t copied = daemon.copied_done_total(), written = daemon.written_done_total();
+  for (const auto& shard : daemon.shards().Recent()) {
+    auto* sh = reply->add_shards();
+    sh->set_job(shard->meta().job);
+    sh->set_rank(shard->meta().rank);
+    sh->set_version(shard->meta().version);
+    sh->set_total_bytes(shard->data_bytes());
+    sh->set_copied_bytes(shard->copied_bytes.load());
+    sh->set_written_bytes(shard->written_bytes.load());
+    sh->set_level(LevelToProto(shard->level()));
+    if (shard->failed()) sh->set_error(shard->error().message());
+    sh->set_capture_ms(shard->MillisTo(Level::kCaptured));
+    sh->set_durable_ms(shard->MillisTo(Level::kPersisted));
+    if (shard->level() < Level::kPersisted && !shard->failed()) {
+      copied += shard->copied_bytes.load();
+      written += shard->written_bytes.load();
+    }
+  }
+  reply->set_bytes_copied_total(copied);
+  reply->set_bytes_written_total(written);
+}
+
+void AddTiers(Daemon& daemon, v1::StatusReply* reply) {
+  const Config& config = daemon.config();
+  {
+    MemoryTier& memory = daemon.tiers().memory();
+    auto st = memory.GetStats();
+    auto* t = reply->add_tiers();
+    t->set_name("memory");
+    t->set_shards(st.images);
+    t->set_bytes(st.bytes);
+    t->set_budget_bytes(st.budget);
+    t->set_retention(memory.enabled() ? "newest " + std::to_string(config.memory_versions) +
+                                            " committed version(s) per rank, within the budget"
+                                      : std::string("off"));
+  }
+  if (const LocalTier* local = daemon.tiers().local()) {
+    auto* t = reply->add_tiers();
+    t->set_name("local");
+    t->set_dir(local->root());
+    t->set_retention("last " + std::to_string(local->keep()) + " committed versions");
+  }
+  auto* t = reply->add_tiers();
+  t->set_name("persistent");
+  t->set_dir(config.root);
+  t->set_retention(config.keep_last == 0
+                       ? std::string("every version")
+                       : "last " + std::to_string(config.keep_last) + " committed versions" +
+                             (config.keep_every ? ", and every " + std::to_string(config.keep_every) + "th"
+                                                : std::string()));
+  reply->set_promotions_pending(daemon.promoter() ? daemon.promoter()->pending() : 0);
+}
+
+}  // namespace
+
+void FillStatusReport(Daemon& daemon, v1::StatusReply* reply) {
+  reply->set_daemon_version(CKPTD_VERSION);
+  reply->set_pid(::getpid());
+  reply->set_uptime_s(static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - daemon.started()).count()));
+  reply->set_root(daemon.config().root);
+  reply->set_direct_io(daemon.tiers().persistent_direct_io());
+  reply->set_pool_bytes(daemon.pool().pool_bytes());
+  reply->set_pool_used_bytes(daemon.pool().used_bytes());
+  reply->set_chunk_bytes(daemon.pool().chunk_bytes());
+  reply->set_device_backend(daemon.DescribeBackend());
+  for (const auto& e : daemon.errors().Recent()) reply->add_errors(e);
+  AddClients(daemon, reply);
+  AddShards(daemon, reply);
+  reply->set_bytes_read_total(daemon.restore_counters().bytes_read);
+  reply->set_versions_committed(daemon.commits().committed_total());
+  const RestoreCounters& restored = daemon.restore_counters();
+  reply->set_restored_bytes_memory(restored.from_memory);
+  reply->set_restored_bytes_local(restored.from_local);
+  reply->set_restored_bytes_persistent(restored.from_persistent);
+  AddTiers(daemon, reply);
+}
+
+}  // namespace ckpt

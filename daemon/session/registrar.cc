@@ -1,0 +1,98 @@
+#include "daemon/session/registrar.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <random>
+
+namespace ckpt {
+namespace {
+
+std::string NewSessionId() {
+  static std::mutex mu;
+  static std::random_device rd;
+  static std::mt19937_64 gen(rd());
+  std::lock_guard lock(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(gen()),
+                static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+}  // namespace
+
+Registered Registrar::Reply(const std::shared_ptr<Session>& s, std::vector<std::string> daemon_events) {
+  Registered out;
+  out.session = s;
+  out.items = static_cast<std::uint32_t>(s->items.size());
+  out.tensor_bytes = s->tensor_bytes;
+  out.daemon_events = std::move(daemon_events);
+  out.latest_committed = catalog_.Latest(s->job);
+  return out;
+}
+
+Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req) {
+  if (s->job != req.job || s->rank != req.rank || s->world_size != req.world_size ||
+      s->table->name() != req.descriptor_table) {
+    return InvalidArgument("re-registration must keep the session's job, rank, world size and table");
+  }
+  MutexLock lock(s->mu);
+  if (Status st = loader_.Load(*s); !st.ok()) return st;
+  std::vector<std::string> events;
+  if (Status st = loader_.AttachDevice(*s, req.device, &events); !st.ok()) return st;
+  return Reply(s, std::move(events));
+}
+
+Result<Registered> Registrar::Register(const RegistrationRequest& req, const PeerCredentials& peer,
+                                       const CancelCheck& cancelled) {
+  auto session = std::make_shared<Session>();
+  session->id = NewSessionId();
+  session->job = req.job;
+  session->rank = req.rank;
+  session->world_size = req.world_size;
+  session->peer = peer;
+  session->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0)));
+  auto table = loader_.OpenTable(req.descriptor_table, peer.uid);
+  if (!table.ok()) return table.status();
+  session->table = std::move(table).value();
+  std::vector<std::string> events;
+  {
+    MutexLock lock(session->mu);
+    if (Status st = loader_.Load(*session); !st.ok()) return st;
+    if (Status st = loader_.AttachDevice(*session, req.device, &events); !st.ok()) return st;
+  }
+  // The job directory exists (durably) before any shard is written into it.
+  if (Status st = storage_->MakeDirs(catalog_.JobDir(session->job)); !st.ok()) return st;
+  if (Status st = storage_->SyncDir(catalog_.root()); !st.ok()) return st;
+
+  // A new registration of the rank makes its earlier shards stop counting towards commits
+  // (see Catalog); the ones still in flight finish (and commit, if their version is
+  // complete) first.
+  if (Status st = shards_.WaitRankSettled(session->job, session->rank, cancelled); !st.ok()) return st;
+  std::shared_ptr<Session> replaced;
+  if (Status st = sessions_.Add(session, &replaced); !st.ok()) return st;
+  Registered out;
+  {
+    MutexLock lock(session->mu);
+    if (Status st = NewRegistration(*session); !st.ok()) {
+      sessions_.Close(session, /*trainer_gone=*/false);
+      return st.With("record the registration of rank " + std::to_string(session->rank));
+    }
+    out = Reply(session, std::move(events));
+  }
+  if (replaced) sessions_.Close(replaced, /*trainer_gone=*/true);
+  spdlog::info("registered job {} rank {}/{} pid {}: {} items, {} bytes", session->job, session->rank,
+               session->world_size, peer.pid, out.items, out.tensor_bytes);
+  return out;
+}
+
+Status Registrar::NewRegistration(Session& s) {
+  std::string id = s.id + "." + std::to_string(++s.registrations);
+  if (Status st = catalog_.WriteRankRegistration(s.job, s.rank, id); !st.ok()) return st;
+  s.registration = std::move(id);
+  return Status::Ok();
+}
+
+}  // namespace ckpt

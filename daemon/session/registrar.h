@@ -1,0 +1,67 @@
+// Registrar: the life of a registration. Register imports a trainer's descriptor table and
+// regions (TableLoader), waits until the rank's shards from an earlier registration have
+// settled, publishes the session (SessionTable) and records the rank's new registration id
+// on the persistent tier (so that shards of an earlier run never complete a version of this
+// one: see Catalog). A re-registration (same session) re-reads the table. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/cancellable_wait.h"
+#include "common/status.h"
+#include "daemon/commit/catalog.h"
+#include "daemon/io/storage.h"
+#include "daemon/pipeline/shard_registry.h"
+#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/session_table.h"
+#include "daemon/session/table_loader.h"
+
+namespace ckpt {
+
+struct RegistrationRequest {
+  std::string job;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  std::string descriptor_table;
+  DeviceRegistration device;
+};
+
+struct Registered {
+  std::shared_ptr<Session> session;
+  std::uint32_t items = 0;
+  std::uint64_t tensor_bytes = 0;
+  std::vector<std::string> daemon_events;
+  std::uint64_t latest_committed = 0;
+};
+
+class Registrar {
+ public:
+  Registrar(std::shared_ptr<Storage> storage, Catalog& catalog, TableLoader& loader, SessionTable& sessions,
+            ShardRegistry& shards)
+      : storage_(std::move(storage)), catalog_(catalog), loader_(loader), sessions_(sessions), shards_(shards) {}
+
+  // A new session for `peer`.
+  Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,
+                              const CancelCheck& cancelled);
+  // The session `s` registers again (its tensors were reallocated, its table changed).
+  Result<Registered> Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req);
+  // Writes a new registration id for the session's rank: what it published before belongs
+  // to a timeline it left (a restore starts a new one).
+  Status NewRegistration(Session& s) REQUIRES(s.mu);
+
+ private:
+  Registered Reply(const std::shared_ptr<Session>& s, std::vector<std::string> daemon_events) REQUIRES(s->mu);
+
+  const std::shared_ptr<Storage> storage_;
+  Catalog& catalog_;
+  TableLoader& loader_;
+  SessionTable& sessions_;
+  ShardRegistry& shards_;
+};
+
+}  // namespace ckpt

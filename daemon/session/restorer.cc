@@ -1,0 +1,85 @@
+#include "daemon/session/restorer.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ckpt {
+
+Status Restorer::RollBack(Session& s, std::uint64_t v) {
+  auto moved = tiers_.persistent().SetAsideNewerThan(s.job, v);
+  if (!moved.ok()) return moved.status().With("set aside versions newer than " + std::to_string(v));
+  spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s.job, v, moved.value());
+  tiers_.memory().DropNewerThan(s.job, s.rank, v);
+  // Numbering continues from v: versions above it will be committed (again).
+  commits_.RolledBack(s.job, v);
+  return Status::Ok();
+}
+
+Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
+  for (const auto& [v, shard] : s.shards) {
+    if (shard->level() < Level::kCaptured && !shard->failed()) {
+      return FailedPrecondition("version " + std::to_string(v) +
+                                " is still being captured from this trainer's memory; "
+                                "wait for it before restoring");
+    }
+  }
+  if (Status st = shards_.WaitRankSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  auto held = tiers_.HoldCommitted(s.job, requested);
+  if (!held.ok()) return held.status();
+  const std::uint64_t v = held->version;
+  ShardSource src = tiers_.Locate(s.job, v, s.rank);
+  Result<ShardInfo> info = ShardInfo{};
+  const ShardMeta* meta = nullptr;
+  if (src.image) {
+    meta = &src.image->meta;
+  } else {
+    info = ReadShardHeader(src.path);
+    if (!info.ok()) return info.status();
+    meta = &info->meta;
+  }
+  if (meta->world_size != s.world_size || meta->rank != s.rank || meta->job != s.job) {
+    const std::string where = src.image ? std::string("the memory tier's shard") : "shard " + src.path;
+    return FailedPrecondition(where + " was written by rank " + std::to_string(meta->rank) + " of " +
+                              std::to_string(meta->world_size) + " (job '" + meta->job + "'), not rank " +
+                              std::to_string(s.rank) + " of " + std::to_string(s.world_size));
+  }
+  std::vector<RestoreTarget> targets;
+  targets.reserve(s.items.size());
+  for (std::size_t i = 0; i < s.items.size(); ++i) {
+    const TableItem& t = s.items[i];
+    RestoreTarget target;
+    target.item.name = t.name;
+    target.item.dtype = t.dtype;
+    target.item.shape = t.shape;
+    target.item.length = t.length;
+    target.region = s.item_regions[i];
+    target.region_offset = t.offset;
+    targets.push_back(std::move(target));
+  }
+  auto restored = src.image ? engine_.RestoreFromImage(*src.image, targets)
+                            : engine_.Restore(src.path, targets, src.direct_io);
+  if (!restored.ok()) {
+    return restored.status().With("restore version " + std::to_string(v) + " from " + TierName(src.tier));
+  }
+  counters_.bytes_read += restored->bytes_read;
+  (src.tier == Tier::kMemory  ? counters_.from_memory
+   : src.tier == Tier::kLocal ? counters_.from_local
+                              : counters_.from_persistent) += restored->tensor_bytes;
+  if (v < held->latest) {
+    if (Status st = RollBack(s, v); !st.ok()) return st;
+  }
+  // What this rank published before belongs to the timeline it just left.
+  if (Status st = registrar_.NewRegistration(s); !st.ok()) {
+    return st.With("after restoring version " + std::to_string(v));
+  }
+  s.last_version = v;
+  spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s.job, s.rank, v,
+               TierName(src.tier), restored->tensor_bytes, restored->bytes_read);
+  Restored out;
+  out.version = v;
+  out.tier = src.tier;
+  out.tensor_bytes = restored->tensor_bytes;
+  out.blobs = std::move(restored->blobs);
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,62 @@
+// Restorer: fills a session's registered regions with a committed version, from the fastest
+// tier holding its shard (TierSet). Before reading, the rank's versions still in flight
+// finish (typically from a trainer that crashed right after a snapshot: the newest of them
+// is what the restarted trainer wants), and the shard is checked to be this rank's of this
+// world size. Restoring an older version than the newest committed one is a rollback: the
+// newer versions are set aside, the memory tier drops them, and numbering continues from the
+// restored version. Every restore starts a new registration of the rank. Thread-safe; the
+// caller holds the session's lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cancellable_wait.h"
+#include "common/status.h"
+#include "daemon/commit/commit_tracker.h"
+#include "daemon/pipeline/restore_engine.h"
+#include "daemon/pipeline/shard_registry.h"
+#include "daemon/session/registrar.h"
+#include "daemon/session/session.h"
+#include "daemon/tiers/tier_set.h"
+
+namespace ckpt {
+
+struct Restored {
+  std::uint64_t version = 0;
+  Tier tier = Tier::kPersistent;
+  std::uint64_t tensor_bytes = 0;
+  std::vector<std::pair<std::string, std::string>> blobs;  // name, bytes
+};
+
+// Bytes restored, by tier read, and read from files, since the daemon started.
+struct RestoreCounters {
+  std::atomic<std::uint64_t> from_memory{0}, from_local{0}, from_persistent{0};
+  std::atomic<std::uint64_t> bytes_read{0};
+};
+
+class Restorer {
+ public:
+  Restorer(TierSet& tiers, RestoreEngine& engine, ShardRegistry& shards, CommitTracker& commits,
+           Registrar& registrar, RestoreCounters& counters)
+      : tiers_(tiers), engine_(engine), shards_(shards), commits_(commits), registrar_(registrar),
+        counters_(counters) {}
+
+  // Restores `requested` (0: the newest committed version) into the session's regions.
+  Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
+
+ private:
+  Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
+
+  TierSet& tiers_;
+  RestoreEngine& engine_;
+  ShardRegistry& shards_;
+  CommitTracker& commits_;
+  Registrar& registrar_;
+  RestoreCounters& counters_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,124 @@
+#include "daemon/session/session_table.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ckpt {
+
+SessionTable::SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap)
+    : shards_(shards), backend_(backend), on_reap_(std::move(on_reap)) {}
+
+void SessionTable::StartReaper() { reaper_ = std::thread([this] { ReapLoop(); }); }
+
+void SessionTable::Stop() {
+  {
+    MutexLock lock(reap_mu_);
+    stopping_ = true;
+  }
+  reap_cv_.SignalAll();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+Result<std::shared_ptr<Session>> SessionTable::Find(const std::string& id, uid_t uid) const {
+  MutexLock lock(mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || !it->second->open) {
+    return NotFound("unknown or closed session '" + id.substr(0, 64) + "' (register first)");
+  }
+  if (it->second->peer.uid != uid) return PermissionDenied("session belongs to another uid");
+  return it->second;
+}
+
+Status SessionTable::Add(const std::shared_ptr<Session>& s, std::shared_ptr<Session>* replaced) {
+  MutexLock lock(mu_);
+  for (const auto& [id, other] : by_id_) {
+    if (other->job == s->job && other->world_size != s->world_size && !other->TrainerExited()) {
+      return InvalidArgument("job '" + s->job + "' runs with world size " + std::to_string(other->world_size) +
+                             " (rank " + std::to_string(other->rank) + "), not " + std::to_string(s->world_size));
+    }
+  }
+  auto key = std::make_pair(s->job, s->rank);
+  if (auto it = rank_owner_.find(key); it != rank_owner_.end()) {
+    auto old = by_id_.at(it->second);
+    if (!old->TrainerExited()) {
+      return AlreadyExists("rank " + std::to_string(s->rank) + " of job '" + s->job +
+                           "' is already registered by pid " + std::to_string(old->peer.pid) +
+                           ", which is still running");
+    }
+    *replaced = std::move(old);
+  }
+  by_id_[s->id] = s;
+  rank_owner_[key] = s->id;
+  return Status::Ok();
+}
+
+void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
+  if (!s->open.exchange(false)) return;
+  {
+    MutexLock lock(mu_);
+    by_id_.erase(s->id);
+    auto key = std::make_pair(s->job, s->rank);
+    if (auto it = rank_owner_.find(key); it != rank_owner_.end() && it->second == s->id) rank_owner_.erase(it);
+  }
+  if (!trainer_gone) {
+    spdlog::info("job {} rank {}: unregistered", s->job, s->rank);
+    return;
+  }
+  // The trainer cannot clean up its shared memory any more; in-flight copies keep their
+  // descriptors, so removing the names loses nothing.
+  {
+    MutexLock lock(s->regions_mu);
+    for (const auto& r : s->regions) r->UnlinkIfOrphaned();
+  }
+  s->table->UnlinkIfOrphaned();
+  if (s->device >= 0) {
+    // Its GPU versions not yet captured are given up: their copies wait on events of a
+    // context that is gone (which may never fire), and an event that fires at teardown
+    // would not mean the update was complete.
+    for (const auto& shard : shards_.Uncaptured(s->job, s->id)) {
+      shard->Fail(FailedPrecondition("trainer pid " + std::to_string(s->peer.pid) + " exited before version " +
+                                     std::to_string(shard->meta().version) +
+                                     " was copied out of its GPU memory; the version is abandoned"));
+    }
+  }
+  // Its CUDA allocations are closed now, or when the copies still using them end.
+  if (backend_) backend_->ReleaseClient(s->peer.pid);
+  spdlog::info("job {} rank {}: trainer pid {} exited; session closed", s->job, s->rank, s->peer.pid);
+}
+
+void SessionTable::NoteFailure(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  std::shared_ptr<Session> owner;
+  {
+    MutexLock lock(mu_);
+    auto it = rank_owner_.find({job, rank});
+    if (it == rank_owner_.end()) return;
+    owner = by_id_.at(it->second);
+  }
+  MutexLock lock(owner->failures_mu);
+  owner->unreported_failures.insert(version);
+}
+
+std::vector<std::shared_ptr<Session>> SessionTable::All() const {
+  MutexLock lock(mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  for (const auto& [id, s] : by_id_) out.push_back(s);
+  return out;
+}
+
+void SessionTable::ReapLoop() {
+  for (;;) {
+    {
+      MutexLock lock(reap_mu_);
+      if (stopping_) return;
+      reap_cv_.WaitFor(reap_mu_, std::chrono::milliseconds(250));
+      if (stopping_) return;
+    }
+    std::vector<std::shared_ptr<Session>> gone;
+    for (const auto& s : All()) {
+      if (s->TrainerExited()) gone.push_back(s);
+    }
+    for (const auto& s : gone) Close(s, /*trainer_gone=*/true);
+    if (on_reap_) on_reap_();
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,66 @@
+// SessionTable: the live sessions of this daemon, by id and by (job, rank), and the reaper
+// that closes the session of a trainer that exited. In: sessions made by Register. Out: the
+// session a call names (checked against the caller's uid), the owner of a rank (to tell it
+// of a failed version), the list for status. Closing a session whose trainer is gone also
+// cleans up after it: its shared-memory names are removed, its GPU versions not yet captured
+// are abandoned (their copies wait on events of a context that is gone), and the device
+// backend closes its CUDA allocations. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backend/device_copier.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "daemon/pipeline/shard_registry.h"
+#include "daemon/session/session.h"
+
+namespace ckpt {
+
+class SessionTable {
+ public:
+  // `backend` may be null. `on_reap` runs after each pass of the reaper (every 250 ms).
+  SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap);
+  ~SessionTable() { Stop(); }
+
+  void StartReaper();
+  void Stop() EXCLUDES(reap_mu_);
+
+  // The open session `id`, if it belongs to `uid`.
+  Result<std::shared_ptr<Session>> Find(const std::string& id, uid_t uid) const EXCLUDES(mu_);
+  // Publishes a new session of (job, rank). Refused while another live trainer holds the
+  // rank or runs the job at another world size. A session of the rank whose trainer exited
+  // is returned in *replaced, for the caller to close.
+  Status Add(const std::shared_ptr<Session>& s, std::shared_ptr<Session>* replaced) EXCLUDES(mu_);
+  // Closes the session (once): Unregister, a failed Register, or its trainer exited
+  // (`trainer_gone`: the clean-up above).
+  void Close(const std::shared_ptr<Session>& s, bool trainer_gone) EXCLUDES(mu_);
+  // Version `version` of (job, rank) failed: its current session reports it on its next
+  // Snapshot call.
+  void NoteFailure(const std::string& job, std::uint32_t rank, std::uint64_t version) EXCLUDES(mu_);
+  std::vector<std::shared_ptr<Session>> All() const EXCLUDES(mu_);
+
+ private:
+  void ReapLoop() EXCLUDES(reap_mu_);
+
+  ShardRegistry& shards_;
+  DeviceBackend* backend_;
+  const std::function<void()> on_reap_;
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Session>> by_id_ GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::uint32_t>, std::string> rank_owner_ GUARDED_BY(mu_);  // (job, rank) -> id
+  Mutex reap_mu_;
+  CondVar reap_cv_;
+  bool stopping_ GUARDED_BY(reap_mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace ckpt

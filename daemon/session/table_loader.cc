@@ -1,0 +1,125 @@
+#include "daemon/session/table_loader.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common/names.h"
+
+namespace ckpt {
+
+Result<std::shared_ptr<ImportedRegion>> TableLoader::OpenTable(const std::string& name, uid_t uid) {
+  auto table = importer_.Import(name, uid, sizeof(TableHeader));
+  if (!table.ok()) return table.status().With("descriptor table");
+  return table;
+}
+
+Status TableLoader::Load(Session& s) {
+  auto size = s.table->CurrentSize();
+  if (!size.ok()) return size.status();
+  auto read = [&](std::uint64_t off, void* dst, std::size_t len) { return s.table->ReadAt(off, dst, len); };
+  std::uint64_t generation = 0;
+  auto items = ReadDescriptorTable(read, size.value(), &generation);
+  if (!items.ok()) return items.status();
+  std::map<std::string, std::uint64_t> needed;  // region -> bytes its items need
+  std::set<std::string> names;
+  std::uint64_t total = 0;
+  std::vector<ShardItem> shard_items;
+  shard_items.reserve(items->size());
+  for (const auto& it : items.value()) {
+    if (std::string err = CheckItemName(it.name); !err.empty()) return InvalidArgument(err);
+    if (!names.insert(it.name).second) return AlreadyExists("duplicate item name " + QuoteName(it.name));
+    ShardItem item;
+    item.name = it.name;
+    item.kind = ItemKind::kTensor;
+    item.dtype = it.dtype;
+    item.shape = it.shape;
+    item.length = it.length;
+    if (Status st = CheckItemShape(item); !st.ok()) return st;
+    shard_items.push_back(std::move(item));
+    if (it.offset > UINT64_MAX - it.length) {
+      return InvalidArgument("item " + QuoteName(it.name) + ": offset + length overflows");
+    }
+    std::uint64_t& need = needed[it.region];
+    need = std::max(need, it.offset + it.length);
+    total += it.length;
+  }
+  std::map<std::string, std::shared_ptr<ImportedRegion>> fresh;
+  for (const auto& [name, need] : needed) {
+    // Opened afresh on every (re-)registration: the name may now refer to a new object.
+    const bool device_region = backend_ && backend_->Owns(name);
+    if (!device_region && name.starts_with("cuda:")) {
+      return FailedPrecondition("region " + name.substr(0, 40) + "... is GPU memory, but this daemon has no CUDA backend (" +
+                                no_backend_reason_ + ")");
+    }
+    auto imported = device_region ? backend_->Import(name, s.peer.pid, 0) : importer_.Import(name, s.peer.uid, 0);
+    if (!imported.ok()) return imported.status();
+    std::shared_ptr<ImportedRegion> region = std::move(imported).value();
+    auto cur = region->CurrentSize();
+    if (!cur.ok()) return cur.status();
+    if (cur.value() < need) {
+      for (const auto& it : items.value()) {
+        if (it.region == name && it.offset + it.length > cur.value()) {
+          return InvalidArgument("item " + QuoteName(it.name) + " needs bytes [" + std::to_string(it.offset) +
+                                 ", " + std::to_string(it.offset + it.length) + ") of region " + name +
+                                 ", which is only " + std::to_string(cur.value()) + " bytes");
+        }
+      }
+    }
+    fresh[name] = std::move(region);
+  }
+  int device = -1;
+  for (const auto& [name, region] : fresh) {
+    if (region->device() < 0) continue;
+    if (device >= 0 && region->device() != device) {
+      return InvalidArgument("tensors of one registration are on two GPUs (daemon devices " + std::to_string(device) +
+                             " and " + std::to_string(region->device()) + "); register one rank's GPU only");
+    }
+    device = region->device();
+  }
+  if (s.events && device >= 0 && device != s.events->device()) {
+    return FailedPrecondition("the tensors moved to another GPU than the session's; register again");
+  }
+  s.device = device;
+  s.items = std::move(items).value();
+  s.item_regions.clear();
+  auto tensors = std::make_shared<TensorSet>();
+  for (const auto& it : s.items) {
+    s.item_regions.push_back(fresh.at(it.region));
+    tensors->sources.push_back(ItemSource{s.item_regions.back(), it.offset, nullptr});
+  }
+  tensors->items = std::move(shard_items);
+  tensors->bytes = total;
+  s.tensors = std::move(tensors);
+  s.item_names.clear();
+  for (const auto& it : s.items) s.item_names.insert(it.name);
+  s.tensor_bytes = total;
+  s.table_generation = generation;
+  {
+    MutexLock lock(s.regions_mu);
+    s.regions.clear();
+    for (auto& [name, region] : fresh) s.regions.push_back(std::move(region));
+  }
+  return Status::Ok();
+}
+
+Status TableLoader::AttachDevice(Session& s, const DeviceRegistration& device,
+                                 std::vector<std::string>* daemon_events) {
+  if (s.device < 0) return Status::Ok();
+  if (!device.present || device.trainer_events.empty()) {
+    return InvalidArgument("GPU tensors need the registration's CUDA session (device UUID and trainer events)");
+  }
+  if (!s.events) {
+    auto events = backend_->OpenSession(device.device_uuid, device.trainer_events);
+    if (!events.ok()) return events.status().With("open the trainer's CUDA events");
+    if (events.value()->device() != s.device) {
+      return InvalidArgument("the registration names GPU " + device.device_uuid +
+                             " but its tensors are on another GPU");
+    }
+    s.events = std::move(events).value();
+  }
+  *daemon_events = s.events->daemon_handles();
+  return Status::Ok();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,113 @@
+// TierSet: the daemon's tiers seen together, fastest first: the memory tier (newest
+// versions kept whole), the local tier (optional) and the persistent tier (the Catalog's
+// tree, where commits happen). It answers "which is the fastest tier holding this shard",
+// holds a committed version against every tier's retention while it is read, lists a job's
+// versions across tiers, and prefetches a committed version from the persistent tier into
+// the faster ones. Memory and local hold only what this daemon wrote or prefetched; once a
+// version is committed any copy of a shard is the committed one (checksums are verified on
+// every read). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/commit/catalog.h"
+#include "daemon/io/storage.h"
+#include "daemon/pipeline/shard_copier.h"
+#include "daemon/tiers/local_tier.h"
+#include "daemon/tiers/memory_tier.h"
+
+namespace ckpt {
+
+enum class Tier { kMemory, kLocal, kPersistent };
+const char* TierName(Tier tier);  // "memory", "local", "persistent"
+
+// Keeps a version from every tier's retention while it lives.
+class VersionHold {
+ public:
+  VersionHold(Catalog& catalog, LocalTier* local, std::string job, std::uint64_t version);
+  ~VersionHold();
+  VersionHold(const VersionHold&) = delete;
+  VersionHold& operator=(const VersionHold&) = delete;
+
+ private:
+  Catalog& catalog_;
+  LocalTier* local_;
+  const std::string job_;
+  const std::uint64_t version_;
+};
+
+// A committed version, held.
+struct HeldVersion {
+  std::uint64_t version = 0;
+  std::uint64_t latest = 0;  // the job's newest committed version
+  std::unique_ptr<VersionHold> hold;
+};
+
+// Where one shard is read from.
+struct ShardSource {
+  Tier tier = Tier::kPersistent;
+  std::shared_ptr<MemoryImage> image;  // kMemory
+  std::string path;                    // kLocal, kPersistent
+  bool direct_io = false;
+};
+
+// A version as the tiers hold it.
+struct VersionOnTiers {
+  bool committed = false;
+  std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
+  std::vector<std::uint32_t> local_ranks;
+  std::vector<std::uint32_t> memory_ranks;
+};
+
+struct PrefetchResult {
+  std::uint64_t version = 0;
+  std::uint32_t ranks = 0;
+  std::uint32_t local_shards = 0;   // copied to the local tier
+  std::uint32_t memory_shards = 0;  // loaded into the memory tier
+  std::uint64_t bytes = 0;          // read from the persistent tier
+};
+
+class TierSet {
+ public:
+  // `local` may be null (no local tier). `persistent_direct_io`: the root takes O_DIRECT.
+  TierSet(std::shared_ptr<Storage> storage, Catalog& catalog, bool persistent_direct_io, LocalTier* local,
+          MemoryTier& memory, ShardCopier& copier, std::uint64_t read_piece_bytes)
+      : storage_(std::move(storage)), catalog_(catalog), persistent_direct_io_(persistent_direct_io),
+        local_(local), memory_(memory), copier_(copier), read_piece_bytes_(read_piece_bytes) {}
+
+  Catalog& persistent() { return catalog_; }
+  bool persistent_direct_io() const { return persistent_direct_io_; }
+  LocalTier* local() { return local_; }
+  MemoryTier& memory() { return memory_; }
+
+  // The committed version `requested` (0: the newest) of `job`, held; NotFound saying why
+  // if there is none. Reads the shared directory (another node may have committed).
+  Result<HeldVersion> HoldCommitted(const std::string& job, std::uint64_t requested);
+  // The fastest tier holding (job, version, rank); the persistent tier when no other does.
+  ShardSource Locate(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // Every version of `job` on any tier.
+  Result<std::map<std::uint64_t, VersionOnTiers>> List(const std::string& job);
+  // Copies `ranks` (empty: every rank) of a committed version (0: the newest) to the local
+  // tier and into the memory tier, where each is missing.
+  Result<PrefetchResult> Prefetch(const std::string& job, std::uint64_t requested,
+                                  std::vector<std::uint32_t> ranks);
+
+ private:
+  // Reads the shard file `path` into `image` (its file_bytes).
+  Status Load(const std::string& path, bool direct_io, MemoryImage& image);
+
+  const std::shared_ptr<Storage> storage_;
+  Catalog& catalog_;
+  const bool persistent_direct_io_;
+  LocalTier* const local_;
+  MemoryTier& memory_;
+  ShardCopier& copier_;
+  const std::uint64_t read_piece_bytes_;
+};
+
+}  // namespace ckpt
