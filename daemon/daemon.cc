@@ -4,18 +4,6 @@
 
 namespace ckpt {
 
-void ErrorLog::Record(const std::string& message) {
-  spdlog::error("{}", message);
-  MutexLock lock(mu_);
-  errors_.push_back(message);
-  while (errors_.size() > kKept) errors_.pop_front();
-}
-
-std::vector<std::string> ErrorLog::Recent() const {
-  MutexLock lock(mu_);
-  return {errors_.begin(), errors_.end()};
-}
-
 Result<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, std::shared_ptr<Storage> storage,
                                                std::unique_ptr<RegionImporter> importer,
                                                std::shared_ptr<DeviceBackend> backend,
@@ -85,7 +73,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   registrar_ = std::make_unique<Registrar>(storage_, *catalog_, *loader_, *sessions_, shards_);
   admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_, shards_,
                                                    *snapshot_, config_.max_blob_mib << 20);
-  restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_, restore_counters_);
+  restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_, restore_counters_,
+                                         errors_);
 
   ResumeLocalTier();
   commits_->Start();

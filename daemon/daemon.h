@@ -26,6 +26,7 @@
 #include "daemon/commit/catalog.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/config.h"
+#include "daemon/error_log.h"
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
@@ -44,19 +45,6 @@
 #include "daemon/tiers/tier_set.h"
 
 namespace ckpt {
-
-// The newest background errors, for status.
-class ErrorLog {
- public:
-  static constexpr std::size_t kKept = 32;
-  // Logs `message` and keeps it.
-  void Record(const std::string& message) EXCLUDES(mu_);
-  std::vector<std::string> Recent() const EXCLUDES(mu_);
-
- private:
-  mutable Mutex mu_;
-  std::deque<std::string> errors_ GUARDED_BY(mu_);
-};
 
 class Daemon {
  public:

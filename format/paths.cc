@@ -54,7 +54,9 @@ std::string RankFileName(std::uint32_t rank) {
 
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name) {
   if (name.size() < 2 || name[0] != 'v') return std::nullopt;
-  return ParseDigits(name.substr(1));
+  auto v = ParseDigits(name.substr(1));
+  if (!v || VersionDirName(*v) != name) return std::nullopt;  // only the canonical spelling
+  return v;
 }
 
 std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
@@ -65,7 +67,7 @@ std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
     return std::nullopt;
   }
   auto v = ParseDigits(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
-  if (!v || *v > UINT32_MAX) return std::nullopt;
+  if (!v || *v > UINT32_MAX || ShardFileName(static_cast<std::uint32_t>(*v)) != name) return std::nullopt;
   return static_cast<std::uint32_t>(*v);
 }
 

@@ -39,9 +39,10 @@ std::string VersionDirName(std::uint64_t version);  // "v0000000042"
 std::string ShardFileName(std::uint32_t rank);      // "rank-00003.safetensors"
 std::string DoneFileName(std::uint32_t rank);       // "rank-00003.done"
 std::string RankFileName(std::uint32_t rank);       // "rank-00003"
-// Parses "v0000000042" (any number of digits); nullopt for anything else.
+// Parses "v0000000042", the canonical spelling only (what VersionDirName gives back);
+// nullopt for anything else, such as "v42".
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name);
-// Parses "rank-00003.safetensors"; nullopt for anything else.
+// Parses "rank-00003.safetensors", the canonical spelling only; nullopt for anything else.
 std::optional<std::uint32_t> ParseShardFileName(std::string_view name);
 
 // "dir/name".

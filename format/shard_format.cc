@@ -186,6 +186,10 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   for (const Status* s : {&version.status(), &rank.status(), &world.status()}) {
     if (!s->ok()) return *s;
   }
+  if (rank.value() > UINT32_MAX || world.value() > UINT32_MAX || rank.value() >= world.value()) {
+    return DataLoss("shard metadata names rank " + std::to_string(rank.value()) + " of world size " +
+                    std::to_string(world.value()) + ", which is not a rank of a world size");
+  }
   info.meta.version = version.value();
   info.meta.rank = static_cast<std::uint32_t>(rank.value());
   info.meta.world_size = static_cast<std::uint32_t>(world.value());

@@ -609,8 +609,9 @@ TEST_CASE("version directory names round-trip and nothing else parses", "[paths]
     REQUIRE(parsed.has_value());
     CHECK(*parsed == v);
   }
-  CHECK(ParseVersionDirName("v7") == std::optional<std::uint64_t>(7));
-  for (const std::string& bad : std::vector<std::string>{"", "v", "V0000000042", "0000000042", "v-1", "v+1", "v12a", "v 12", "v0000000042.tmp",
+  // Only the canonical spelling: a stray "v3/COMMITTED" must not name version 3, whose
+  // directory is v0000000003.
+  for (const std::string& bad : std::vector<std::string>{"v7", "v3", "v00000000042", "v012345678901", "", "v", "V0000000042", "0000000042", "v-1", "v+1", "v12a", "v 12", "v0000000042.tmp",
                           "v12345678901234567890", "set-aside", "latest"}) {
     INFO(bad);
     CHECK_FALSE(ParseVersionDirName(bad).has_value());
@@ -627,7 +628,8 @@ TEST_CASE("shard file names round-trip and nothing else parses", "[paths]") {
   }
   for (const std::string& bad : std::vector<std::string>{"", "rank-.safetensors", "rank-00003.safetensors.tmp", "rank-00003.safetensor",
                           "rank-3x.safetensors", "rank--1.safetensors", "Rank-00003.safetensors",
-                          "rank-4294967296.safetensors", "rank-00003", "COMMITTED", "latest"}) {
+                          "rank-4294967296.safetensors", "rank-00003", "COMMITTED", "latest", "rank-3.safetensors",
+                          "rank-000003.safetensors"}) {
     INFO(bad);
     CHECK_FALSE(ParseShardFileName(bad).has_value());
   }

@@ -14,34 +14,33 @@ Status Restorer::RollBack(Session& s, std::uint64_t v) {
   return Status::Ok();
 }
 
-Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
-  for (const auto& [v, shard] : s.shards) {
-    if (shard->level() < Level::kCaptured && !shard->failed()) {
-      return FailedPrecondition("version " + std::to_string(v) +
-                                " is still being captured from this trainer's memory; "
-                                "wait for it before restoring");
-    }
-  }
-  if (Status st = shards_.WaitRankSettled(s.job, s.rank, cancelled); !st.ok()) return st;
-  auto held = tiers_.HoldCommitted(s.job, requested);
-  if (!held.ok()) return held.status();
-  const std::uint64_t v = held->version;
-  ShardSource src = tiers_.Locate(s.job, v, s.rank);
-  Result<ShardInfo> info = ShardInfo{};
-  const ShardMeta* meta = nullptr;
+Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) {
+  ShardMeta meta;
   if (src.image) {
-    meta = &src.image->meta;
+    meta = src.image->meta;
   } else {
-    info = ReadShardHeader(src.path);
+    auto info = ReadShardHeader(src.path);
     if (!info.ok()) return info.status();
-    meta = &info->meta;
+    meta = info->meta;
   }
-  if (meta->world_size != s.world_size || meta->rank != s.rank || meta->job != s.job) {
-    const std::string where = src.image ? std::string("the memory tier's shard") : "shard " + src.path;
-    return FailedPrecondition(where + " was written by rank " + std::to_string(meta->rank) + " of " +
-                              std::to_string(meta->world_size) + " (job '" + meta->job + "'), not rank " +
+  const std::string where = src.image ? std::string("the memory tier's shard") : "shard " + src.path;
+  if (meta.world_size != s.world_size && meta.job == s.job && meta.version == version) {
+    // The job ran at another world size: the registration does not fit, on any tier.
+    return FailedPrecondition(where + " was written by rank " + std::to_string(meta.rank) + " of " +
+                              std::to_string(meta.world_size) + " (job '" + meta.job + "'), not rank " +
                               std::to_string(s.rank) + " of " + std::to_string(s.world_size));
   }
+  if (meta.job != s.job || meta.version != version || meta.rank != s.rank || meta.world_size != s.world_size) {
+    return DataLoss(where + " holds version " + std::to_string(meta.version) + " of rank " +
+                    std::to_string(meta.rank) + " of " + std::to_string(meta.world_size) + " (job '" + meta.job +
+                    "'), not version " + std::to_string(version) + " of rank " + std::to_string(s.rank) + " of " +
+                    std::to_string(s.world_size) + " (was written by another rank or copied into place)");
+  }
+  return Status::Ok();
+}
+
+Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, const ShardSource& src) {
+  if (Status st = CheckIdentity(s, version, src); !st.ok()) return st;
   std::vector<RestoreTarget> targets;
   targets.reserve(s.items.size());
   for (std::size_t i = 0; i < s.items.size(); ++i) {
@@ -55,15 +54,43 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
     target.region_offset = t.offset;
     targets.push_back(std::move(target));
   }
-  auto restored = src.image ? engine_.RestoreFromImage(*src.image, targets)
-                            : engine_.Restore(src.path, targets, src.direct_io);
+  return src.image ? engine_.RestoreFromImage(*src.image, targets) : engine_.Restore(src.path, targets, src.direct_io);
+}
+
+Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
+  for (const auto& [v, shard] : s.shards) {
+    if (shard->level() < Level::kCaptured && !shard->failed()) {
+      return FailedPrecondition("version " + std::to_string(v) +
+                                " is still being captured from this trainer's memory; "
+                                "wait for it before restoring");
+    }
+  }
+  if (Status st = shards_.WaitRankSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  auto held = tiers_.HoldCommitted(s.job, requested);
+  if (!held.ok()) return held.status();
+  const std::uint64_t v = held->version;
+  Result<RestoredShard> restored = Status(Internal("no tier to restore from"));
+  Tier tier = Tier::kPersistent;
+  for (const ShardSource& src : tiers_.Sources(s.job, v, s.rank)) {
+    tier = src.tier;
+    restored = ReadCopy(s, v, src);
+    if (restored.ok()) break;
+    // Only a bad copy is worth another tier: a registration that does not match the shard
+    // (FailedPrecondition) or an unreadable region fails on every tier alike.
+    if (restored.status().code() != StatusCode::kDataLoss || src.tier == Tier::kPersistent) break;
+    errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) + ": the " +
+                   TierName(src.tier) + " tier's copy failed verification (" + restored.status().message() +
+                   "); dropped, restoring from the next tier");
+    tiers_.DropCopy(src);
+  }
   if (!restored.ok()) {
-    return restored.status().With("restore version " + std::to_string(v) + " from " + TierName(src.tier));
+    return restored.status().With("restore version " + std::to_string(v) + " from " + TierName(tier) +
+                                  " (the registered regions may hold partial data: do not train on them)");
   }
   counters_.bytes_read += restored->bytes_read;
-  (src.tier == Tier::kMemory  ? counters_.from_memory
-   : src.tier == Tier::kLocal ? counters_.from_local
-                              : counters_.from_persistent) += restored->tensor_bytes;
+  (tier == Tier::kMemory  ? counters_.from_memory
+   : tier == Tier::kLocal ? counters_.from_local
+                          : counters_.from_persistent) += restored->tensor_bytes;
   if (v < held->latest) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
@@ -73,10 +100,10 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   }
   s.last_version = v;
   spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s.job, s.rank, v,
-               TierName(src.tier), restored->tensor_bytes, restored->bytes_read);
+               TierName(tier), restored->tensor_bytes, restored->bytes_read);
   Restored out;
   out.version = v;
-  out.tier = src.tier;
+  out.tier = tier;
   out.tensor_bytes = restored->tensor_bytes;
   out.blobs = std::move(restored->blobs);
   return out;

@@ -1,8 +1,12 @@
 // Restorer: fills a session's registered regions with a committed version, from the fastest
 // tier holding its shard (TierSet). Before reading, the rank's versions still in flight
 // finish (typically from a trainer that crashed right after a snapshot: the newest of them
-// is what the restarted trainer wants), and the shard is checked to be this rank's of this
-// world size. Restoring an older version than the newest committed one is a rollback: the
+// is what the restarted trainer wants). Each copy is checked to be this version's shard of
+// this rank of this world size, and its checksums are verified as it is read; a copy on a
+// faster tier that fails either check is reported (ErrorLog), dropped from its tier, and
+// the next tier is read instead, overwriting whatever the bad copy left in the regions. A
+// restore that fails on the persistent tier too returns the error, saying that the regions
+// hold partial data. Restoring an older version than the newest committed one is a rollback: the
 // newer versions are set aside, the memory tier drops them, and numbering continues from the
 // restored version. Every restore starts a new registration of the rank. Thread-safe; the
 // caller holds the session's lock.
@@ -17,6 +21,7 @@
 #include "common/cancellable_wait.h"
 #include "common/status.h"
 #include "daemon/commit/commit_tracker.h"
+#include "daemon/error_log.h"
 #include "daemon/pipeline/restore_engine.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/session/registrar.h"
@@ -41,15 +46,19 @@ struct RestoreCounters {
 class Restorer {
  public:
   Restorer(TierSet& tiers, RestoreEngine& engine, ShardRegistry& shards, CommitTracker& commits,
-           Registrar& registrar, RestoreCounters& counters)
+           Registrar& registrar, RestoreCounters& counters, ErrorLog& errors)
       : tiers_(tiers), engine_(engine), shards_(shards), commits_(commits), registrar_(registrar),
-        counters_(counters) {}
+        counters_(counters), errors_(errors) {}
 
   // Restores `requested` (0: the newest committed version) into the session's regions.
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
 
  private:
   Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
+  // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size.
+  Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
+  // Reads one copy into the regions.
+  Result<RestoredShard> ReadCopy(Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
 
   TierSet& tiers_;
   RestoreEngine& engine_;
@@ -57,6 +66,7 @@ class Restorer {
   CommitTracker& commits_;
   Registrar& registrar_;
   RestoreCounters& counters_;
+  ErrorLog& errors_;
 };
 
 }  // namespace ckpt

@@ -41,20 +41,27 @@ Result<HeldVersion> TierSet::HoldCommitted(const std::string& job, std::uint64_t
   return held;
 }
 
-ShardSource TierSet::Locate(const std::string& job, std::uint64_t version, std::uint32_t rank) {
-  ShardSource src;
-  if ((src.image = memory_.Find(job, version, rank))) {
+std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  std::vector<ShardSource> out;
+  if (auto image = memory_.Find(job, version, rank)) {
+    ShardSource src;
     src.tier = Tier::kMemory;
-  } else if (local_ && local_->Has(job, version, rank)) {
-    src.tier = Tier::kLocal;
-    src.path = local_->ShardPath(job, version, rank);
-    src.direct_io = local_->direct_io();
-  } else {
-    src.tier = Tier::kPersistent;
-    src.path = catalog_.ShardPath(job, version, rank);
-    src.direct_io = persistent_direct_io_;
+    src.image = std::move(image);
+    out.push_back(std::move(src));
   }
-  return src;
+  if (local_ && local_->Has(job, version, rank)) {
+    out.push_back(ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io()});
+  }
+  out.push_back(ShardSource{Tier::kPersistent, nullptr, catalog_.ShardPath(job, version, rank), persistent_direct_io_});
+  return out;
+}
+
+void TierSet::DropCopy(const ShardSource& copy) {
+  switch (copy.tier) {
+    case Tier::kMemory: memory_.Drop(copy.image); break;
+    case Tier::kLocal: storage_->Remove(copy.path); break;
+    case Tier::kPersistent: break;
+  }
 }
 
 Result<std::map<std::uint64_t, VersionOnTiers>> TierSet::List(const std::string& job) {

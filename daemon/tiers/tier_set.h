@@ -88,8 +88,12 @@ class TierSet {
   // The committed version `requested` (0: the newest) of `job`, held; NotFound saying why
   // if there is none. Reads the shared directory (another node may have committed).
   Result<HeldVersion> HoldCommitted(const std::string& job, std::uint64_t requested);
-  // The fastest tier holding (job, version, rank); the persistent tier when no other does.
-  ShardSource Locate(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // The tiers holding (job, version, rank), fastest first; the persistent tier always comes
+  // last (its file may be missing: the read says so).
+  std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // A copy on a faster tier failed verification: drops it, so that later reads go to the
+  // next tier. The persistent tier's copy is never dropped here.
+  void DropCopy(const ShardSource& copy);
   // Every version of `job` on any tier.
   Result<std::map<std::uint64_t, VersionOnTiers>> List(const std::string& job);
   // Copies `ranks` (empty: every rank) of a committed version (0: the newest) to the local
