@@ -11,12 +11,12 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
-#include <mutex>
 #include <tuple>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "proto/level_codec.h"
 #include "client/cuda_tensors.h"
+#include "common/mutex.h"
 #include "common/socket_path.h"
 #include "format/dtype.h"
 #include "shm/descriptor_table.h"
@@ -85,27 +85,27 @@ struct Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Checkpoint::Stub> stub;
 
-  std::mutex mu;  // guards the registration
-  std::string session;
-  std::optional<DescriptorTable> table;
+  Mutex mu;  // guards the registration
+  std::string session GUARDED_BY(mu);
+  std::optional<DescriptorTable> table GUARDED_BY(mu);
   struct Registered {
     std::shared_ptr<SharedRegion> region;
     std::uint64_t generation;
     std::size_t size;
     std::string item;
   };
-  std::vector<Registered> registered;
+  std::vector<Registered> registered GUARDED_BY(mu);
   // The GPU side of the registration; null when it has no GPU tensors. Shared so that a
   // call in flight keeps it alive across a concurrent re-registration.
-  std::shared_ptr<CudaTensors> cuda;
-  TrainerSlotBook trainer_slots;
-  std::uint64_t last_snapshot = 0;  // newest version passed to snapshot() in this session
+  std::shared_ptr<CudaTensors> cuda GUARDED_BY(mu);
+  TrainerSlotBook trainer_slots GUARDED_BY(mu);
+  std::uint64_t last_snapshot GUARDED_BY(mu) = 0;  // newest version passed to snapshot() in this session
 
   // Before a GPU session ends: the daemon may still be about to wait on the trainer's
   // events or copy from the tensors of its newest version (and so, in order, of every older
   // one). Waits until that version is captured or failed, so that the trainer may then
   // destroy its events and free the tensors.
-  void DrainGpuLocked() {
+  void DrainGpuLocked() REQUIRES(mu) {
     if (!cuda || last_snapshot == 0 || session.empty()) return;
     grpc::ClientContext ctx;
     v1::WaitRequest req;
@@ -116,7 +116,7 @@ struct Client::Impl {
     (void)stub->Wait(&ctx, req, &rep);  // a failed version is as good as a captured one here
   }
 
-  void EndSessionLocked() {
+  void EndSessionLocked() REQUIRES(mu) {
     session.clear();
     cuda.reset();
     trainer_slots = TrainerSlotBook();
@@ -126,13 +126,13 @@ struct Client::Impl {
   // A Wait RPC on `version`, made in session `in_session`, returned `code`: when the daemon
   // is past the version, its trainer event slot is free again.
   void WaitReturned(const std::string& in_session, std::uint64_t version, grpc::StatusCode code) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (in_session == session && WaitReleasesSlot(code)) trainer_slots.Release(version);
   }
 
   // The session, its GPU side and its newest snapshot, read together; throws if not registered.
   std::tuple<std::string, std::shared_ptr<CudaTensors>, std::uint64_t> Current() {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (session.empty()) {
       throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
     }
@@ -140,7 +140,7 @@ struct Client::Impl {
   }
 
   std::string Session() {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (session.empty()) throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
                                      "not registered: call register_items first");
     return session;
@@ -186,7 +186,7 @@ const std::string& Client::socket_path() const { return impl_->socket_path; }
 
 Registration Client::register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
                                     const std::vector<TensorItem>& items) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   std::vector<TableItem> rows;
   std::vector<Impl::Registered> registered;
   std::vector<CudaTensorSpec> gpu_tensors;
@@ -320,7 +320,7 @@ grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, st
 void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, void* cuda_stream) {
   v1::SnapshotRequest req;
   {
-    std::unique_lock lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     for (;;) {
       if (impl_->session.empty()) {
         throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
@@ -349,11 +349,11 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       // failure, if any, reached the trainer already (the daemon refuses the next snapshot
       // after a failure it has not reported), so it only frees the slot here.
       const std::string session = impl_->session;
-      lock.unlock();
+      lock.Unlock();
       v1::WaitReply rep;
       grpc::Status ws = CallWait(*impl_->stub, session, *holder, v1::LEVEL_CAPTURED, std::chrono::milliseconds(0),
                                  false, &rep);
-      lock.lock();
+      lock.Lock();
       if (session != impl_->session) continue;  // re-registered meanwhile: check everything again
       if (!WaitReleasesSlot(ws.error_code())) {
         Throw(ws, "snapshot " + std::to_string(version) + ": waiting for version " + std::to_string(*holder) +
@@ -463,7 +463,7 @@ DaemonStatus Client::status() {
 }
 
 void Client::unregister() {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   if (impl_->session.empty()) return;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -33,16 +33,29 @@ class CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// Holds `mu` from construction to destruction.
+// Holds `mu` from construction to destruction; Unlock() and Lock() let go of it and take it
+// again in between (for a blocking call made without the lock).
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.Lock(); }
-  ~MutexLock() RELEASE() { mu_.Unlock(); }
+  ~MutexLock() RELEASE() {
+    if (held_) mu_.Unlock();
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
+  void Unlock() RELEASE() {
+    mu_.Unlock();
+    held_ = false;
+  }
+  void Lock() ACQUIRE() {
+    mu_.Lock();
+    held_ = true;
+  }
+
  private:
   Mutex& mu_;
+  bool held_ = true;
 };
 
 class CondVar {

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <string_view>
 #include <thread>
 #include <utility>
 
+#include "common/mutex.h"
 #include "cuda/cuda_error.h"
 #include "cuda/cuda_importer.h"
 #include "cuda/driver_api.h"
@@ -143,7 +143,7 @@ struct EventState {
   std::unique_ptr<EventRing> trainer;
   std::unique_ptr<EventRing> daemon;
   int device = -1;
-  std::mutex mu;
+  Mutex mu;
   std::uint64_t sequence = 0;  // versions begun, the daemon ring's assignment order
 };
 
@@ -197,7 +197,7 @@ class CudaSessionEvents final : public SessionEvents {
       return InvalidArgument("trainer event slot " + std::to_string(trainer_slot) + " is outside its ring of " +
                              std::to_string(state_->trainer->size()) + " events");
     }
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     const std::uint64_t sequence = ++state_->sequence;
     // A new snapshot means the trainer makes no more stream waits on earlier versions.
     state_->daemon->slots().AcknowledgeThrough(sequence - 1);

@@ -147,7 +147,7 @@ Result<CopyStreamPool::Lease> CopyStreamPool::Borrow(int device) {
   if (Status s = CudaStatus(::cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
   Lease lease;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto& idle = idle_[device];
     if (!idle.empty()) {
       lease.stream_ = idle.back();
@@ -161,7 +161,7 @@ Result<CopyStreamPool::Lease> CopyStreamPool::Borrow(int device) {
         !s.ok()) {
       return s;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     all_.emplace_back(device, stream);
     lease.stream_ = stream;
   }
@@ -171,7 +171,7 @@ Result<CopyStreamPool::Lease> CopyStreamPool::Borrow(int device) {
 }
 
 void CopyStreamPool::Return(int device, cudaStream_t stream) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   idle_[device].push_back(stream);
 }
 

@@ -28,13 +28,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "cuda/ipc_handle_cache.h"
 #include "cuda/region_name.h"
@@ -83,9 +83,9 @@ class CopyStreamPool {
  private:
   void Return(int device, cudaStream_t stream);
 
-  std::mutex mu_;
-  std::map<int, std::vector<cudaStream_t>> idle_;
-  std::vector<std::pair<int, cudaStream_t>> all_;
+  Mutex mu_;
+  std::map<int, std::vector<cudaStream_t>> idle_ GUARDED_BY(mu_);
+  std::vector<std::pair<int, cudaStream_t>> all_ GUARDED_BY(mu_);
 };
 
 class CudaIpcImporter : public RegionImporter {

@@ -19,19 +19,19 @@ Result<std::unique_ptr<EventSlotRing>> EventSlotRing::Create(std::uint32_t slots
 }
 
 std::uint32_t EventSlotRing::next_slot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<std::uint32_t>(assigned_ % slots_.size());
 }
 
 std::optional<std::uint64_t> EventSlotRing::BlockingVersion() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Slot& s = slots_[assigned_ % slots_.size()];
   if (s.used && !(s.captured && s.acked)) return s.version;
   return std::nullopt;
 }
 
 Result<std::uint32_t> EventSlotRing::Assign(std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (last_version_ && version <= *last_version_) {
     return FailedPrecondition("version " + std::to_string(version) + " does not follow version " +
                               std::to_string(*last_version_) + " in the event ring");
@@ -58,12 +58,12 @@ Result<std::uint32_t> EventSlotRing::FindLocked(std::uint64_t version) const {
 }
 
 Result<std::uint32_t> EventSlotRing::SlotOf(std::uint64_t version) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return FindLocked(version);
 }
 
 Status EventSlotRing::MarkCaptured(std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto slot = FindLocked(version);
   if (!slot.ok()) return slot.status();
   slots_[slot.value()].captured = true;
@@ -71,7 +71,7 @@ Status EventSlotRing::MarkCaptured(std::uint64_t version) {
 }
 
 Status EventSlotRing::Acknowledge(std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto slot = FindLocked(version);
   if (!slot.ok()) return slot.status();
   slots_[slot.value()].acked = true;
@@ -79,14 +79,14 @@ Status EventSlotRing::Acknowledge(std::uint64_t version) {
 }
 
 void EventSlotRing::AcknowledgeThrough(std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (Slot& s : slots_) {
     if (s.used && s.version <= version) s.acked = true;
   }
 }
 
 bool EventSlotRing::Reusable(std::uint32_t slot) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (slot >= slots_.size()) return false;
   const Slot& s = slots_[slot];
   return !s.used || (s.captured && s.acked);

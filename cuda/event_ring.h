@@ -26,10 +26,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "cuda/ipc_handle_cache.h"
 
@@ -40,7 +40,7 @@ class EventSlotRing {
   // A ring of `slots` slots (1..1024).
   static Result<std::unique_ptr<EventSlotRing>> Create(std::uint32_t slots);
 
-  std::uint32_t slots() const { return static_cast<std::uint32_t>(slots_.size()); }
+  std::uint32_t slots() const { return slot_count_; }
 
   // The slot the next Assign will take, and whether it is free to take now.
   std::uint32_t next_slot() const;
@@ -71,13 +71,14 @@ class EventSlotRing {
     bool captured = false;
     bool acked = false;
   };
-  explicit EventSlotRing(std::uint32_t slots) : slots_(slots) {}
-  Result<std::uint32_t> FindLocked(std::uint64_t version) const;
+  explicit EventSlotRing(std::uint32_t slots) : slot_count_(slots), slots_(slots) {}
+  Result<std::uint32_t> FindLocked(std::uint64_t version) const REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<Slot> slots_;
-  std::uint64_t assigned_ = 0;  // versions assigned so far
-  std::optional<std::uint64_t> last_version_;
+  const std::uint32_t slot_count_;
+  mutable Mutex mu_;
+  std::vector<Slot> slots_ GUARDED_BY(mu_);  // slot_count_ long
+  std::uint64_t assigned_ GUARDED_BY(mu_) = 0;  // versions assigned so far
+  std::optional<std::uint64_t> last_version_ GUARDED_BY(mu_);
 };
 
 // One interprocess event.

@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
+
 namespace ckpt::cuda {
 
 struct IpcHandleCache::State {
@@ -15,9 +17,9 @@ struct IpcHandleCache::State {
   explicit State(std::shared_ptr<IpcOpener> o) : opener(std::move(o)) {}
 
   std::shared_ptr<IpcOpener> opener;
-  mutable std::mutex mu;
-  std::map<Key, Entry> entries;
-  std::uint64_t next_serial = 1;
+  mutable Mutex mu;
+  std::map<Key, Entry> entries GUARDED_BY(mu);
+  std::uint64_t next_serial GUARDED_BY(mu) = 1;
 };
 
 std::string IpcHandle::Hex() const {
@@ -67,7 +69,7 @@ void IpcHandleCache::Registration::Reset() {
   if (serial_ == 0) return;
   std::shared_ptr<const IpcMapping> dropped;  // closed, if last, after the lock is released
   if (auto state = state_.lock()) {
-    std::lock_guard lock(state->mu);
+    MutexLock lock(state->mu);
     auto it = state->entries.find(key_);
     // A different serial means ReleaseClient dropped our entry (and maybe a new one replaced it).
     if (it != state->entries.end() && it->second.serial == serial_ && --it->second.refs == 0) {
@@ -86,7 +88,7 @@ IpcHandleCache::IpcHandleCache(std::shared_ptr<IpcOpener> opener)
 IpcHandleCache::~IpcHandleCache() {
   std::map<Key, State::Entry> dropped;
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     dropped.swap(state_->entries);
   }
 }
@@ -94,7 +96,7 @@ IpcHandleCache::~IpcHandleCache() {
 Result<IpcHandleCache::Registration> IpcHandleCache::Register(pid_t pid, const IpcHandle& handle,
                                                                int device) {
   Key key{pid, handle};
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   auto it = state_->entries.find(key);
   if (it == state_->entries.end()) {
     auto opened = state_->opener->Open(handle, device);
@@ -129,7 +131,7 @@ Result<IpcHandleCache::Registration> IpcHandleCache::Register(pid_t pid, const I
 
 std::size_t IpcHandleCache::ReleaseClient(pid_t pid) {
   std::vector<std::shared_ptr<const IpcMapping>> dropped;  // closed after the lock is released
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   auto first = state_->entries.lower_bound(Key{pid, IpcHandle{}});
   auto last = first;
   while (last != state_->entries.end() && last->first.pid == pid) {
@@ -141,12 +143,12 @@ std::size_t IpcHandleCache::ReleaseClient(pid_t pid) {
 }
 
 std::size_t IpcHandleCache::size() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->entries.size();
 }
 
 std::uint32_t IpcHandleCache::references(pid_t pid, const IpcHandle& handle) const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   auto it = state_->entries.find(Key{pid, handle});
   return it == state_->entries.end() ? 0 : it->second.refs;
 }

@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  # The lock-annotation check (scripts/check_thread_safety.sh) builds with clang.
+  clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev

@@ -327,7 +327,9 @@ TEST_CASE("List reports versions oldest first with their ranks and commit state"
   Committed(catalog, "job", 100);
   Touch(catalog.ShardPath("job", 3, 1) + ".tmp");
   fs::create_directories(catalog.JobDir("job") + "/vjunk");
-  fs::create_directories(catalog.JobDir("job") + "/v7");  // any number of digits is a version
+  // Only the canonical spelling is a version: "v7" is not v0000000007 (issue 12, defect 11).
+  fs::create_directories(catalog.JobDir("job") + "/v7");
+  fs::create_directories(catalog.JobDir("job") + "/v0000000007");
   fs::create_directories(catalog.JobDir("job") + "/set-aside/v0000000200");
 
   auto list = catalog.List("job");

@@ -78,7 +78,7 @@ Status Catalog::RecoverJob(const std::string& job) {
     }
   }
   if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
-  std::lock_guard lock(latest_mu_);
+  MutexLock lock(latest_mu_);
   latest_[job] = newest;
   return Status::Ok();
 }
@@ -111,7 +111,7 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
 
 Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
                                  std::uint32_t world_size, bool* committed) {
-  std::lock_guard lock(commit_mu_);
+  MutexLock lock(commit_mu_);
   *committed = false;
   if (world_size == 0) return InvalidArgument("cannot commit a version of a job with world size 0");
   std::string dir = VersionDir(job, version);
@@ -150,7 +150,7 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
   *committed = true;
   if (version >= Latest(job)) {
     if (Status s = WriteLatest(job, version); !s.ok()) return s;
-    std::lock_guard cache(latest_mu_);
+    MutexLock cache(latest_mu_);
     latest_[job] = version;
   }
   return ApplyRetention(job);
@@ -187,12 +187,12 @@ Status Catalog::ApplyRetention(const std::string& job) {
 
 std::uint64_t Catalog::Latest(const std::string& job) {
   {
-    std::lock_guard lock(latest_mu_);
+    MutexLock lock(latest_mu_);
     auto it = latest_.find(job);
     if (it != latest_.end()) return it->second;
   }
   std::uint64_t v = ScanLatest(job);
-  std::lock_guard lock(latest_mu_);
+  MutexLock lock(latest_mu_);
   return latest_.emplace(job, v).first->second;
 }
 
@@ -215,14 +215,14 @@ bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::
 }
 
 void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
-  std::lock_guard lock(latest_mu_);
+  MutexLock lock(latest_mu_);
   auto& v = latest_[job];
   v = std::max(v, version);
 }
 
 std::uint64_t Catalog::RefreshLatest(const std::string& job) {
   std::uint64_t v = ScanLatest(job);
-  std::lock_guard lock(latest_mu_);
+  MutexLock lock(latest_mu_);
   latest_[job] = v;
   return v;
 }
@@ -257,18 +257,18 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
 }
 
 void Catalog::Pin(const std::string& job, std::uint64_t version) {
-  std::lock_guard lock(commit_mu_);
+  MutexLock lock(commit_mu_);
   pinned_.insert({job, version});
 }
 
 void Catalog::Unpin(const std::string& job, std::uint64_t version) {
-  std::lock_guard lock(commit_mu_);
+  MutexLock lock(commit_mu_);
   if (auto it = pinned_.find({job, version}); it != pinned_.end()) pinned_.erase(it);
 }
 
 Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t version) {
   // Listing under the lock: two ranks rolling back at once must not both move a version.
-  std::lock_guard lock(commit_mu_);
+  MutexLock lock(commit_mu_);
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
   std::string aside = JobDir(job) + "/" + std::string(kSetAsideDir);
@@ -293,12 +293,12 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (Status s = storage_->SyncDir(aside); !s.ok()) return s;
     if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
     if (Status s = WriteLatest(job, version); !s.ok()) return s;
-    std::lock_guard cache(latest_mu_);
+    MutexLock cache(latest_mu_);
     latest_[job] = version;
   } else {
     // Another node's daemon set them aside: follow.
     std::uint64_t v = ScanLatest(job);
-    std::lock_guard cache(latest_mu_);
+    MutexLock cache(latest_mu_);
     latest_[job] = v;
   }
   return moved;

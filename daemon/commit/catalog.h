@@ -18,11 +18,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/io/storage.h"
 
@@ -82,7 +82,7 @@ class Catalog {
   Status RecoverJob(const std::string& job);
   std::uint64_t ScanLatest(const std::string& job);
   Status WriteLatest(const std::string& job, std::uint64_t version);
-  Status ApplyRetention(const std::string& job);
+  Status ApplyRetention(const std::string& job) REQUIRES(commit_mu_);
 
   std::shared_ptr<Storage> storage_;
   std::string root_;
@@ -91,10 +91,11 @@ class Catalog {
   // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;
   // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
   // commit's disk flushes.
-  std::mutex commit_mu_;
-  std::mutex latest_mu_;
-  std::map<std::string, std::uint64_t> latest_;  // cache; loaded from storage on first use
-  std::multiset<std::pair<std::string, std::uint64_t>> pinned_;  // guarded by commit_mu_
+  Mutex commit_mu_;
+  Mutex latest_mu_;
+  // Cache; loaded from storage on first use.
+  std::map<std::string, std::uint64_t> latest_ GUARDED_BY(latest_mu_);
+  std::multiset<std::pair<std::string, std::uint64_t>> pinned_ GUARDED_BY(commit_mu_);
 };
 
 }  // namespace ckpt

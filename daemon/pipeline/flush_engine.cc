@@ -25,11 +25,11 @@ FlushEngine::~FlushEngine() { Stop(); }
 
 void FlushEngine::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  queued_.notify_all();
+  queued_.SignalAll();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }
@@ -59,10 +59,10 @@ void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
                          std::uint64_t file_offset, std::size_t len) {
   shard->AddPendingWrite();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(Task{std::move(shard), chunk, file_offset, len});
   }
-  queued_.notify_one();
+  queued_.Signal();
 }
 
 void FlushEngine::CopyFinished(const std::shared_ptr<ShardJob>& shard) {
@@ -73,8 +73,8 @@ void FlushEngine::WriterLoop() {
   for (;;) {
     Task task;
     {
-      std::unique_lock lock(mu_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) queued_.Wait(mu_);
       if (queue_.empty()) return;
       task = std::move(queue_.front());
       queue_.pop_front();

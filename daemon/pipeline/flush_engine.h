@@ -8,14 +8,13 @@
 // files. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/pipeline/shard_job.h"
@@ -65,10 +64,10 @@ class FlushEngine {
   HostPool& pool_;
   ShardCallback on_durable_, on_failed_;
   MemoryTier* memory_;
-  std::mutex mu_;
-  std::condition_variable queued_;
-  std::deque<Task> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar queued_;
+  std::deque<Task> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

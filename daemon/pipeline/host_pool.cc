@@ -21,6 +21,7 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std
                    -1, 0);
   if (p == MAP_FAILED) return IoError("allocate host pool of " + std::to_string(bytes) + " bytes", errno);
   pool->base_ = static_cast<char*>(p);
+  MutexLock lock(pool->mu_);
   for (std::uint32_t i = pool->chunk_count_; i-- > 0;) pool->free_.push_back(i);
   return pool;
 }
@@ -31,8 +32,8 @@ HostPool::~HostPool() {
 }
 
 std::optional<HostPool::Chunk> HostPool::Acquire() {
-  std::unique_lock lock(mu_);
-  freed_.wait(lock, [&] { return shutdown_ || !free_.empty(); });
+  MutexLock lock(mu_);
+  while (!shutdown_ && free_.empty()) freed_.Wait(mu_);
   if (shutdown_) return std::nullopt;
   std::uint32_t i = free_.back();
   free_.pop_back();
@@ -40,7 +41,7 @@ std::optional<HostPool::Chunk> HostPool::Acquire() {
 }
 
 std::optional<HostPool::Chunk> HostPool::TryAcquire() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (shutdown_ || free_.empty()) return std::nullopt;
   std::uint32_t i = free_.back();
   free_.pop_back();
@@ -49,22 +50,22 @@ std::optional<HostPool::Chunk> HostPool::TryAcquire() {
 
 void HostPool::Release(const Chunk& chunk) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(chunk.index);
   }
-  freed_.notify_one();
+  freed_.Signal();
 }
 
 void HostPool::Shutdown() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     shutdown_ = true;
   }
-  freed_.notify_all();
+  freed_.SignalAll();
 }
 
 std::uint64_t HostPool::used_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return (chunk_count_ - free_.size()) * chunk_bytes_;
 }
 

@@ -6,14 +6,13 @@
 // Thread-safe. Chunk memory is aligned to 4 KiB (O_DIRECT).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -55,10 +54,10 @@ class HostPool {
   std::function<void()> on_destroy_;
   std::uint64_t chunk_bytes_ = 0;
   std::uint32_t chunk_count_ = 0;
-  mutable std::mutex mu_;
-  std::condition_variable freed_;
-  std::vector<std::uint32_t> free_;
-  bool shutdown_ = false;
+  mutable Mutex mu_;
+  CondVar freed_;
+  std::vector<std::uint32_t> free_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckpt

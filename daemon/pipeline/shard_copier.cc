@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/test_pause.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
@@ -38,14 +38,14 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
   const std::uint64_t piece = pool_.chunk_bytes();
   const std::uint64_t pieces = (src.file_bytes + piece - 1) / piece;
   std::atomic<std::uint64_t> next{0}, done{0}, read_bytes{0};
-  std::mutex mu;
+  Mutex mu;
   Status first_error;
   auto fail = [&](Status s) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (first_error.ok()) first_error = std::move(s);
   };
   auto failed = [&] {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     return !first_error.ok();
   };
   auto worker = [&] {

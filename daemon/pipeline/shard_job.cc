@@ -45,66 +45,68 @@ Status ShardJob::Prepare() {
 
 void ShardJob::Reach(Level level) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (level > level_) {
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - created).count();
       for (int l = static_cast<int>(level_) + 1; l <= static_cast<int>(level); ++l) reached_ms_[l] = ms;
       level_ = level;
     }
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void ShardJob::Fail(const Status& status) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (error_.ok()) error_ = status;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 bool ShardJob::failed() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return !error_.ok();
 }
 
 Status ShardJob::error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return error_;
 }
 
 double ShardJob::MillisTo(Level level) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return reached_ms_[static_cast<int>(level)];
 }
 
 Level ShardJob::level() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return level_;
 }
 
 Status ShardJob::WaitFor(Level level, std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock lock(mu_);
-  bool done = changed_.wait_until(lock, deadline, [&] { return level_ >= level || !error_.ok(); });
+  MutexLock lock(mu_);
+  while (level_ < level && error_.ok()) {
+    if (!changed_.WaitUntil(mu_, deadline)) break;
+  }
   if (level_ >= level) return Status::Ok();
   if (!error_.ok()) return error_;
-  (void)done;
   return DeadlineExceeded("version " + std::to_string(meta_.version) +
                           " did not reach the level in time");
 }
 
 void ShardJob::MarkOrdered() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ordered_ = true;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 Status ShardJob::WaitOrdered(std::chrono::steady_clock::time_point deadline, bool* ordered_only) {
-  std::unique_lock lock(mu_);
-  auto ready = [&] { return level_ >= Level::kCaptured || ordered_ || !error_.ok(); };
-  changed_.wait_until(lock, deadline, ready);
+  MutexLock lock(mu_);
+  while (level_ < Level::kCaptured && !ordered_ && error_.ok()) {
+    if (!changed_.WaitUntil(mu_, deadline)) break;
+  }
   *ordered_only = false;
   if (level_ >= Level::kCaptured) return Status::Ok();
   if (!error_.ok()) return error_;
@@ -117,17 +119,17 @@ Status ShardJob::WaitOrdered(std::chrono::steady_clock::time_point deadline, boo
 }
 
 void ShardJob::AddPendingWrite() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++pending_writes_;
 }
 
 bool ShardJob::WriteDone() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return --pending_writes_ == 0 && copy_done_;
 }
 
 bool ShardJob::CopyDone() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   copy_done_ = true;
   return pending_writes_ == 0;
 }

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "ckpt/level.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "backend/device_copier.h"
@@ -159,14 +159,14 @@ class ShardJob {
   std::once_flag open_once_;
   Status open_status_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  Level level_ = Level::kNone;
-  bool ordered_ = false;
-  double reached_ms_[5] = {0, 0, 0, 0, 0};
-  Status error_;
-  int pending_writes_ = 0;
-  bool copy_done_ = false;
+  mutable Mutex mu_;
+  CondVar changed_;
+  Level level_ GUARDED_BY(mu_) = Level::kNone;
+  bool ordered_ GUARDED_BY(mu_) = false;
+  double reached_ms_[5] GUARDED_BY(mu_) = {0, 0, 0, 0, 0};
+  Status error_ GUARDED_BY(mu_);
+  int pending_writes_ GUARDED_BY(mu_) = 0;
+  bool copy_done_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckpt

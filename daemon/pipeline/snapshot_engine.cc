@@ -25,17 +25,17 @@ SnapshotEngine::~SnapshotEngine() { Stop(); }
 
 void SnapshotEngine::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  queued_.notify_all();
+  queued_.SignalAll();
   for (auto& t : threads_) t.join();
   threads_.clear();
   // Device queues end when empty; no shard is queued after stopping_.
   std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     device_queues.swap(device_queues_);
   }
   for (auto& [key, q] : device_queues) {
@@ -46,7 +46,7 @@ void SnapshotEngine::Stop() {
 
 void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
   if (shard->device() >= 0) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // Queues whose thread has ended and that hold nothing go (sessions come and go).
     for (auto it = device_queues_.begin(); it != device_queues_.end();) {
       DeviceQueue& q = *it->second;
@@ -69,17 +69,17 @@ void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
     return;
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(std::move(shard));
   }
-  queued_.notify_one();
+  queued_.Signal();
 }
 
 void SnapshotEngine::DeviceLoop(DeviceQueue* q) {
   for (;;) {
     std::shared_ptr<ShardJob> shard;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (q->shards.empty()) {
         q->running = false;
         return;
@@ -96,8 +96,8 @@ void SnapshotEngine::CopyLoop() {
   for (;;) {
     std::shared_ptr<ShardJob> shard;
     {
-      std::unique_lock lock(mu_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) queued_.Wait(mu_);
       if (queue_.empty()) return;
       shard = std::move(queue_.front());
       queue_.pop_front();
@@ -308,12 +308,12 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   spdlog::warn("job {} rank {} version {}: copies still queued behind the trainer's event; {} pool chunk(s) "
                "and {} copy stream(s) set aside until they drain",
                shard->meta().job, shard->meta().rank, shard->meta().version, dropped.size(), lanes.size());
-  std::lock_guard lock(abandoned_mu_);
+  MutexLock lock(abandoned_mu_);
   abandoned_.push_back(Abandoned{std::move(lanes), std::move(dropped)});
 }
 
 void SnapshotEngine::ReapAbandoned(bool stopping) {
-  std::lock_guard lock(abandoned_mu_);
+  MutexLock lock(abandoned_mu_);
   for (auto it = abandoned_.begin(); it != abandoned_.end();) {
     bool idle = true;
     for (auto& l : it->lanes) idle = l->Idle() && idle;

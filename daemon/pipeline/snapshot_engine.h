@@ -21,16 +21,15 @@
 // never holds the pool or the threads that the other rank's copies need.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <string>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "backend/device_copier.h"
+#include "common/mutex.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/pipeline/shard_job.h"
@@ -75,14 +74,15 @@ class SnapshotEngine {
   FlushEngine& flush_;
   DeviceBackend* backend_;
   unsigned lanes_;
-  std::mutex mu_;
-  std::condition_variable queued_;
-  std::deque<std::shared_ptr<ShardJob>> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar queued_;
+  std::deque<std::shared_ptr<ShardJob>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
-  std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues_;  // by ShardJob::copy_queue
-  std::mutex abandoned_mu_;
-  std::vector<Abandoned> abandoned_;
+  // By ShardJob::copy_queue.
+  std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues_ GUARDED_BY(mu_);
+  Mutex abandoned_mu_;
+  std::vector<Abandoned> abandoned_ GUARDED_BY(abandoned_mu_);
 };
 
 }  // namespace ckpt

@@ -5,7 +5,7 @@
 namespace ckpt {
 
 void PeerRegistry::Add(int fd, PeerCredentials creds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   by_fd_[fd] = creds;  // a reused descriptor number replaces the closed connection's entry
 }
 
@@ -15,7 +15,7 @@ std::optional<PeerCredentials> PeerRegistry::Lookup(const std::string& peer) con
   char* end = nullptr;
   long fd = std::strtol(peer.c_str() + kPrefix.size(), &end, 10);
   if (end == peer.c_str() + kPrefix.size()) return std::nullopt;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_fd_.find(static_cast<int>(fd));
   if (it == by_fd_.end()) return std::nullopt;
   return it->second;

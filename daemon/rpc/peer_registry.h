@@ -8,9 +8,10 @@
 #include <sys/types.h>
 
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
+
+#include "common/mutex.h"
 
 namespace ckpt {
 
@@ -27,8 +28,8 @@ class PeerRegistry {
   std::optional<PeerCredentials> Lookup(const std::string& peer) const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<int, PeerCredentials> by_fd_;
+  mutable Mutex mu_;
+  std::map<int, PeerCredentials> by_fd_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

@@ -4,17 +4,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <mutex>
 #include <random>
 
 namespace ckpt {
 namespace {
 
 std::string NewSessionId() {
-  static std::mutex mu;
+  static Mutex mu;
   static std::random_device rd;
   static std::mt19937_64 gen(rd());
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(gen()),
                 static_cast<unsigned long long>(gen()));

@@ -20,7 +20,7 @@ struct MemoryTier::Store {
     char* data;
     std::uint64_t capacity;
   };
-  std::mutex mu;
+  Mutex mu;
   std::vector<Buffer> free;
   std::uint64_t accounted = 0;  // buffers in use + free ones
 
@@ -30,7 +30,7 @@ struct MemoryTier::Store {
 
   // A buffer of at least `bytes` (page multiple) within `budget`, or nullptr.
   char* Take(std::uint64_t bytes, std::uint64_t budget, std::uint64_t* capacity) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     // Reuse a freed buffer of the right size: steady-state checkpoints of one size never
     // fault in fresh pages.
     auto best = free.end();
@@ -65,7 +65,7 @@ struct MemoryTier::Store {
   }
 
   void Give(char* data, std::uint64_t capacity) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     free.push_back(Buffer{data, capacity});
   }
 };
@@ -79,7 +79,7 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
   if (!enabled()) return nullptr;
   const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto& versions = images_[Key{meta.job, meta.rank}];
     // The same version written again (after a rollback or a failure): the old image goes.
     if (auto it = versions.find(meta.version); it != versions.end()) versions.erase(it);
@@ -93,7 +93,7 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
     // wants), so older versions of this rank still in flight give way, oldest first. The
     // committed ones the rules keep never do.
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto& versions = images_[Key{meta.job, meta.rank}];
       auto victim = std::find_if(versions.begin(), versions.end(), [&](const auto& e) {
         return !e.second.committed && e.first < meta.version;
@@ -129,7 +129,7 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
     }
     delete img;
   });
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false};
   return image;
 }
@@ -140,7 +140,7 @@ void MemoryTier::Complete(const std::shared_ptr<MemoryImage>& image) {
 
 void MemoryTier::Drop(const std::shared_ptr<MemoryImage>& image) {
   if (!image) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = images_.find(Key{image->meta.job, image->meta.rank});
   if (it == images_.end()) return;
   auto v = it->second.find(image->meta.version);
@@ -169,7 +169,7 @@ void MemoryTier::PruneLocked(std::map<std::uint64_t, Entry>& versions) {
 }
 
 void MemoryTier::OnCommitted(const std::string& job, std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [key, versions] : images_) {
     if (std::get<0>(key) != job) continue;
     if (auto it = versions.find(version); it != versions.end() && it->second.image->complete) {
@@ -180,14 +180,14 @@ void MemoryTier::OnCommitted(const std::string& job, std::uint64_t version) {
 }
 
 void MemoryTier::DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = images_.find(Key{job, rank});
   if (it == images_.end()) return;
   it->second.erase(it->second.upper_bound(version), it->second.end());
 }
 
 std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint64_t version, std::uint32_t rank) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = images_.find(Key{job, rank});
   if (it == images_.end()) return nullptr;
   auto v = it->second.find(version);
@@ -197,7 +197,7 @@ std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint6
 
 std::map<std::uint64_t, std::vector<std::uint32_t>> MemoryTier::List(const std::string& job) {
   std::map<std::uint64_t, std::vector<std::uint32_t>> out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, versions] : images_) {
     if (std::get<0>(key) != job) continue;
     for (const auto& [v, e] : versions) {
@@ -212,10 +212,10 @@ MemoryTier::Stats MemoryTier::GetStats() {
   Stats st;
   st.budget = budget_;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [key, versions] : images_) st.images += versions.size();
   }
-  std::lock_guard lock(store_->mu);
+  MutexLock lock(store_->mu);
   st.bytes = store_->accounted;
   return st;
 }

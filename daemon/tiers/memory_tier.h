@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "common/mutex.h"
 #include "format/shard_format.h"
 
 namespace ckpt {
@@ -94,8 +94,8 @@ class MemoryTier {
   const std::uint64_t budget_;
   const std::uint32_t versions_;
   std::shared_ptr<Store> store_;
-  std::mutex mu_;  // guards images_
-  std::map<Key, std::map<std::uint64_t, Entry>> images_;
+  Mutex mu_;
+  std::map<Key, std::map<std::uint64_t, Entry>> images_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

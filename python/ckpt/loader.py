@@ -233,6 +233,8 @@ def list_versions(root: Union[str, os.PathLike], job: str) -> List[int]:
     for name in names:
         if len(name) > 1 and name[0] == "v" and name[1:].isdigit() and name[1:].isascii():
             version = int(name[1:])
+            if name != os.path.basename(_version_dir(root, job, version)):
+                continue  # only the canonical spelling (v0000000003, not v3) is a version
             if os.path.exists(os.path.join(_version_dir(root, job, version), "COMMITTED")):
                 out.append(version)
     return sorted(out)
