@@ -19,21 +19,21 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 
 Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last,
                  std::uint32_t keep_every)
-    : storage_(std::move(storage)), root_(std::move(root)), keep_last_(keep_last), keep_every_(keep_every) {}
+    : storage_(std::move(storage)), tree_(std::move(root)), keep_last_(keep_last), keep_every_(keep_every) {}
 
-std::string Catalog::JobDir(const std::string& job) const { return root_ + "/" + job; }
+std::string Catalog::JobDir(const std::string& job) const { return tree_.JobDir(job); }
 
 std::string Catalog::VersionDir(const std::string& job, std::uint64_t version) const {
-  return JobDir(job) + "/" + VersionDirName(version);
+  return tree_.VersionDir(job, version);
 }
 
 std::string Catalog::ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const {
-  return VersionDir(job, version) + "/" + ShardFileName(rank);
+  return tree_.ShardPath(job, version, rank);
 }
 
 Status Catalog::Recover() {
-  if (Status s = storage_->MakeDirs(root_); !s.ok()) return s;
-  auto jobs = storage_->List(root_);
+  if (Status s = storage_->MakeDirs(root()); !s.ok()) return s;
+  auto jobs = storage_->List(root());
   if (!jobs.ok()) return jobs.status();
   for (const auto& job : jobs.value()) {
     if (!CheckJobId(job).empty()) continue;  // not ours
@@ -49,30 +49,30 @@ Status Catalog::RecoverJob(const std::string& job) {
   int removed = 0;
   for (const auto& name : names.value()) {
     if (EndsWith(name, TmpSuffix())) {
-      if (Status s = storage_->Remove(dir + "/" + name); !s.ok()) return s;
+      if (Status s = storage_->Remove(JoinPath(dir, name)); !s.ok()) return s;
       ++removed;
       continue;
     }
     if (!ParseVersionDirName(name) && name != kRanksDir) continue;
-    auto files = storage_->List(dir + "/" + name);
+    auto files = storage_->List(JoinPath(dir, name));
     if (!files.ok()) continue;
     for (const auto& f : files.value()) {
       if (EndsWith(f, TmpSuffix())) {
-        if (Status s = storage_->Remove(dir + "/" + name + "/" + f); !s.ok()) return s;
+        if (Status s = storage_->Remove(JoinPath(JoinPath(dir, name), f)); !s.ok()) return s;
         ++removed;
       }
     }
   }
   std::uint64_t newest = ScanLatest(job);
   std::uint64_t recorded = 0;
-  if (auto text = storage_->ReadSmallFile(dir + "/" + std::string(kLatestFile)); text.ok()) {
+  if (auto text = storage_->ReadSmallFile(tree_.LatestFile(job)); text.ok()) {
     recorded = std::strtoull(text->c_str(), nullptr, 10);
   }
   if (recorded != newest) {
     spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job,
                  recorded, newest);
     if (newest == 0) {
-      if (Status s = storage_->Remove(dir + "/" + std::string(kLatestFile)); !s.ok()) return s;
+      if (Status s = storage_->Remove(tree_.LatestFile(job)); !s.ok()) return s;
     } else if (Status s = WriteLatest(job, newest); !s.ok()) {
       return s;
     }
@@ -89,7 +89,7 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
   if (!names.ok()) return 0;
   for (const auto& name : names.value()) {
     auto v = ParseVersionDirName(name);
-    if (v && *v > newest && storage_->Exists(JobDir(job) + "/" + name + "/" + std::string(kCommittedMarker))) {
+    if (v && *v > newest && storage_->Exists(tree_.CommittedMarker(job, *v))) {
       newest = *v;
     }
   }
@@ -97,7 +97,7 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
 }
 
 Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
-  return storage_->WriteFileAtomic(JobDir(job) + "/" + std::string(kLatestFile),
+  return storage_->WriteFileAtomic(tree_.LatestFile(job),
                                    std::to_string(version) + "\n");
 }
 
@@ -106,7 +106,7 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
   if (storage_->Exists(dir)) return Status::Ok();
   if (Status s = storage_->MakeDirs(dir); !s.ok()) return s;
   if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
-  return storage_->SyncDir(root_);
+  return storage_->SyncDir(root());
 }
 
 Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
@@ -115,12 +115,11 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
   *committed = false;
   if (world_size == 0) return InvalidArgument("cannot commit a version of a job with world size 0");
   std::string dir = VersionDir(job, version);
-  std::string marker = dir + "/" + std::string(kCommittedMarker);
+  std::string marker = tree_.CommittedMarker(job, version);
   if (storage_->Exists(marker)) {
     *committed = true;
     return Status::Ok();
   }
-  if (version < Latest(job)) return Status::Ok();  // a newer version is committed: too late
   // Cheap check first (one listing), then the markers' contents, then the registrations.
   auto names = storage_->List(dir);
   if (!names.ok()) return Status::Ok();
@@ -131,12 +130,12 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
   if (done < world_size) return Status::Ok();
   std::vector<std::string> writers(world_size);
   for (std::uint32_t r = 0; r < world_size; ++r) {
-    auto text = storage_->ReadSmallFile(dir + "/" + DoneFileName(r));
+    auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, r));
     if (!text.ok()) return Status::Ok();
     writers[r] = text.value();
   }
   for (std::uint32_t r = 0; r < world_size; ++r) {
-    auto current = storage_->ReadSmallFile(JobDir(job) + "/" + std::string(kRanksDir) + "/" + RankFileName(r));
+    auto current = storage_->ReadSmallFile(tree_.RankFile(job, r));
     if (!current.ok() || current.value() != writers[r]) {
       spdlog::debug("job {} version {}: rank {}'s shard is from an earlier registration; not committed", job,
                     version, r);
@@ -173,11 +172,11 @@ Status Catalog::ApplyRetention(const std::string& job) {
     if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
     std::string dir = VersionDir(job, v);
     // The marker goes first: a version half deleted is then simply not committed.
-    if (Status s = storage_->Remove(dir + "/" + std::string(kCommittedMarker)); !s.ok()) return s;
+    if (Status s = storage_->Remove(tree_.CommittedMarker(job, v)); !s.ok()) return s;
     auto files = storage_->List(dir);
     if (files.ok()) {
       for (const auto& f : files.value()) {
-        if (Status s = storage_->Remove(dir + "/" + f); !s.ok()) return s;
+        if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
       }
     }
     if (Status s = storage_->Remove(dir); !s.ok()) return s;
@@ -198,19 +197,19 @@ std::uint64_t Catalog::Latest(const std::string& job) {
 
 Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank,
                                       const std::string& registration) {
-  std::string dir = JobDir(job) + "/" + std::string(kRanksDir);
+  std::string dir = tree_.RanksDir(job);
   if (Status s = storage_->MakeDirs(dir); !s.ok()) return s;
-  return storage_->WriteFileAtomic(dir + "/" + RankFileName(rank), registration);
+  return storage_->WriteFileAtomic(tree_.RankFile(job, rank), registration);
 }
 
 Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                                 const std::string& registration) {
-  return storage_->WriteFileAtomic(VersionDir(job, version) + "/" + DoneFileName(rank), registration);
+  return storage_->WriteFileAtomic(tree_.DoneMarker(job, version, rank), registration);
 }
 
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                             const std::string& registration) {
-  auto text = storage_->ReadSmallFile(VersionDir(job, version) + "/" + DoneFileName(rank));
+  auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, rank));
   return text.ok() && text.value() == registration;
 }
 
@@ -228,7 +227,7 @@ std::uint64_t Catalog::RefreshLatest(const std::string& job) {
 }
 
 bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
-  return storage_->Exists(VersionDir(job, version) + "/" + std::string(kCommittedMarker));
+  return storage_->Exists(tree_.CommittedMarker(job, version));
 }
 
 Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
@@ -243,7 +242,7 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
     if (!v) continue;
     VersionEntry e;
     e.version = *v;
-    auto files = storage_->List(JobDir(job) + "/" + name);
+    auto files = storage_->List(JoinPath(JobDir(job), name));
     if (!files.ok()) continue;
     for (const auto& f : files.value()) {
       if (f == kCommittedMarker) e.committed = true;
@@ -271,16 +270,16 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
   MutexLock lock(commit_mu_);
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
-  std::string aside = JobDir(job) + "/" + std::string(kSetAsideDir);
+  std::string aside = tree_.SetAsideDir(job);
   int moved = 0;
   for (const auto& e : versions.value()) {
     if (e.version <= version) continue;
     if (moved == 0) {
       if (Status s = storage_->MakeDirs(aside); !s.ok()) return s;
     }
-    std::string target = aside + "/" + VersionDirName(e.version);
+    std::string target = JoinPath(aside, VersionDirName(e.version));
     for (int n = 1; storage_->Exists(target); ++n) {
-      target = aside + "/" + VersionDirName(e.version) + "." + std::to_string(n);
+      target = JoinPath(aside, VersionDirName(e.version) + "." + std::to_string(n));
     }
     if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) {
       // The daemon of another node rolling back the same job moved it first.

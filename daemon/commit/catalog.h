@@ -25,6 +25,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/io/storage.h"
+#include "format/paths.h"
 
 namespace ckpt {
 
@@ -41,7 +42,7 @@ class Catalog {
   Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0,
           std::uint32_t keep_every = 0);
 
-  const std::string& root() const { return root_; }
+  const std::string& root() const { return tree_.root(); }
   std::string JobDir(const std::string& job) const;
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
@@ -51,7 +52,8 @@ class Catalog {
   // Creates the version's directory (and the job's), durably.
   Status PrepareVersionDir(const std::string& job, std::uint64_t version);
   // Commits the version if every rank has a done marker of its current registration; sets
-  // *committed accordingly. A version older than the newest committed one is not committed.
+  // *committed accordingly. A version older than the newest committed one commits too (its
+  // shards may simply have been slower); `latest` never moves back.
   Status CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                           bool* committed);
   // Records `registration` as the current one of (job, rank), durably.
@@ -85,7 +87,7 @@ class Catalog {
   Status ApplyRetention(const std::string& job) REQUIRES(commit_mu_);
 
   std::shared_ptr<Storage> storage_;
-  std::string root_;
+  const CheckpointTree tree_;
   std::uint32_t keep_last_;
   std::uint32_t keep_every_;
   // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;

@@ -42,9 +42,9 @@ bool CommitTracker::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJ
   {
     MutexLock lock(mu_);
     auto key = std::make_pair(m.job, m.version);
-    if (m.rank == 0) deciding_[key] = m.world_size;
+    if (m.rank == 0) deciding_.try_emplace(key, Awaited{m.world_size, {}});
     decides = deciding_.count(key) != 0;
-    if (!decides) watching_[key] = m.world_size;
+    if (!decides) watching_.try_emplace(key, Awaited{m.world_size, {}});
   }
   // Synchronous where this daemon decides: a waiter woken by `persisted` sees the decision.
   if (decides) TryCommit(m.job, m.version, m.world_size, shard);
@@ -56,16 +56,66 @@ void CommitTracker::Await(const ShardMeta& m) {
   {
     MutexLock lock(mu_);
     auto key = std::make_pair(m.job, m.version);
-    if (m.rank == 0) deciding_[key] = m.world_size;
-    if (!deciding_.count(key)) watching_[key] = m.world_size;
+    if (m.rank == 0) deciding_.try_emplace(key, Awaited{m.world_size, {}});
+    if (!deciding_.count(key)) watching_.try_emplace(key, Awaited{m.world_size, {}});
   }
   wake_.SignalAll();
 }
 
 void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
-  MutexLock lock(mu_);
-  auto& done = finished_[job];
-  done = std::min(done, version);
+  std::vector<std::pair<Key, Awaited>> set_aside;
+  {
+    MutexLock lock(mu_);
+    auto& done = finished_[job];
+    done.erase(done.upper_bound(version), done.end());
+    for (auto* m : {&deciding_, &watching_}) {
+      for (auto i = m->begin(); i != m->end();) {
+        if (i->first.first == job && i->first.second > version) {
+          set_aside.emplace_back(*i);
+          i = m->erase(i);
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+  for (const auto& [key, awaited] : set_aside) {
+    for (const auto& p : shards_.TakeVersion(key.first, key.second)) {
+      p->Fail(FailedPrecondition("version " + std::to_string(key.second) + " of job '" + key.first +
+                                 "' will not commit: a rank restored version " + std::to_string(version) +
+                                 " (a rollback) before it was complete"));
+      hooks_.on_shard_failed(p);
+    }
+  }
+}
+
+void CommitTracker::SupersedeLocked(const std::string& job, std::uint64_t version) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto* m : {&deciding_, &watching_}) {
+    for (auto& [key, awaited] : *m) {
+      if (key.first == job && key.second < version && awaited.superseded == std::chrono::steady_clock::time_point{}) {
+        awaited.superseded = now;
+      }
+    }
+  }
+}
+
+void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
+  {
+    MutexLock lock(mu_);
+    deciding_.erase(key);
+    watching_.erase(key);
+  }
+  const std::string why = "version " + std::to_string(key.second) + " of job '" + key.first +
+                          "' did not commit: it was still incomplete " + std::to_string(kGiveUpAfter.count()) +
+                          " s after a newer version committed (a rank of its " +
+                          std::to_string(awaited.world_size) +
+                          " never persisted it, or registered again meanwhile); given up";
+  hooks_.on_error(why);
+  for (const auto& p : shards_.TakeVersion(key.first, key.second)) {
+    p->Fail(FailedPrecondition(why));
+    hooks_.on_shard_failed(p);
+  }
 }
 
 void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
@@ -76,13 +126,11 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
     Finish(job, version, shard, /*ours=*/true);
     return;
   }
+  if (st.ok()) return;  // not complete yet: the watcher looks again
   std::vector<std::shared_ptr<ShardJob>> failed;
   {
     MutexLock lock(mu_);
-    const bool superseded = st.ok() && version < catalog_.Latest(job);
-    if (st.ok() && !superseded) return;  // not complete yet: the watcher looks again
     deciding_.erase({job, version});
-    if (st.ok()) return;  // a newer version committed first; this one never will
     failed = shards_.TakeVersion(job, version);
   }
   hooks_.on_error("job " + job + " version " + std::to_string(version) + ": commit failed: " + st.message());
@@ -100,15 +148,13 @@ void CommitTracker::Finish(const std::string& job, std::uint64_t version, const 
     MutexLock lock(mu_);
     // The watcher and a writer may both see the commit: the first one finishes it.
     auto& done = finished_[job];
-    if (version <= done) return;
-    done = version;
+    if (!done.insert(version).second) return;
+    while (done.size() > kFinishedKept) done.erase(done.begin());
     raised = shards_.TakeVersion(job, version);
-    // Older versions that never completed will not commit: this one is newer.
-    for (auto* m : {&deciding_, &watching_}) {
-      for (auto i = m->begin(); i != m->end();) {
-        i = i->first.first == job && i->first.second <= version ? m->erase(i) : std::next(i);
-      }
-    }
+    deciding_.erase({job, version});
+    watching_.erase({job, version});
+    // Older versions still awaited may yet complete; they get kGiveUpAfter from now.
+    SupersedeLocked(job, version);
   }
   if (ours) {
     ++committed_total_;
@@ -128,7 +174,7 @@ void CommitTracker::Finish(const std::string& job, std::uint64_t version, const 
 
 void CommitTracker::WatchLoop() {
   for (;;) {
-    std::map<Key, std::uint32_t> deciding, watching;
+    std::map<Key, Awaited> deciding, watching;
     {
       MutexLock lock(mu_);
       if (stop_) return;
@@ -139,15 +185,23 @@ void CommitTracker::WatchLoop() {
       deciding = deciding_;
       watching = watching_;
     }
-    for (const auto& [key, world] : deciding) TryCommit(key.first, key.second, world, nullptr);
-    for (const auto& [key, world] : watching) {
+    const auto now = std::chrono::steady_clock::now();
+    auto overdue = [&](const Awaited& a) {
+      return a.superseded != std::chrono::steady_clock::time_point{} && now - a.superseded > kGiveUpAfter;
+    };
+    for (const auto& [key, awaited] : deciding) {
+      TryCommit(key.first, key.second, awaited.world_size, nullptr);
+      if (overdue(awaited) && !catalog_.IsCommitted(key.first, key.second)) GiveUp(key, awaited);
+    }
+    for (const auto& [key, awaited] : watching) {
       if (catalog_.IsCommitted(key.first, key.second)) {
         catalog_.NoteCommitted(key.first, key.second);
         Finish(key.first, key.second, nullptr, /*ours=*/false);
       } else if (key.second < catalog_.Latest(key.first)) {
         MutexLock lock(mu_);
-        watching_.erase(key);  // a newer version committed first
+        SupersedeLocked(key.first, catalog_.Latest(key.first));  // committed by another daemon
       }
+      if (overdue(awaited) && !catalog_.IsCommitted(key.first, key.second)) GiveUp(key, awaited);
     }
   }
 }

@@ -8,13 +8,21 @@
 // the daemon that persisted rank 0's shard of a version decides its commit; the others
 // watch the shared directory for it. Decisions are tried at once, when a shard is
 // persisted; a watcher thread polls every 20 ms while any commit is awaited, and sleeps
-// otherwise. Each commit is finished once here, by whoever sees it first. Thread-safe.
+// otherwise. Each commit is finished once here, by whoever sees it first.
+//
+// Versions may commit out of order (a rank's shard of v can be slower than every shard of
+// v+1): an older version still commits once complete. One that stays incomplete for
+// kGiveUpAfter after a newer version committed will not complete (a rank crashed or was
+// restored meanwhile): it is given up, its shards here fail with an error saying so, and
+// the daemon logs it, so that no wait on it hangs. Thread-safe.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +36,9 @@ namespace ckpt {
 
 class CommitTracker {
  public:
+  // How long a version may stay incomplete once a newer version of its job committed.
+  static constexpr std::chrono::seconds kGiveUpAfter{60};
+
   struct Hooks {
     // (job, version) committed: the tiers apply their retention.
     std::function<void(const std::string& job, std::uint64_t version)> on_committed;
@@ -50,7 +61,8 @@ class CommitTracker {
   bool OnPersisted(const ShardMeta& meta, const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
   // After a restart: `meta`'s done marker is already written; awaits the version's commit.
   void Await(const ShardMeta& meta) EXCLUDES(mu_);
-  // A rank of `job` rolled back to `version`: versions above it will be committed again.
+  // A rank of `job` rolled back to `version`: versions above it will be committed again, and
+  // the ones awaited now never will (they were set aside).
   void RolledBack(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
 
   // Versions this daemon committed since it started.
@@ -58,6 +70,15 @@ class CommitTracker {
 
  private:
   using Key = std::pair<std::string, std::uint64_t>;  // (job, version)
+  struct Awaited {
+    std::uint32_t world_size = 0;
+    // When a newer version of the job committed while this one was awaited (zero: not yet).
+    std::chrono::steady_clock::time_point superseded{};
+  };
+  // Marks the awaited versions of `job` older than `version` as superseded (now).
+  void SupersedeLocked(const std::string& job, std::uint64_t version) REQUIRES(mu_);
+  // Gives up (job, version): it will not complete.
+  void GiveUp(const Key& key, const Awaited& awaited) EXCLUDES(mu_);
   void Track(const ShardMeta& meta) EXCLUDES(mu_);
   void TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                  const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
@@ -74,9 +95,11 @@ class CommitTracker {
   CondVar wake_;
   // Commits this daemon decides (it persisted rank 0's shard) and commits it waits to see
   // (another daemon decides): (job, version) -> world size.
-  std::map<Key, std::uint32_t> deciding_ GUARDED_BY(mu_);
-  std::map<Key, std::uint32_t> watching_ GUARDED_BY(mu_);
-  std::map<std::string, std::uint64_t> finished_ GUARDED_BY(mu_);  // job -> newest commit finished here
+  std::map<Key, Awaited> deciding_ GUARDED_BY(mu_);
+  std::map<Key, Awaited> watching_ GUARDED_BY(mu_);
+  // Commits finished here, per job (the newest kFinishedKept): each is finished once.
+  static constexpr std::size_t kFinishedKept = 4096;
+  std::map<std::string, std::set<std::uint64_t>> finished_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<std::uint64_t> committed_total_{0};
   std::thread watcher_;

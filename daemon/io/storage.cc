@@ -149,7 +149,7 @@ Result<std::vector<std::string>> PosixStorage::List(const std::string& dir) {
 bool PosixStorage::Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
 bool PosixStorage::SupportsDirectIo(const std::string& dir) {
-  std::string probe = dir + "/.ckptd-direct-io-probe.tmp";
+  std::string probe = JoinPath(dir, ".ckptd-direct-io-probe.tmp");
   int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   void* buf = nullptr;

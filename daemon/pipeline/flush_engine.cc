@@ -144,7 +144,7 @@ Status FlushEngine::Publish(ShardJob& shard) {
   shard.file().reset();
   TestPause("publish", shard.meta().version);
   // A committed version is immutable: never replace one of its shards.
-  if (storage_->Exists(shard.dir() + "/" + std::string(kCommittedMarker))) {
+  if (storage_->Exists(JoinPath(shard.dir(), kCommittedMarker))) {
     return FailedPrecondition("version " + std::to_string(shard.meta().version) +
                               " is already committed; its shard is not replaced");
   }

@@ -19,9 +19,9 @@ std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a
 }  // namespace
 
 Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
-  const std::string final_path = dst.dir + "/" + dst.name;
+  const std::string final_path = JoinPath(dst.dir, dst.name);
   const std::string tmp_path = final_path + TmpSuffix();
-  const std::string marker = dst.dir + "/" + std::string(kCommittedMarker);
+  const std::string marker = JoinPath(dst.dir, kCommittedMarker);
   if (storage_->Exists(marker)) {
     return FailedPrecondition(dst.dir + " is committed; its shard " + dst.name + " is not replaced");
   }

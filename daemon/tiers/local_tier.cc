@@ -63,7 +63,9 @@ void LocalTier::ApplyRetention(const std::string& job) {
       seen_committed = true;
       drop = ++kept > keep_;
     } else {
-      drop = seen_committed;  // older than a committed version: it never commits
+      // Older than a committed version: promoted already (else pinned), and no restore of
+      // the newest versions reads it.
+      drop = seen_committed;
     }
     if (drop && !Pinned(job, v)) RemoveVersion(job, v);  // a pinned one goes in a later pass
   }

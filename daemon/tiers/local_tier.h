@@ -5,8 +5,8 @@
 //
 // It has the persistent tier's tree of version directories (format/paths.h) but no markers
 // of its own: a version here is committed when the persistent tier says so. Retention keeps
-// the newest `keep` committed versions of each job, drops versions older than a committed
-// one (they never commit), and never touches a pinned version (a promotion queued, a
+// the newest `keep` committed versions of each job, drops uncommitted versions older than a
+// committed one (promoted already: their commit needs only the persistent tier), and never touches a pinned version (a promotion queued, a
 // restore or prefetch reading it). After a restart, ScanUncommitted() finds the shards of
 // versions newer than the newest committed one, to promote or to watch. Thread-safe.
 #pragma once
