@@ -9,7 +9,6 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
-#include <sys/stat.h>
 
 #include <tuple>
 
@@ -46,7 +45,7 @@ class PosixSharedRegion : public SharedRegion {
   void resize(std::size_t bytes) override {
     if (Status s = region_.Resize(bytes); !s.ok()) Throw(s);
   }
-  int fd() const { return region_.fd(); }
+  std::optional<std::uint64_t> object_size() const { return region_.ObjectSize(); }
 
  private:
   ShmRegion region_;
@@ -329,9 +328,8 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       // the daemon copy memory that no longer holds the registered tensor.
       for (const auto& r : impl_->registered) {
         auto* posix = dynamic_cast<PosixSharedRegion*>(r.region.get());
-        struct stat st {};
-        bool shrunk = posix != nullptr && ::fstat(posix->fd(), &st) == 0 &&
-                      static_cast<std::size_t>(st.st_size) != r.size;
+        const std::optional<std::uint64_t> now = posix != nullptr ? posix->object_size() : std::nullopt;
+        bool shrunk = now && *now != r.size;
         if (r.region->generation() != r.generation || r.region->size() != r.size || shrunk) {
           throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
                       "region " + r.region->name() + " of item '" + r.item +

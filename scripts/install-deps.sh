@@ -10,6 +10,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev
+  # Boost.Interprocess (header-only): the client's shared-memory regions.
+  libboost-dev
   python3 fio procps
   # bench/run.sh plots its results with matplotlib.
   python3-matplotlib
