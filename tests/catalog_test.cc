@@ -2,7 +2,6 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
-#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -13,9 +12,11 @@
 #include "daemon/commit/catalog.h"
 #include "daemon/io/storage.h"
 #include "format/paths.h"
+#include "support/faulty_storage.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
+using ckpt::test::FaultyStorage;
 using ckpt::test::ListFiles;
 using ckpt::test::ReadFile;
 using ckpt::test::TempDir;
@@ -61,21 +62,6 @@ bool HasMarker(const Catalog& catalog, const std::string& job, std::uint64_t ver
 }
 
 std::shared_ptr<Storage> Posix() { return std::make_shared<PosixStorage>(); }
-
-// Fails every rename whose target ends with `suffix`.
-class FailingRename : public StorageWrapper {
- public:
-  explicit FailingRename(std::string suffix) : StorageWrapper(Posix()), suffix_(std::move(suffix)) {}
-  Status Rename(const std::string& from, const std::string& to) override {
-    if (to.size() >= suffix_.size() && to.compare(to.size() - suffix_.size(), suffix_.size(), suffix_) == 0) {
-      return IoError("rename " + from + " to " + to, EIO);
-    }
-    return StorageWrapper::Rename(from, to);
-  }
-
- private:
-  std::string suffix_;
-};
 
 }  // namespace
 
@@ -226,7 +212,8 @@ TEST_CASE("jobs commit independently", "[catalog]") {
 
 TEST_CASE("a failed commit marker leaves the version uncommitted and latest alone", "[catalog]") {
   TempDir dir("cat");
-  auto storage = std::make_shared<FailingRename>("/COMMITTED");
+  auto storage = std::make_shared<FaultyStorage>();
+  storage->fail_renames_to = "/COMMITTED";
   Catalog catalog(storage, dir.path());
   {
     Catalog healthy(Posix(), dir.path());

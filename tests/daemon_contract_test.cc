@@ -13,6 +13,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "support/daemon_process.h"
+#include "support/shard_path.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
 
@@ -29,10 +30,6 @@ DaemonOptions Options(const TempDir& dir, std::uint64_t pool_mib = 64, std::uint
   o.pool_mib = pool_mib;
   o.chunk_mib = chunk_mib;
   return o;
-}
-
-std::string ShardPath(const std::string& root, const std::string& job, std::uint64_t v, std::uint32_t rank) {
-  return root + "/" + job + "/" + VersionDirName(v) + "/" + ShardFileName(rank);
 }
 
 const v1::ShardStatus* FindShard(const v1::StatusReply& s, const std::string& job, std::uint64_t v, std::uint32_t rank) {

@@ -3,15 +3,12 @@
 // to inject failures.
 #include <sys/stat.h>
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -25,17 +22,27 @@
 #include "backend/device_copier.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
-#include "backend/region_importer.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/pipeline/snapshot_engine.h"
 #include "daemon/io/storage.h"
 #include "format/checksum.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
+#include "support/byte_pattern.h"
+#include "support/fake_device.h"
+#include "support/fake_version_sync.h"
+#include "support/faulty_storage.h"
+#include "support/memory_region.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
+using ckpt::test::Bytes;
+using ckpt::test::FakeBackend;
+using ckpt::test::FakeDeviceRegion;
+using ckpt::test::FakeSync;
+using ckpt::test::FaultyStorage;
 using ckpt::test::ListFiles;
+using ckpt::test::MemoryRegion;
 using ckpt::test::ReadFile;
 using ckpt::test::TempDir;
 namespace fs = std::filesystem;
@@ -46,106 +53,6 @@ namespace {
 constexpr std::uint64_t kKiB = 1024;
 // Generous bound for things that take milliseconds; reaching it means a hang.
 constexpr auto kHang = 30s;
-
-std::string Bytes(std::uint64_t n, std::uint32_t seed) {
-  std::string out(n, '\0');
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& c : out) {
-    x = x * 1664525u + 1013904223u;
-    c = static_cast<char>(x >> 24);
-  }
-  return out;
-}
-
-// Trainer memory held by the test. Reads can be made to fail from some offset on.
-class MemoryRegion : public ImportedRegion {
- public:
-  MemoryRegion(std::string name, std::string bytes) : name_(std::move(name)), bytes_(std::move(bytes)) {}
-
-  const std::string& name() const override { return name_; }
-  Result<std::uint64_t> CurrentSize() const override { return static_cast<std::uint64_t>(bytes_.size()); }
-  Status ReadAt(std::uint64_t offset, void* dst, std::size_t len) const override {
-    reads_.fetch_add(1);
-    if (offset + len > fail_from_.load()) return IoError("read region " + name_, EFAULT);
-    if (offset + len > bytes_.size()) return FailedPrecondition("region " + name_ + " is too small");
-    std::memcpy(dst, bytes_.data() + offset, len);
-    return Status::Ok();
-  }
-  Status WriteAt(std::uint64_t, const void*, std::size_t) const override {
-    return Internal("the engines under test never write to a region");
-  }
-  void UnlinkIfOrphaned() const override {}
-
-  const std::string& bytes() const { return bytes_; }
-  void FailReadsFrom(std::uint64_t offset) { fail_from_.store(offset); }
-  int reads() const { return reads_.load(); }
-
- private:
-  std::string name_;
-  std::string bytes_;
-  std::atomic<std::uint64_t> fail_from_{UINT64_MAX};
-  mutable std::atomic<int> reads_{0};
-};
-
-// Storage with switchable faults. Counts are 1-based; 0 means never.
-class FaultyStorage : public StorageWrapper {
- public:
-  FaultyStorage() : StorageWrapper(std::make_shared<PosixStorage>()) {}
-
-  Result<UniqueFd> CreateFile(const std::string& path, bool direct) override {
-    if (create_errno != 0) return IoError("create " + path, create_errno);
-    return StorageWrapper::CreateFile(path, direct);
-  }
-  Status WriteAt(int fd, const void* buf, std::size_t len, std::uint64_t offset, const std::string& what) override {
-    if (!fail_only_path.empty() && what.find(fail_only_path) == std::string::npos) {
-      return StorageWrapper::WriteAt(fd, buf, len, offset, what);
-    }
-    int n = ++write_calls;
-    if (n == fail_write_on) return IoError("write " + what, write_errno);
-    if (gate_writes) {
-      std::unique_lock lock(gate_mu_);
-      gate_cv_.wait(lock, [&] { return gate_open_; });
-    }
-    return StorageWrapper::WriteAt(fd, buf, len, offset, what);
-  }
-  Status DataSync(int fd, const std::string& what) override {
-    ++datasync_calls;
-    if (datasync_errno != 0) return IoError("fdatasync " + what, datasync_errno);
-    return StorageWrapper::DataSync(fd, what);
-  }
-  Status SyncDir(const std::string& dir) override {
-    if (syncdir_errno != 0) return IoError("fsync directory " + dir, syncdir_errno);
-    return StorageWrapper::SyncDir(dir);
-  }
-  Status Rename(const std::string& from, const std::string& to) override {
-    ++renames;
-    return StorageWrapper::Rename(from, to);
-  }
-  void OpenGate() {
-    {
-      std::lock_guard lock(gate_mu_);
-      gate_open_ = true;
-    }
-    gate_cv_.notify_all();
-  }
-
-  std::atomic<int> write_calls{0};
-  std::atomic<int> datasync_calls{0};
-  std::atomic<int> renames{0};
-  // Set before the engines start; read by their threads.
-  int fail_write_on = 0;
-  int write_errno = ENOSPC;
-  std::string fail_only_path;  // restrict write faults to paths containing this
-  int create_errno = 0;
-  int datasync_errno = 0;
-  int syncdir_errno = 0;
-  bool gate_writes = false;  // block every write until OpenGate()
-
- private:
-  std::mutex gate_mu_;
-  std::condition_variable gate_cv_;
-  bool gate_open_ = false;
-};
 
 // Pool + flush + snapshot engines, and the outcome of every shard as the callbacks saw it.
 class Engines {
@@ -820,250 +727,9 @@ TEST_CASE("an engine shard passes the independent safetensors spec check", "[eng
 //
 // The engine's device path (lanes that complete later, the trainer's event before the
 // copies, the daemon's completion event after them) driven by a fake device whose "streams"
-// are threads running queued operations in order.
+// are threads running queued operations in order (support/fake_device.h).
 
 namespace {
-
-// Bytes standing for GPU memory: DeviceAt hands out addresses for lanes to copy from.
-class FakeDeviceRegion : public MemoryRegion {
- public:
-  using MemoryRegion::MemoryRegion;
-  int device() const override { return 0; }
-  Result<DeviceSpan> DeviceAt(std::uint64_t offset, std::size_t len) const override {
-    if (closed) return FailedPrecondition("CUDA region " + name() + " is closed: its client was released");
-    if (offset + len > bytes().size()) return FailedPrecondition("region " + name() + " is too small");
-    return DeviceSpan{const_cast<char*>(bytes().data()) + offset, keep_};
-  }
-  // Stands for the trainer's update, which the trainer's event orders before the copies.
-  void Overwrite(const std::string& data) { std::memcpy(const_cast<char*>(bytes().data()), data.data(), data.size()); }
-  std::atomic<bool> closed{false};
-
- private:
-  std::shared_ptr<const void> keep_ = std::make_shared<int>(0);
-};
-
-// A one-shot latch standing for the trainer's interprocess event.
-class Latch {
- public:
-  void Open() {
-    {
-      std::lock_guard lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
-class AsyncLane;
-
-struct FakeDevice {
-  // The lanes alive now (each registers itself), to wake or drain them all.
-  void Add(AsyncLane* lane) {
-    std::lock_guard lock(mu);
-    lanes.insert(lane);
-  }
-  void Remove(AsyncLane* lane) {
-    std::lock_guard lock(mu);
-    lanes.erase(lane);
-  }
-  void PokeAll();
-  void WaitAllIdle();
-  std::set<AsyncLane*> lanes;
-
-  Latch first_copy_queued;
-  std::atomic<int> lanes_made{0};
-  std::atomic<std::uint64_t> bytes_queued{0};
-  std::atomic<std::uint64_t> bytes_done{0};
-  std::mutex mu;
-  std::map<const void*, std::uint64_t> chunks_per_lane;
-};
-
-// A stream: a thread running queued operations in order.
-class AsyncLane : public CopyLane {
- public:
-  explicit AsyncLane(FakeDevice& device) : device_(device), worker_([this] { Run(); }) { device_.Add(this); }
-  ~AsyncLane() override {
-    device_.Remove(this);
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
-
-  bool synchronous() const override { return false; }
-  void* native() const override { return const_cast<AsyncLane*>(this); }
-
-  Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
-    if (region.device() < 0) return region.ReadAt(offset, dst, len);
-    auto span = region.DeviceAt(offset, len);
-    if (!span.ok()) return span.status();
-    device_.bytes_queued += len;
-    device_.first_copy_queued.Open();
-    Enqueue([this, dst, len, span = std::move(span).value()] {
-      std::memcpy(dst, span.ptr, len);
-      device_.bytes_done += len;
-    });
-    return Status::Ok();
-  }
-  Result<std::uint64_t> EndChunk() override {
-    {
-      std::lock_guard dlock(device_.mu);
-      ++device_.chunks_per_lane[this];
-    }
-    std::lock_guard lock(mu_);
-    ticket_end_[++tickets_] = queued_;
-    return tickets_;
-  }
-  Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) override {
-    std::unique_lock lock(mu_);
-    const std::uint64_t end = ticket_end_.at(ticket);
-    // Woken by the worker, or by Poke() when the shard may have been given up.
-    cv_.wait(lock, [&] { return done_ >= end || give_up(); });
-    if (done_ >= end) return Status::Ok();
-    return FailedPrecondition("device-to-host copies abandoned before they ran");
-  }
-  bool Idle() override {
-    std::lock_guard lock(mu_);
-    return done_ == queued_;
-  }
-  void Poke() { cv_.notify_all(); }
-  Status After(CopyLane& other) override {
-    auto* o = static_cast<AsyncLane*>(other.native());
-    if (o == this) return Status::Ok();
-    const std::uint64_t until = o->queued();
-    Enqueue([o, until] { o->WaitDone(until); });
-    return Status::Ok();
-  }
-
-  void Enqueue(std::function<void()> op) {
-    {
-      std::lock_guard lock(mu_);
-      ops_.push_back(std::move(op));
-      ++queued_;
-    }
-    cv_.notify_all();
-  }
-  std::uint64_t queued() {
-    std::lock_guard lock(mu_);
-    return queued_;
-  }
-  void WaitDone(std::uint64_t n) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return done_ >= n; });
-  }
-
- private:
-  void Run() {
-    for (;;) {
-      std::function<void()> op;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
-        if (ops_.empty()) return;
-        op = std::move(ops_.front());
-        ops_.pop_front();
-      }
-      op();
-      {
-        std::lock_guard lock(mu_);
-        ++done_;
-      }
-      cv_.notify_all();
-    }
-  }
-
-  FakeDevice& device_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> ops_;
-  std::uint64_t queued_ = 0, done_ = 0, tickets_ = 0;
-  std::map<std::uint64_t, std::uint64_t> ticket_end_;
-  bool stop_ = false;
-  std::thread worker_;
-};
-
-void FakeDevice::PokeAll() {
-  std::lock_guard lock(mu);
-  for (AsyncLane* l : lanes) l->Poke();
-}
-
-void FakeDevice::WaitAllIdle() {
-  std::set<AsyncLane*> now;
-  {
-    std::lock_guard lock(mu);
-    now = lanes;  // no copy runs meanwhile: the lanes stay alive
-  }
-  for (AsyncLane* l : now) l->WaitDone(l->queued());
-}
-
-// The ordering of one version: Gate queues a wait for the trainer's latch; Signal queues,
-// after every lane's copies, the "completion event", which records what was done then.
-class FakeSync : public VersionSync {
- public:
-  explicit FakeSync(FakeDevice& device) : device_(device) {}
-  Status Gate(CopyLane& lane) override {
-    ++gates;
-    gated.Open();
-    static_cast<AsyncLane*>(lane.native())->Enqueue([this] { trainer_event.Wait(); });
-    return Status::Ok();
-  }
-  Status Signal(const std::vector<CopyLane*>& lanes) override {
-    ++signals;
-    bytes_queued_at_signal = device_.bytes_queued.load();
-    for (std::size_t i = 1; i < lanes.size(); ++i) lanes[0]->After(*lanes[i]);
-    static_cast<AsyncLane*>(lanes[0]->native())->Enqueue([this] {
-      bytes_done_at_completion = device_.bytes_done.load();
-      completion.Open();
-    });
-    return Status::Ok();
-  }
-  void Release() override { ++releases; }
-  std::uint32_t daemon_slot() const override { return 5; }
-
-  Latch trainer_event;
-  Latch completion;
-  Latch gated;  // a lane was gated: the shard holds a chunk
-  std::atomic<int> gates{0}, signals{0}, releases{0};
-  std::atomic<std::uint64_t> bytes_queued_at_signal{0};
-  std::atomic<std::uint64_t> bytes_done_at_completion{0};
-
- private:
-  FakeDevice& device_;
-};
-
-class FakeBackend : public DeviceBackend {
- public:
-  std::string Describe() const override { return "fake device"; }
-  bool Owns(std::string_view) const override { return false; }
-  Result<std::shared_ptr<ImportedRegion>> Import(const std::string&, pid_t, std::uint64_t) override {
-    return Internal("not used");
-  }
-  void ReleaseClient(pid_t) override {}
-  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&, const std::vector<std::string>&) override {
-    return Internal("not used");
-  }
-  Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override {
-    if (device != 0) return NotFound("no device " + std::to_string(device));
-    std::vector<std::unique_ptr<CopyLane>> lanes;
-    for (std::uint32_t i = 0; i < count; ++i) lanes.push_back(std::make_unique<AsyncLane>(fake));
-    fake.lanes_made += static_cast<int>(count);
-    return lanes;
-  }
-  Status Pin(void*, std::size_t) override { return Status::Ok(); }
-  void Unpin(void*) override {}
-  FakeDevice fake;
-};
 
 // A placement on device 0, ordered by `sync` (may be null), in copy queue `queue`.
 ShardPlacement OnDevice(std::shared_ptr<VersionSync> sync, std::string queue = "") {

@@ -14,9 +14,11 @@
 #include "format/checksum.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
+#include "support/byte_pattern.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
+using ckpt::test::Bytes;
 using ckpt::test::ReadFile;
 using ckpt::test::TempDir;
 
@@ -44,17 +46,6 @@ ShardItem Blob(std::string name, std::uint64_t bytes) {
   item.shape = {static_cast<std::int64_t>(bytes)};
   item.length = bytes;
   return item;
-}
-
-// Deterministic bytes, different for every seed.
-std::string Bytes(std::uint64_t n, std::uint32_t seed) {
-  std::string out(n, '\0');
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& c : out) {
-    x = x * 1664525u + 1013904223u;
-    c = static_cast<char>(x >> 24);
-  }
-  return out;
 }
 
 std::vector<ShardItem> SampleItems() {

@@ -16,6 +16,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "support/daemon_process.h"
+#include "support/shard_path.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
 
@@ -69,10 +70,6 @@ struct Rank {
     client->wait_durable(version, level);
   }
 };
-
-std::string ShardPath(const std::string& root, const std::string& job, std::uint64_t v, std::uint32_t rank) {
-  return root + "/" + job + "/" + VersionDirName(v) + "/" + ShardFileName(rank);
-}
 
 bool Committed(const std::string& root, const std::string& job, std::uint64_t v) {
   return fs::exists(root + "/" + job + "/" + VersionDirName(v) + "/COMMITTED");
