@@ -18,21 +18,12 @@ FlushEngine::FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsig
                          ShardCallback on_durable, ShardCallback on_failed, MemoryTier* memory)
     : storage_(std::move(storage)), pool_(pool), on_durable_(std::move(on_durable)),
       on_failed_(std::move(on_failed)), memory_(memory) {
-  for (unsigned i = 0; i < writers; ++i) threads_.emplace_back([this] { WriterLoop(); });
+  writers_ = std::make_unique<WorkerPool<Task>>(writers, [this](Task& task) { Write(task); });
 }
 
 FlushEngine::~FlushEngine() { Stop(); }
 
-void FlushEngine::Stop() {
-  {
-    MutexLock lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  queued_.SignalAll();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-}
+void FlushEngine::Stop() { writers_->Stop(); }
 
 Status FlushEngine::Open(ShardJob& shard) {
   std::call_once(shard.open_once(), [&] {
@@ -58,49 +49,34 @@ Status FlushEngine::Open(ShardJob& shard) {
 void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
                          std::uint64_t file_offset, std::size_t len) {
   shard->AddPendingWrite();
-  {
-    MutexLock lock(mu_);
-    queue_.push_back(Task{std::move(shard), chunk, file_offset, len});
-  }
-  queued_.Signal();
+  writers_->Push(Task{std::move(shard), chunk, file_offset, len});
 }
 
 void FlushEngine::CopyFinished(const std::shared_ptr<ShardJob>& shard) {
   if (shard->CopyDone()) Finish(shard);
 }
 
-void FlushEngine::WriterLoop() {
-  for (;;) {
-    Task task;
-    {
-      MutexLock lock(mu_);
-      while (!stopping_ && queue_.empty()) queued_.Wait(mu_);
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    ShardJob& shard = *task.shard;
-    if (!shard.failed()) {
-      if (Status s = Open(shard); !s.ok()) shard.Fail(s);
-    }
-    if (!shard.failed()) {
-      // With O_DIRECT the tail of the last chunk is written padded to a whole block; the
-      // file is cut to its exact size when the shard is published.
-      std::size_t len = shard.direct_io() ? AlignUp(task.len, kDataAlignment) : task.len;
-      if (len > task.len) std::memset(task.chunk.data + task.len, 0, len - task.len);
-      Status s = storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset,
-                                   shard.tmp_path());
-      if (s.ok()) {
-        // The memory tier's copy, while the chunk is at hand.
-        if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
-        shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
-      } else {
-        shard.Fail(s);
-      }
-    }
-    pool_.Release(task.chunk);
-    if (shard.WriteDone()) Finish(task.shard);
+void FlushEngine::Write(Task& task) {
+  ShardJob& shard = *task.shard;
+  if (!shard.failed()) {
+    if (Status s = Open(shard); !s.ok()) shard.Fail(s);
   }
+  if (!shard.failed()) {
+    // With O_DIRECT the tail of the last chunk is written padded to a whole block; the
+    // file is cut to its exact size when the shard is published.
+    std::size_t len = shard.direct_io() ? AlignUp(task.len, kDataAlignment) : task.len;
+    if (len > task.len) std::memset(task.chunk.data + task.len, 0, len - task.len);
+    Status s = storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset, shard.tmp_path());
+    if (s.ok()) {
+      // The memory tier's copy, while the chunk is at hand.
+      if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
+      shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
+    } else {
+      shard.Fail(s);
+    }
+  }
+  pool_.Release(task.chunk);
+  if (shard.WriteDone()) Finish(task.shard);
 }
 
 void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "common/mutex.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/io/storage.h"
+#include "daemon/pipeline/worker_pool.h"
 
 namespace ckpt {
 
@@ -56,7 +56,8 @@ class FlushEngine {
     std::size_t len;
   };
 
-  void WriterLoop();
+  // One queued write (a writer thread).
+  void Write(Task& task);
   void Finish(const std::shared_ptr<ShardJob>& shard);
   Status Publish(ShardJob& shard);
 
@@ -64,11 +65,7 @@ class FlushEngine {
   HostPool& pool_;
   ShardCallback on_durable_, on_failed_;
   MemoryTier* memory_;
-  Mutex mu_;
-  CondVar queued_;
-  std::deque<Task> queue_ GUARDED_BY(mu_);
-  bool stopping_ GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  std::unique_ptr<WorkerPool<Task>> writers_;  // made last: its threads use the above
 };
 
 }  // namespace ckpt

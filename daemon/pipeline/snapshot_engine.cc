@@ -18,7 +18,10 @@ constexpr std::uint64_t kPieceBytes = 1 << 20;
 SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers,
                                DeviceBackend* backend, unsigned lanes)
     : pool_(pool), flush_(flush), backend_(backend), lanes_(lanes == 0 ? 1 : lanes) {
-  for (unsigned i = 0; i < copiers; ++i) threads_.emplace_back([this] { CopyLoop(); });
+  copiers_ = std::make_unique<WorkerPool<std::shared_ptr<ShardJob>>>(copiers, [this](std::shared_ptr<ShardJob>& shard) {
+    Copy(shard);
+    flush_.CopyFinished(shard);
+  });
 }
 
 SnapshotEngine::~SnapshotEngine() { Stop(); }
@@ -29,9 +32,7 @@ void SnapshotEngine::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
-  queued_.SignalAll();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
+  copiers_->Stop();
   // Device queues end when empty; no shard is queued after stopping_.
   std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues;
   {
@@ -68,11 +69,7 @@ void SnapshotEngine::Enqueue(std::shared_ptr<ShardJob> shard) {
     }
     return;
   }
-  {
-    MutexLock lock(mu_);
-    queue_.push_back(std::move(shard));
-  }
-  queued_.Signal();
+  copiers_->Push(std::move(shard));
 }
 
 void SnapshotEngine::DeviceLoop(DeviceQueue* q) {
@@ -86,21 +83,6 @@ void SnapshotEngine::DeviceLoop(DeviceQueue* q) {
       }
       shard = std::move(q->shards.front());
       q->shards.pop_front();
-    }
-    Copy(shard);
-    flush_.CopyFinished(shard);
-  }
-}
-
-void SnapshotEngine::CopyLoop() {
-  for (;;) {
-    std::shared_ptr<ShardJob> shard;
-    {
-      MutexLock lock(mu_);
-      while (!stopping_ && queue_.empty()) queued_.Wait(mu_);
-      if (queue_.empty()) return;
-      shard = std::move(queue_.front());
-      queue_.pop_front();
     }
     Copy(shard);
     flush_.CopyFinished(shard);

@@ -33,6 +33,7 @@
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/pipeline/shard_job.h"
+#include "daemon/pipeline/worker_pool.h"
 
 namespace ckpt {
 
@@ -66,7 +67,6 @@ class SnapshotEngine {
   };
   void ReapAbandoned(bool stopping);
 
-  void CopyLoop();
   void DeviceLoop(DeviceQueue* queue);
   void Copy(const std::shared_ptr<ShardJob>& shard);
 
@@ -75,14 +75,13 @@ class SnapshotEngine {
   DeviceBackend* backend_;
   unsigned lanes_;
   Mutex mu_;
-  CondVar queued_;
-  std::deque<std::shared_ptr<ShardJob>> queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
   // By ShardJob::copy_queue.
   std::map<std::string, std::unique_ptr<DeviceQueue>> device_queues_ GUARDED_BY(mu_);
   Mutex abandoned_mu_;
   std::vector<Abandoned> abandoned_ GUARDED_BY(abandoned_mu_);
+  // Host shards, copied by `copiers` threads; made last: its threads use the above.
+  std::unique_ptr<WorkerPool<std::shared_ptr<ShardJob>>> copiers_;
 };
 
 }  // namespace ckpt
