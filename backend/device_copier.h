@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
 #include "backend/region_importer.h"
+#include "common/status.h"
 
 namespace ckpt {
 
@@ -124,8 +124,8 @@ class DeviceBackend {
   // The client process exited: closes its allocations (at once, or when running copies end).
   virtual void ReleaseClient(pid_t pid) = 0;
   // Opens a session's events on the device with `device_uuid` (32 hex digits).
-  virtual Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string& device_uuid,
-                                                             const std::vector<std::string>& trainer_events) = 0;
+  virtual Result<std::unique_ptr<SessionEvents>> OpenSession(
+      const std::string& device_uuid, const std::vector<std::string>& trainer_events) = 0;
   // `count` lanes copying out of regions on device `device`.
   virtual Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) = 0;
   // Page-locks the host pool so device copies run at full speed; Unpin undoes it.

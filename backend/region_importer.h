@@ -5,8 +5,9 @@
 // GPU backend) opened by the daemon. ReadAt/WriteAt are synchronous copies: for shm they
 // are pread/pwrite on the object's descriptor, for CUDA cudaMemcpyAsync on a daemon stream
 // then a stream synchronise (restore uses them; snapshots go through the copy lanes of
-// backend/device_copier.h, which read CUDA regions asynchronously via DeviceAt). Both report a region that is now smaller than asked as an error,
-// never a crash. Thread-safe: several copy threads may read one region at once.
+// backend/device_copier.h, which read CUDA regions asynchronously via DeviceAt). Both report a region that is
+// now smaller than asked as an error, never a crash. Thread-safe: several copy threads may read one region at
+// once.
 #pragma once
 
 #include <sys/types.h>

@@ -4,10 +4,9 @@
 //
 // Usage: ckpt-rpc-latency --socket PATH [--items N] [--iters I]
 #include <ckpt/client.h>
-
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,10 +34,12 @@ int main(int argc, char** argv) {
     auto region = ckpt::SharedRegion::create(items * 64);
     std::vector<ckpt::TensorItem> list;
     for (std::size_t i = 0; i < items; ++i) {
-      list.push_back({"model.layers." + std::to_string(i) + ".weight", ckpt::DType::kF32, {16}, region, i * 64});
+      list.push_back(
+          {"model.layers." + std::to_string(i) + ".weight", ckpt::DType::kF32, {16}, region, i * 64});
     }
     ckpt::Client client = ckpt::Client::connect(socket);
-    client.register_items("rpc-latency-" + std::to_string(items) + "-" + std::to_string(::getpid()), 0, 1, list);
+    client.register_items("rpc-latency-" + std::to_string(items) + "-" + std::to_string(::getpid()), 0, 1,
+                          list);
     std::vector<double> snap, wait, status;
     for (std::size_t it = 1; it <= iters; ++it) {
       auto t0 = Clock::now();
@@ -54,9 +55,10 @@ int main(int argc, char** argv) {
       snap.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       wait.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
     }
-    std::printf("%zu items, %zu iterations: snapshot call p50 %.0f us p99 %.0f us; wait_snapshot p50 %.0f us; "
-                "status call p50 %.0f us\n",
-                items, iters, P(snap, 50), P(snap, 99), P(wait, 50), P(status, 50));
+    std::printf(
+        "%zu items, %zu iterations: snapshot call p50 %.0f us p99 %.0f us; wait_snapshot p50 %.0f us; "
+        "status call p50 %.0f us\n",
+        items, iters, P(snap, 50), P(snap, 99), P(wait, 50), P(status, 50));
   } catch (const ckpt::Error& e) {
     std::fprintf(stderr, "ckpt-rpc-latency: %s\n", e.what());
     return 2;

@@ -13,11 +13,11 @@
 #include <tuple>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
-#include "proto/level_codec.h"
 #include "client/cuda_tensors.h"
 #include "common/mutex.h"
 #include "common/socket_path.h"
 #include "format/dtype.h"
+#include "proto/level_codec.h"
 #include "shm/descriptor_table.h"
 #include "shm/shm_region.h"
 
@@ -31,7 +31,9 @@ namespace {
   throw Error(static_cast<int>(s.error_code()), msg);
 }
 
-[[noreturn]] void Throw(const Status& s) { throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), s.message()); }
+[[noreturn]] void Throw(const Status& s) {
+  throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), s.message());
+}
 
 [[noreturn]] void ThrowWithCode(const Status& s) { throw Error(GrpcCodeNumber(s.code()), s.message()); }
 
@@ -133,15 +135,17 @@ struct Client::Impl {
   std::tuple<std::string, std::shared_ptr<CudaTensors>, std::uint64_t> Current() {
     MutexLock lock(mu);
     if (session.empty()) {
-      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
+      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
+                  "not registered: call register_items first");
     }
     return {session, cuda, last_snapshot};
   }
 
   std::string Session() {
     MutexLock lock(mu);
-    if (session.empty()) throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
-                                     "not registered: call register_items first");
+    if (session.empty())
+      throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
+                  "not registered: call register_items first");
     return session;
   }
 };
@@ -176,7 +180,8 @@ Client Client::connect(const std::string& socket_path) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
-  impl->channel = grpc::CreateCustomChannel("unix:" + impl->socket_path, grpc::InsecureChannelCredentials(), args);
+  impl->channel =
+      grpc::CreateCustomChannel("unix:" + impl->socket_path, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::Checkpoint::NewStub(impl->channel);
   return Client(std::move(impl));
 }
@@ -196,11 +201,14 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
                   "item '" + it.name + "' has both a region and a cuda_ptr: set one of them");
     }
     if (!it.region && !it.cuda_ptr) {
-      throw Error(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT), "item '" + it.name + "' has no region");
+      throw Error(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                  "item '" + it.name + "' has no region");
     }
     std::uint64_t elems = 1;
     for (auto d : it.shape) {
-      if (d < 0) throw Error(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT), "item '" + it.name + "' has a negative dimension");
+      if (d < 0)
+        throw Error(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                    "item '" + it.name + "' has a negative dimension");
       elems *= static_cast<std::uint64_t>(d);
     }
     TableItem row;
@@ -250,7 +258,8 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   // may still be waiting on those events. When that side changes, a new session starts.
   if ((gpu || impl_->cuda) && !kept_events) new_session = true;
   if (!impl_->table || impl_->table->capacity() < rows.size()) {
-    auto table = DescriptorTable::Create("", static_cast<std::uint32_t>(std::max<std::size_t>(rows.size(), 16)));
+    auto table =
+        DescriptorTable::Create("", static_cast<std::uint32_t>(std::max<std::size_t>(rows.size(), 16)));
     if (!table.ok()) Throw(table.status());
     impl_->table = std::move(table).value();
   }
@@ -302,8 +311,9 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
 namespace {
 
 // One Wait RPC. The caller notes its return (Impl::WaitReturned) before throwing.
-grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, std::uint64_t version, v1::Level level,
-                      std::chrono::milliseconds timeout, bool stream_ordered, v1::WaitReply* rep) {
+grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, std::uint64_t version,
+                      v1::Level level, std::chrono::milliseconds timeout, bool stream_ordered,
+                      v1::WaitReply* rep) {
   grpc::ClientContext ctx;
   v1::WaitRequest req;
   req.set_session(session);
@@ -322,7 +332,8 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
     MutexLock lock(impl_->mu);
     for (;;) {
       if (impl_->session.empty()) {
-        throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION), "not registered: call register_items first");
+        throw Error(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
+                    "not registered: call register_items first");
       }
       // A region that was resized (or shrunk by someone else) since registration would make
       // the daemon copy memory that no longer holds the registered tensor.
@@ -339,7 +350,8 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       if (!impl_->cuda) break;
       // The same for GPU tensors: one freed, or reallocated elsewhere, is not what the
       // daemon imported.
-      if (Status s = impl_->cuda->Revalidate(); !s.ok()) ThrowWithCode(s.With("snapshot " + std::to_string(version)));
+      if (Status s = impl_->cuda->Revalidate(); !s.ok())
+        ThrowWithCode(s.With("snapshot " + std::to_string(version)));
       const std::optional<std::uint64_t> holder = impl_->trainer_slots.MustWaitFor();
       if (!holder) break;
       // The daemon may still wait on the next trainer event for version `holder` (the
@@ -349,8 +361,8 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       const std::string session = impl_->session;
       lock.Unlock();
       v1::WaitReply rep;
-      grpc::Status ws = CallWait(*impl_->stub, session, *holder, v1::LEVEL_CAPTURED, std::chrono::milliseconds(0),
-                                 false, &rep);
+      grpc::Status ws = CallWait(*impl_->stub, session, *holder, v1::LEVEL_CAPTURED,
+                                 std::chrono::milliseconds(0), false, &rep);
       lock.Lock();
       if (session != impl_->session) continue;  // re-registered meanwhile: check everything again
       if (!WaitReleasesSlot(ws.error_code())) {
@@ -400,8 +412,8 @@ std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, 
   auto [session, cuda, last_snapshot] = impl_->Current();
   if (!UseStreamOrderedWait(cuda != nullptr, last_snapshot, version)) return wait_snapshot(version);
   v1::WaitReply rep;
-  grpc::Status s = CallWait(*impl_->stub, session, version, v1::LEVEL_CAPTURED, std::chrono::milliseconds(0),
-                            true, &rep);
+  grpc::Status s =
+      CallWait(*impl_->stub, session, version, v1::LEVEL_CAPTURED, std::chrono::milliseconds(0), true, &rep);
   impl_->WaitReturned(session, version, s.error_code());
   if (!s.ok()) Throw(s, "wait_snapshot_on_stream " + std::to_string(version));
   // Without an event the copies had finished when the daemon answered.
@@ -437,7 +449,8 @@ RestoreResult Client::restore(std::optional<std::uint64_t> version) {
   req.set_session(session);
   req.set_version(version.value_or(0));
   grpc::Status s = impl_->stub->Restore(&ctx, req, &rep);
-  if (!s.ok()) Throw(s, version ? "restore version " + std::to_string(*version) : std::string("restore latest"));
+  if (!s.ok())
+    Throw(s, version ? "restore version " + std::to_string(*version) : std::string("restore latest"));
   RestoreResult out;
   out.version = rep.version();
   out.tensor_bytes = rep.tensor_bytes();

@@ -23,13 +23,12 @@ std::string QuoteName(std::string_view name) {
 std::string CheckJobId(std::string_view job) {
   if (job.empty()) return "job id is empty";
   if (job.size() > kMaxJobIdLength) {
-    return "job id " + QuoteName(job) + " is longer than " + std::to_string(kMaxJobIdLength) +
-           " characters";
+    return "job id " + QuoteName(job) + " is longer than " + std::to_string(kMaxJobIdLength) + " characters";
   }
   if (job[0] == '.') return "job id " + QuoteName(job) + " starts with '.'";
   for (char c : job) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
     if (!ok) {
       return "job id " + QuoteName(job) + " has a character outside [A-Za-z0-9._-]";
     }
@@ -40,8 +39,8 @@ std::string CheckJobId(std::string_view job) {
 std::string CheckItemName(std::string_view name) {
   if (name.empty()) return "item name is empty";
   if (name.size() > kMaxItemNameLength) {
-    return "item name " + QuoteName(name) + " is longer than " +
-           std::to_string(kMaxItemNameLength) + " characters";
+    return "item name " + QuoteName(name) + " is longer than " + std::to_string(kMaxItemNameLength) +
+           " characters";
   }
   for (char ch : name) {
     unsigned char c = static_cast<unsigned char>(ch);

@@ -12,17 +12,17 @@ namespace ckpt {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller sent something malformed
-  kNotFound,           // a named thing (session, version, file, region) does not exist
-  kAlreadyExists,      // a conflicting thing exists (second registration, committed version)
-  kFailedPrecondition, // the request is well formed but the state does not allow it
-  kDataLoss,           // stored bytes do not match their checksum or format
-  kResourceExhausted,  // no space left, too large
-  kPermissionDenied,   // the peer may not do this
-  kDeadlineExceeded,   // a wait ran out of time
-  kCancelled,          // the caller went away before the work was done
-  kIoError,            // the operating system failed an I/O call
-  kInternal,           // a bug
+  kInvalidArgument,     // the caller sent something malformed
+  kNotFound,            // a named thing (session, version, file, region) does not exist
+  kAlreadyExists,       // a conflicting thing exists (second registration, committed version)
+  kFailedPrecondition,  // the request is well formed but the state does not allow it
+  kDataLoss,            // stored bytes do not match their checksum or format
+  kResourceExhausted,   // no space left, too large
+  kPermissionDenied,    // the peer may not do this
+  kDeadlineExceeded,    // a wait ran out of time
+  kCancelled,           // the caller went away before the work was done
+  kIoError,             // the operating system failed an I/O call
+  kInternal,            // a bug
 };
 
 class Status {
@@ -49,13 +49,9 @@ class Status {
 inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) {
-  return {StatusCode::kFailedPrecondition, std::move(m)};
-}
+inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) {
-  return {StatusCode::kResourceExhausted, std::move(m)};
-}
+inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
@@ -74,7 +70,7 @@ int GrpcCodeNumber(StatusCode code);
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return status_.ok(); }

@@ -67,7 +67,8 @@ class CudaCopyLane final : public CopyLane {
     if (!free_.empty()) {
       event = free_.back();
       free_.pop_back();
-    } else if (Status s = CudaStatus(::cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    } else if (Status s =
+                   CudaStatus(::cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
                !s.ok()) {
       return s;
     }
@@ -98,7 +99,8 @@ class CudaCopyLane final : public CopyLane {
           return FailedPrecondition("device-to-host copies abandoned before they ran");
         }
         // A 16-64 MiB chunk takes about a millisecond on the copy engines.
-        std::this_thread::sleep_for(polls < 50 ? std::chrono::microseconds(20) : std::chrono::microseconds(200));
+        std::this_thread::sleep_for(polls < 50 ? std::chrono::microseconds(20)
+                                               : std::chrono::microseconds(200));
       }
       free_.push_back(p.event);
       pending_.pop_front();
@@ -151,7 +153,10 @@ class CudaVersionSync final : public VersionSync {
  public:
   CudaVersionSync(std::shared_ptr<EventState> state, std::uint64_t sequence, std::uint32_t trainer_slot,
                   std::uint32_t daemon_slot)
-      : state_(std::move(state)), sequence_(sequence), trainer_slot_(trainer_slot), daemon_slot_(daemon_slot) {}
+      : state_(std::move(state)),
+        sequence_(sequence),
+        trainer_slot_(trainer_slot),
+        daemon_slot_(daemon_slot) {}
   ~CudaVersionSync() override { Release(); }
 
   Status Gate(CopyLane& lane) override { return state_->trainer->WaitSlot(trainer_slot_, lane.native()); }
@@ -194,8 +199,9 @@ class CudaSessionEvents final : public SessionEvents {
 
   Result<std::shared_ptr<VersionSync>> Begin(std::uint64_t version, std::uint32_t trainer_slot) override {
     if (trainer_slot >= state_->trainer->size()) {
-      return InvalidArgument("trainer event slot " + std::to_string(trainer_slot) + " is outside its ring of " +
-                             std::to_string(state_->trainer->size()) + " events");
+      return InvalidArgument("trainer event slot " + std::to_string(trainer_slot) +
+                             " is outside its ring of " + std::to_string(state_->trainer->size()) +
+                             " events");
     }
     MutexLock lock(state_->mu);
     const std::uint64_t sequence = ++state_->sequence;
@@ -234,8 +240,8 @@ class CudaBackend final : public DeviceBackend {
 
   void ReleaseClient(pid_t pid) override { cache_->ReleaseClient(pid); }
 
-  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string& device_uuid,
-                                                     const std::vector<std::string>& trainer_events) override {
+  Result<std::unique_ptr<SessionEvents>> OpenSession(
+      const std::string& device_uuid, const std::vector<std::string>& trainer_events) override {
     auto uuid = DeviceUuid::Parse(device_uuid);
     if (!uuid.ok()) return uuid.status();
     auto device = DeviceOrdinalForUuid(uuid.value());
@@ -254,7 +260,8 @@ class CudaBackend final : public DeviceBackend {
   }
 
   Status Pin(void* base, std::size_t bytes) override {
-    return CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable), "cudaHostRegister (host pool)");
+    return CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable),
+                      "cudaHostRegister (host pool)");
   }
 
   void Unpin(void* base) override { (void)::cudaHostUnregister(base); }
@@ -305,7 +312,8 @@ Result<std::shared_ptr<DeviceBackend>> MakeCudaBackend() {
                      std::to_string(driver->device_count) + " device(s)";
   for (int i = 0; i < driver->device_count; ++i) {
     cudaDeviceProp prop{};
-    if (Status s = CudaStatus(::cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties"); !s.ok()) return s;
+    if (Status s = CudaStatus(::cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties"); !s.ok())
+      return s;
     DeviceUuid uuid;
     std::memcpy(uuid.bytes.data(), prop.uuid.bytes, uuid.bytes.size());
     text += std::string(i == 0 ? " " : ", ") + prop.name + " (" + uuid.Pretty() + ")";

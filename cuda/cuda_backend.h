@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_copier.h"
 #include "common/status.h"
 #include "cuda/event_ring.h"
-#include "backend/device_copier.h"
 
 namespace ckpt::cuda {
 

@@ -92,8 +92,8 @@ Result<IpcMapping> CudaIpcOpener::Open(const IpcHandle& handle, int device) {
   cudaIpcMemHandle_t h;
   std::memcpy(h.reserved, handle.bytes.data(), IpcHandle::kBytes);
   void* ptr = nullptr;
-  if (Status s = CudaStatus(::cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
-                            "cudaIpcOpenMemHandle");
+  if (Status s =
+          CudaStatus(::cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
       !s.ok()) {
     return s;
   }

@@ -22,6 +22,7 @@
 // may read one region at once (each borrows its own stream).
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <sys/types.h>
 
 #include <array>
@@ -32,13 +33,11 @@
 #include <string_view>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
+#include "backend/region_importer.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "cuda/ipc_handle_cache.h"
 #include "cuda/region_name.h"
-#include "backend/region_importer.h"
 
 namespace ckpt::cuda {
 

@@ -21,8 +21,8 @@ Status LoadSymbol(const DriverProbe& probe, const char* symbol, void** fn) {
     return CudaStatus(err, std::string("cudaGetDriverEntryPointByVersion(") + symbol + ")");
   }
   if (query == cudaDriverEntryPointVersionNotSufficent) {
-    return FailedPrecondition("the CUDA driver is older than version " +
-                              std::to_string(kDriverAbiVersion) + " and lacks " + symbol);
+    return FailedPrecondition("the CUDA driver is older than version " + std::to_string(kDriverAbiVersion) +
+                              " and lacks " + symbol);
   }
   if (query != cudaDriverEntryPointSuccess || *fn == nullptr) {
     return FailedPrecondition(std::string("the CUDA driver does not provide ") + symbol);
@@ -38,7 +38,8 @@ Status DriverApi::Check(CUresult r, const char* what) const {
   if (cuGetErrorString == nullptr || cuGetErrorString(r, &text) != CUDA_SUCCESS || text == nullptr) {
     text = "unknown error";
   }
-  std::string msg = std::string(what) + ": CUresult " + std::to_string(static_cast<int>(r)) + " (" + text + ")";
+  std::string msg =
+      std::string(what) + ": CUresult " + std::to_string(static_cast<int>(r)) + " (" + text + ")";
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_FOUND) return InvalidArgument(msg);
   return Internal(msg);
 }

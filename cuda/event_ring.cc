@@ -190,9 +190,7 @@ class CudaIpcEvent : public IpcEvent {
     return CudaStatus(::cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0),
                       "cudaStreamWaitEvent");
   }
-  Status Synchronize() override {
-    return CudaStatus(::cudaEventSynchronize(event_), "cudaEventSynchronize");
-  }
+  Status Synchronize() override { return CudaStatus(::cudaEventSynchronize(event_), "cudaEventSynchronize"); }
   const IpcHandle& handle() const override { return handle_; }
 
  private:

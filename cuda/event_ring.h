@@ -76,7 +76,7 @@ class EventSlotRing {
 
   const std::uint32_t slot_count_;
   mutable Mutex mu_;
-  std::vector<Slot> slots_ GUARDED_BY(mu_);  // slot_count_ long
+  std::vector<Slot> slots_ GUARDED_BY(mu_);     // slot_count_ long
   std::uint64_t assigned_ GUARDED_BY(mu_) = 0;  // versions assigned so far
   std::optional<std::uint64_t> last_version_ GUARDED_BY(mu_);
 };

@@ -94,7 +94,7 @@ IpcHandleCache::~IpcHandleCache() {
 }
 
 Result<IpcHandleCache::Registration> IpcHandleCache::Register(pid_t pid, const IpcHandle& handle,
-                                                               int device) {
+                                                              int device) {
   Key key{pid, handle};
   MutexLock lock(state_->mu);
   auto it = state_->entries.find(key);

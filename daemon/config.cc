@@ -32,23 +32,30 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   app.add_option("--root,--persistent", c.root,
                  "Persistent tier: the checkpoint root, shared by all nodes (COMMITTED and latest live here)")
       ->capture_default_str();
-  app.add_option("--local", c.local_dir,
-                 "Local tier (node-local NVMe or /dev/shm): shards land here first, then are promoted to --root");
-  app.add_option("--node-id", c.node_id,
-                 "This daemon's name in temporary files on the shared directory (default: host name + socket hash)");
+  app.add_option(
+      "--local", c.local_dir,
+      "Local tier (node-local NVMe or /dev/shm): shards land here first, then are promoted to --root");
+  app.add_option(
+      "--node-id", c.node_id,
+      "This daemon's name in temporary files on the shared directory (default: host name + socket hash)");
   app.add_option("--local-keep", c.local_keep, "Committed versions the local tier keeps per job")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--memory-versions", c.memory_versions,
                  "Newest versions per rank kept in daemon memory (restore without reading a file; 0: none)")
-      ->check(CLI::Range(0, 64))->capture_default_str();
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   app.add_option("--memory-mib", c.memory_mib, "Memory tier budget in MiB (0: no memory tier)")
       ->capture_default_str();
   app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
-      ->check(CLI::Range(16, 1 << 22))->capture_default_str();
+      ->check(CLI::Range(16, 1 << 22))
+      ->capture_default_str();
   app.add_option("--chunk-mib", c.chunk_mib, "Pool chunk size in MiB")
-      ->check(CLI::Range(1, 1024))->capture_default_str();
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--writers", c.writers, "Writer threads (writes in flight)")
-      ->check(CLI::Range(1, 64))->capture_default_str();
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--copiers", c.copiers, "Copy threads")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--copy-streams", c.copy_streams, "CUDA streams copying one shard (chunk i on stream i % N)")
       ->check(CLI::Range(1, 16))
@@ -56,7 +63,8 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   std::map<std::string, DirectIoMode> modes{
       {"auto", DirectIoMode::kAuto}, {"on", DirectIoMode::kOn}, {"off", DirectIoMode::kOff}};
   app.add_option("--direct-io", c.direct_io, "O_DIRECT writes: auto, on or off")
-      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))->default_str("auto");
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
+      ->default_str("auto");
   app.add_option("--keep-last", c.keep_last, "Committed versions the persistent tier keeps per job (0: all)")
       ->capture_default_str();
   app.add_option("--keep-every", c.keep_every,
@@ -66,7 +74,8 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   app.add_option("--max-blob-mib", c.max_blob_mib, "Largest blob total per snapshot in MiB")
       ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn or error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))->capture_default_str();
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
   try {
     app.parse(argc, argv);
@@ -76,8 +85,8 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   }
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
   if (c.chunk_mib * 4 > c.pool_mib) {
-    std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of "
-              << c.chunk_mib << " MiB\n";
+    std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of " << c.chunk_mib
+              << " MiB\n";
     *exit_code = 2;
     return std::nullopt;
   }

@@ -9,7 +9,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, std::shared
                                                std::shared_ptr<DeviceBackend> backend,
                                                std::string no_backend_reason) {
   std::unique_ptr<Daemon> d(new Daemon(config));
-  if (Status st = d->Build(std::move(storage), std::move(importer), std::move(backend), std::move(no_backend_reason));
+  if (Status st =
+          d->Build(std::move(storage), std::move(importer), std::move(backend), std::move(no_backend_reason));
       !st.ok()) {
     return st;  // the destructor stops whatever was started
   }
@@ -32,7 +33,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   }
   persistent_direct_io_ = config_.direct_io != DirectIoMode::kOff && direct_ok;
   if (!config_.local_dir.empty()) {
-    auto local = LocalTier::Open(storage_, config_.local_dir, config_.direct_io, config_.local_keep, *catalog_);
+    auto local =
+        LocalTier::Open(storage_, config_.local_dir, config_.direct_io, config_.local_keep, *catalog_);
     if (!local.ok()) return local.status().With("local tier " + config_.local_dir);
     local_ = std::move(local).value();
   }
@@ -44,8 +46,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   pool_ = std::move(pool).value();
   PinPool();
   copier_ = std::make_unique<ShardCopier>(storage_, *pool_, config_.writers);
-  tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_, *copier_,
-                                     pool_->chunk_bytes());
+  tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_,
+                                     *copier_, pool_->chunk_bytes());
   commits_ = std::make_unique<CommitTracker>(
       *catalog_, shards_,
       CommitTracker::Hooks{[this](const std::string& job, std::uint64_t v) { OnCommitted(job, v); },
@@ -69,12 +71,13 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
 
   // The sessions: import, admission, restore.
   loader_ = std::make_unique<TableLoader>(*importer_, backend_.get(), no_backend_reason_);
-  sessions_ = std::make_unique<SessionTable>(shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); });
+  sessions_ =
+      std::make_unique<SessionTable>(shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); });
   registrar_ = std::make_unique<Registrar>(storage_, *catalog_, *loader_, *sessions_, shards_);
-  admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_, shards_,
-                                                   *snapshot_, config_.max_blob_mib << 20);
-  restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_, restore_counters_,
-                                         errors_);
+  admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_,
+                                                   shards_, *snapshot_, config_.max_blob_mib << 20);
+  restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_,
+                                         restore_counters_, errors_);
 
   ResumeLocalTier();
   commits_->Start();
@@ -106,15 +109,17 @@ void Daemon::PinPool() {
 }
 
 void Daemon::LogTiers() const {
-  const std::string memory = memory_->enabled() ? std::to_string(config_.memory_versions) + " version(s) in " +
-                                                      std::to_string(config_.memory_mib) + " MiB"
-                                                : std::string("off");
+  const std::string memory = memory_->enabled()
+                                 ? std::to_string(config_.memory_versions) + " version(s) in " +
+                                       std::to_string(config_.memory_mib) + " MiB"
+                                 : std::string("off");
   const std::string local = !local_ ? std::string("none")
                                     : local_->root() + (local_->direct_io() ? " (O_DIRECT)" : " (buffered)") +
                                           ", keep last " + std::to_string(config_.local_keep);
-  spdlog::info("tiers: memory {}, local {}, persistent {} (keep last {}{})", memory, local, config_.root,
-               config_.keep_last == 0 ? std::string("all") : std::to_string(config_.keep_last),
-               config_.keep_every ? ", and every " + std::to_string(config_.keep_every) + "th" : std::string());
+  spdlog::info(
+      "tiers: memory {}, local {}, persistent {} (keep last {}{})", memory, local, config_.root,
+      config_.keep_last == 0 ? std::string("all") : std::to_string(config_.keep_last),
+      config_.keep_every ? ", and every " + std::to_string(config_.keep_every) + "th" : std::string());
 }
 
 void Daemon::ResumeLocalTier() {
@@ -131,7 +136,8 @@ void Daemon::ResumeLocalTier() {
     ++resumed;
   }
   if (resumed + awaited > 0) {
-    spdlog::info("local tier: {} promotion(s) resumed, {} commit(s) awaited after the restart", resumed, awaited);
+    spdlog::info("local tier: {} promotion(s) resumed, {} commit(s) awaited after the restart", resumed,
+                 awaited);
   }
 }
 
@@ -178,8 +184,8 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
   memory_->Drop(shard->image);
   shard->image.reset();
-  errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) + ": " +
-                 shard->error().message());
+  errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " +
+                 std::to_string(m.version) + ": " + shard->error().message());
   sessions_->NoteFailure(m.job, m.rank, m.version);
 }
 

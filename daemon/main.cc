@@ -3,8 +3,9 @@
 // Sets up the socket (its directory 0700, the socket itself --socket-mode), accepts
 // connections itself to record each peer's SO_PEERCRED, and hands them to a gRPC server
 // that runs CheckpointService (daemon/rpc/) over the Daemon's parts (daemon/daemon.h). Picks
-// the implementations: POSIX storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it gracefully: no new calls, in-flight
-// shards finish. Readiness is announced on --ready-fd and to systemd (NOTIFY_SOCKET).
+// the implementations: POSIX storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it
+// gracefully: no new calls, in-flight shards finish. Readiness is announced on --ready-fd and to systemd
+// (NOTIFY_SOCKET).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
@@ -68,7 +69,8 @@ bool PrepareSocketDir(const std::string& socket_path) {
 UniqueFd Listen(const Config& config) {
   sockaddr_un addr{};
   if (config.socket_path.size() >= sizeof addr.sun_path) {
-    spdlog::critical("socket path {} is too long (max {} bytes)", config.socket_path, sizeof addr.sun_path - 1);
+    spdlog::critical("socket path {} is too long (max {} bytes)", config.socket_path,
+                     sizeof addr.sun_path - 1);
     return {};
   }
   if (!PrepareSocketDir(config.socket_path)) return {};
@@ -146,8 +148,10 @@ int Run(const Config& config) {
 
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
-  builder.SetMaxSendMessageSize(static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
+  builder.SetMaxSendMessageSize(
+      static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     spdlog::critical("cannot start the gRPC server");

@@ -25,7 +25,6 @@
 // the base of its allocation and items at offsets inside one are exercised.
 //
 // Exit codes: 0 success, 2 error (CUDA or daemon), 3 restored state wrong, 4 no CUDA device.
-#include "trainer_stats.h"  // beside this file
 #include <ckpt/client.h>
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -47,16 +46,18 @@
 #include <utility>
 #include <vector>
 
+#include "trainer_stats.h"  // beside this file
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kSegmentBytes = std::size_t{4} << 20;
-constexpr std::size_t kOffsetAlign = 256;                       // keeps the D2D copies aligned
+constexpr std::size_t kOffsetAlign = 256;  // keeps the D2D copies aligned
 constexpr std::size_t kOffsetCount = (std::size_t{64} << 20) / kOffsetAlign;
 constexpr std::size_t kPatternBytes = kOffsetCount * kOffsetAlign + kSegmentBytes;
-constexpr std::uint64_t kVersionStride = 4099;                  // odd: v -> offset is a bijection
-constexpr std::size_t kStagingBytes = 64 * kSegmentBytes;       // host verification window
+constexpr std::uint64_t kVersionStride = 4099;             // odd: v -> offset is a bijection
+constexpr std::size_t kStagingBytes = 64 * kSegmentBytes;  // host verification window
 
 void Check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
@@ -120,9 +121,11 @@ class GpuState {
       : seed_(seed), rank_(rank), tensor_bytes_(tensor_bytes) {
     const std::size_t own = (tensors + 1) / 2;
     for (std::size_t t = 0; t < own; ++t) allocations_.push_back({DeviceAlloc(tensor_bytes), tensor_bytes});
-    if (tensors > own) allocations_.push_back({DeviceAlloc(tensor_bytes * (tensors - own)), tensor_bytes * (tensors - own)});
+    if (tensors > own)
+      allocations_.push_back({DeviceAlloc(tensor_bytes * (tensors - own)), tensor_bytes * (tensors - own)});
     for (std::size_t t = 0; t < tensors; ++t) {
-      ptrs_.push_back(t < own ? allocations_[t].first.get() : allocations_.back().first.get() + (t - own) * tensor_bytes);
+      ptrs_.push_back(t < own ? allocations_[t].first.get()
+                              : allocations_.back().first.get() + (t - own) * tensor_bytes);
     }
     host_pattern_ = PinnedAlloc(kPatternBytes);
     auto* words = reinterpret_cast<std::uint64_t*>(host_pattern_.get());
@@ -188,7 +191,8 @@ class GpuState {
   // Offset in the pattern of segment `segment` of tensor `t` at `version`. For one segment,
   // versions fewer than kOffsetCount apart never share an offset.
   std::size_t Offset(std::size_t t, std::size_t segment, std::uint64_t version) const {
-    const std::uint64_t base = Mix(seed_ ^ Mix((std::uint64_t{rank_} << 48) ^ (std::uint64_t{t} << 24) ^ segment));
+    const std::uint64_t base =
+        Mix(seed_ ^ Mix((std::uint64_t{rank_} << 48) ^ (std::uint64_t{t} << 24) ^ segment));
     return static_cast<std::size_t>((base + version * kVersionStride) % kOffsetCount) * kOffsetAlign;
   }
 
@@ -215,8 +219,10 @@ PinnedBandwidth MeasurePinnedCopies(std::size_t bytes, int reps) {
   Check(cudaMemset(dev.get(), 1, bytes), "cudaMemset");
   std::memset(host.get(), 2, bytes);
   auto median_gbps = [&](cudaMemcpyKind kind) {
-    void* dst = kind == cudaMemcpyDeviceToHost ? static_cast<void*>(host.get()) : static_cast<void*>(dev.get());
-    const void* src = kind == cudaMemcpyDeviceToHost ? static_cast<void*>(dev.get()) : static_cast<void*>(host.get());
+    void* dst =
+        kind == cudaMemcpyDeviceToHost ? static_cast<void*>(host.get()) : static_cast<void*>(dev.get());
+    const void* src =
+        kind == cudaMemcpyDeviceToHost ? static_cast<void*>(dev.get()) : static_cast<void*>(host.get());
     Check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy (measure)");
     std::vector<double> gbps;
     for (int r = 0; r < reps; ++r) {
@@ -284,7 +290,8 @@ int main(int argc, char** argv) {
   std::uint64_t tensors = 16, iters = 20, every = 1, compute_ms = 200, crash_at = 0, seed = 1;
   int device = 0;
   bool resume = false, quiet = false, measure_d2h = false;
-  CLI::App app{"ckpt-gpu-trainer: a simulated trainer with its state in GPU memory, checkpointing through ckptd"};
+  CLI::App app{
+      "ckpt-gpu-trainer: a simulated trainer with its state in GPU memory, checkpointing through ckptd"};
   app.add_option("--socket", socket, "ckptd socket (default: the daemon's default)");
   app.add_option("--job", job, "Job id")->capture_default_str();
   app.add_option("--rank", rank, "Rank")->capture_default_str();
@@ -293,18 +300,24 @@ int main(int argc, char** argv) {
   app.add_option("--state-gib", state_gib, "State size in GiB (fractions allowed)")
       ->capture_default_str()
       ->check(CLI::Range(1.0 / 1024, 1024.0));
-  app.add_option("--tensors", tensors, "Number of tensors")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--tensors", tensors, "Number of tensors")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   app.add_option("--iters", iters, "Last iteration to run (0 with --measure-d2h: measure only, no daemon)")
       ->capture_default_str();
-  app.add_option("--every", every, "Checkpoint every K iterations")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+  app.add_option("--every", every, "Checkpoint every K iterations")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--compute-ms", compute_ms, "Compute phase per iteration: the stream is busy this long")
       ->capture_default_str();
-  app.add_option("--mode", mode, "Wait for the previous snapshot on the host (wait_snapshot) or on the stream "
-                                 "(wait_snapshot_on_stream)")
+  app.add_option("--mode", mode,
+                 "Wait for the previous snapshot on the host (wait_snapshot) or on the stream "
+                 "(wait_snapshot_on_stream)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "stream"}));
   app.add_option("--seed", seed, "Seed of the state's content")->capture_default_str();
-  app.add_flag("--resume", resume, "Restore the newest committed version into fresh buffers first and verify every byte");
+  app.add_flag("--resume", resume,
+               "Restore the newest committed version into fresh buffers first and verify every byte");
   app.add_option("--crash-at", crash_at, "SIGKILL ourselves right after the snapshot of this iteration");
   app.add_flag("--measure-d2h", measure_d2h,
                "First measure plain cudaMemcpy bandwidth of 1 GiB between the device and pinned host memory");
@@ -319,7 +332,8 @@ int main(int argc, char** argv) {
     return 4;
   }
   const bool stream_mode = mode == "stream";
-  const std::size_t state_bytes = static_cast<std::size_t>(std::llround(state_gib * static_cast<double>(1ull << 30)));
+  const std::size_t state_bytes =
+      static_cast<std::size_t>(std::llround(state_gib * static_cast<double>(1ull << 30)));
   const std::size_t tensor_bytes =
       std::max<std::size_t>(kOffsetAlign, state_bytes / tensors / kOffsetAlign * kOffsetAlign);
   JsonObject json;
@@ -333,8 +347,10 @@ int main(int argc, char** argv) {
     std::optional<PinnedBandwidth> plain;
     if (measure_d2h) {
       plain = MeasurePinnedCopies(std::size_t{1} << 30, 5);
-      std::printf("plain cudaMemcpy of 1 GiB with pinned host memory on %s: D2H %.1f GB/s, H2D %.1f GB/s (median of 5)\n",
-                  prop.name, plain->d2h_gbps, plain->h2d_gbps);
+      std::printf(
+          "plain cudaMemcpy of 1 GiB with pinned host memory on %s: D2H %.1f GB/s, H2D %.1f GB/s (median of "
+          "5)\n",
+          prop.name, plain->d2h_gbps, plain->h2d_gbps);
     }
     json.Number("d2h_pinned_GBps", plain ? std::optional(plain->d2h_gbps) : std::nullopt);
     json.Number("h2d_pinned_GBps", plain ? std::optional(plain->h2d_gbps) : std::nullopt);
@@ -352,8 +368,12 @@ int main(int argc, char** argv) {
     Event wait_begin = MakeEvent(), wait_end = MakeEvent();
     std::vector<ckpt::TensorItem> items;
     for (std::size_t t = 0; t < state.tensors(); ++t) {
-      items.push_back({"layer" + std::to_string(t) + ".weight", ckpt::DType::kBF16,
-                       {static_cast<std::int64_t>(tensor_bytes / 2)}, nullptr, 0, state.tensor(t)});
+      items.push_back({"layer" + std::to_string(t) + ".weight",
+                       ckpt::DType::kBF16,
+                       {static_cast<std::int64_t>(tensor_bytes / 2)},
+                       nullptr,
+                       0,
+                       state.tensor(t)});
     }
     const std::uint64_t total_bytes = std::uint64_t{tensor_bytes} * state.tensors();
 
@@ -363,9 +383,9 @@ int main(int argc, char** argv) {
     if (resume) state.Poison();
     ckpt::Client client = ckpt::Client::connect(socket);
     auto reg = client.register_items(job, rank, world, items);
-    std::printf("gpu trainer rank %u/%u (%s mode) on %s: %zu tensors, %.1f MiB of GPU memory; daemon at %s\n", rank,
-                world, mode.c_str(), prop.name, state.tensors(), static_cast<double>(reg.tensor_bytes) / (1 << 20),
-                client.socket_path().c_str());
+    std::printf("gpu trainer rank %u/%u (%s mode) on %s: %zu tensors, %.1f MiB of GPU memory; daemon at %s\n",
+                rank, world, mode.c_str(), prop.name, state.tensors(),
+                static_cast<double>(reg.tensor_bytes) / (1 << 20), client.socket_path().c_str());
 
     if (resume) {
       auto t0 = Clock::now();
@@ -376,19 +396,22 @@ int main(int argc, char** argv) {
         if (b.name == "step") step = b.data;
       }
       if (step != std::to_string(r.version)) {
-        std::fprintf(stderr, "RESUME FAILED: blob 'step' is '%s', expected '%" PRIu64 "'\n", step.c_str(), r.version);
+        std::fprintf(stderr, "RESUME FAILED: blob 'step' is '%s', expected '%" PRIu64 "'\n", step.c_str(),
+                     r.version);
         return 3;
       }
       if (auto bad = state.Verify(r.version)) {
-        std::fprintf(stderr,
-                     "RESUME FAILED: tensor %zu (layer%zu.weight) differs at byte offset %zu from version %" PRIu64
-                     "'s content: expected 0x%02x, found 0x%02x\n",
-                     bad->tensor, bad->tensor, bad->offset, r.version, bad->expected, bad->found);
+        std::fprintf(
+            stderr,
+            "RESUME FAILED: tensor %zu (layer%zu.weight) differs at byte offset %zu from version %" PRIu64
+            "'s content: expected 0x%02x, found 0x%02x\n",
+            bad->tensor, bad->tensor, bad->offset, r.version, bad->expected, bad->found);
         return 3;
       }
       restored_version = r.version;
       verified_bytes = total_bytes;
-      std::printf("restored version %" PRIu64 " from %s (%.1f MiB) into fresh GPU buffers in %.1f ms = %.2f GB/s; "
+      std::printf("restored version %" PRIu64
+                  " from %s (%.1f MiB) into fresh GPU buffers in %.1f ms = %.2f GB/s; "
                   "every byte verified\n",
                   r.version, r.tier.c_str(), static_cast<double>(r.tensor_bytes) / (1 << 20), *restore_ms,
                   static_cast<double>(r.tensor_bytes) / 1e9 / (*restore_ms / 1000.0));
@@ -397,7 +420,8 @@ int main(int argc, char** argv) {
       // Version 0, checked once, so a failed resume can only be the checkpoint's fault.
       state.Update(stream.get(), 0);
       if (auto bad = state.Verify(0)) {
-        std::fprintf(stderr, "SELF-CHECK FAILED: tensor %zu differs at byte offset %zu after the initial fill\n",
+        std::fprintf(stderr,
+                     "SELF-CHECK FAILED: tensor %zu differs at byte offset %zu after the initial fill\n",
                      bad->tensor, bad->offset);
         return 2;
       }
@@ -419,7 +443,8 @@ int main(int argc, char** argv) {
       auto iter_start = Clock::now();
       // Forward and backward: the state is only read. The host then waits for the stream,
       // as it would for the loss.
-      if (compute_ms != 0) Check(cudaLaunchHostFunc(stream.get(), SleepOnStream, &compute_ms), "cudaLaunchHostFunc");
+      if (compute_ms != 0)
+        Check(cudaLaunchHostFunc(stream.get(), SleepOnStream, &compute_ms), "cudaLaunchHostFunc");
       Check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
       collect_gpu_wait(it - 1);
       // Update phase: the previous snapshot must be out of GPU memory first.
@@ -465,15 +490,19 @@ int main(int argc, char** argv) {
       client.wait_durable(last_snapshot);
       durable_ms = Ms(Clock::now() - t0);
     }
-    std::printf("summary: %zu iterations in %.2f s; %zu checkpoints of %.1f MiB; host stall p50 %.3f ms p99 %.3f ms "
-                "max %.3f ms",
-                iter_ms.size(), run_s, snapshot_calls.size(), static_cast<double>(total_bytes) / (1 << 20),
-                Percentile(stalls, 50), Percentile(stalls, 99),
-                stalls.empty() ? 0.0 : *std::max_element(stalls.begin(), stalls.end()));
-    if (stream_mode) std::printf("; stream stall p50 %.3f ms p99 %.3f ms", Percentile(gpu_waits, 50), Percentile(gpu_waits, 99));
+    std::printf(
+        "summary: %zu iterations in %.2f s; %zu checkpoints of %.1f MiB; host stall p50 %.3f ms p99 %.3f ms "
+        "max %.3f ms",
+        iter_ms.size(), run_s, snapshot_calls.size(), static_cast<double>(total_bytes) / (1 << 20),
+        Percentile(stalls, 50), Percentile(stalls, 99),
+        stalls.empty() ? 0.0 : *std::max_element(stalls.begin(), stalls.end()));
+    if (stream_mode)
+      std::printf("; stream stall p50 %.3f ms p99 %.3f ms", Percentile(gpu_waits, 50),
+                  Percentile(gpu_waits, 99));
     std::printf("; snapshot call p50 %.1f us; iteration p50 %.2f ms; last version %" PRIu64
                 " committed %.1f ms after the loop\n",
-                Percentile(snapshot_calls, 50), Percentile(iter_ms, 50), last_snapshot, durable_ms.value_or(0));
+                Percentile(snapshot_calls, 50), Percentile(iter_ms, 50), last_snapshot,
+                durable_ms.value_or(0));
 
     json.Integer("iters", iter_ms.size());
     json.Integer("checkpoints", snapshot_calls.size());
@@ -490,8 +519,9 @@ int main(int argc, char** argv) {
     json.Bool("resumed", resume);
     json.Integer("restored_version", restored_version);
     json.Number("restore_ms", restore_ms);
-    json.Number("restore_GBps", restore_ms ? std::optional(static_cast<double>(total_bytes) / 1e9 / (*restore_ms / 1000.0))
-                                           : std::nullopt);
+    json.Number("restore_GBps",
+                restore_ms ? std::optional(static_cast<double>(total_bytes) / 1e9 / (*restore_ms / 1000.0))
+                           : std::nullopt);
     json.Integer("verified_bytes", verified_bytes);
     if (!summary_path.empty() && !json.WriteTo(summary_path)) {
       std::fprintf(stderr, "ckpt-gpu-trainer: cannot write %s\n", summary_path.c_str());

@@ -21,7 +21,6 @@
 // snapshot call plus the wait before the next update, for sync the write and fsync, for
 // staged the wait for the previous write plus the copy. sync and staged write raw files
 // (the tensors back to back, no header, no checksums) to --dir, keeping the last two.
-#include "trainer_stats.h"  // beside this file
 #include <ckpt/client.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -42,6 +41,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "trainer_stats.h"  // beside this file
 
 namespace {
 
@@ -76,10 +77,14 @@ enum class Strategy { kNone, kSync, kStaged, kLazy };
 
 const char* StrategyName(Strategy s) {
   switch (s) {
-    case Strategy::kNone: return "none";
-    case Strategy::kSync: return "sync";
-    case Strategy::kStaged: return "staged";
-    case Strategy::kLazy: return "lazy";
+    case Strategy::kNone:
+      return "none";
+    case Strategy::kSync:
+      return "sync";
+    case Strategy::kStaged:
+      return "staged";
+    case Strategy::kLazy:
+      return "lazy";
   }
   return "?";
 }
@@ -107,8 +112,10 @@ FileWrite WriteShardFile(const std::string& path, const char* data, std::size_t 
     const std::size_t end = std::min(bytes, (done / piece + 1) * piece);
     ssize_t n = ::write(fd, data + done, end - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) r.error = "write " + tmp + ": " + std::strerror(n < 0 ? errno : ENOSPC);
-    else done += static_cast<std::size_t>(n);
+    if (n <= 0)
+      r.error = "write " + tmp + ": " + std::strerror(n < 0 ? errno : ENOSPC);
+    else
+      done += static_cast<std::size_t>(n);
   }
   if (r.error.empty() && ::fsync(fd) != 0) r.error = "fsync " + tmp + ": " + std::strerror(errno);
   ::close(fd);
@@ -235,25 +242,29 @@ int main(int argc, char** argv) {
       auto t0 = Clock::now();
       auto r = client->restore();
       restore_ms = Ms(Clock::now() - t0);
-      restore_end_unix_ms = std::chrono::duration<double, std::milli>(
-                                std::chrono::system_clock::now().time_since_epoch()).count();
+      restore_end_unix_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       restore_tier = r.tier;
       std::string step;
-      for (const auto& b : r.blobs) if (b.name == "step") step = b.data;
+      for (const auto& b : r.blobs)
+        if (b.name == "step") step = b.data;
       if (step != std::to_string(r.version)) {
-        std::fprintf(stderr, "RESUME FAILED: blob 'step' is '%s', expected '%" PRIu64 "'\n", step.c_str(), r.version);
+        std::fprintf(stderr, "RESUME FAILED: blob 'step' is '%s', expected '%" PRIu64 "'\n", step.c_str(),
+                     r.version);
         return 3;
       }
       for (std::size_t t = 0; t < tensors; ++t) {
         std::size_t bad = FirstMismatch(state + t * words, words, rank, t, r.version);
         if (bad != words) {
-          std::fprintf(stderr, "RESUME FAILED: tensor %zu differs at byte %zu from iteration %" PRIu64 "'s content\n",
+          std::fprintf(stderr,
+                       "RESUME FAILED: tensor %zu differs at byte %zu from iteration %" PRIu64 "'s content\n",
                        t, bad * 8, r.version);
           return 3;
         }
       }
-      std::printf("restored version %" PRIu64 " from %s (%.1f MiB) in %.1f ms; every byte verified\n", r.version,
-                  r.tier.c_str(), static_cast<double>(r.tensor_bytes) / (1 << 20), restore_ms);
+      std::printf("restored version %" PRIu64 " from %s (%.1f MiB) in %.1f ms; every byte verified\n",
+                  r.version, r.tier.c_str(), static_cast<double>(r.tensor_bytes) / (1 << 20), restore_ms);
       start = r.version;
     } else {
       for (std::size_t t = 0; t < tensors; ++t) Fill(state + t * words, words, rank, t, 0);
@@ -376,7 +387,8 @@ int main(int argc, char** argv) {
             "\"stall_ms_p50\": %s, \"stall_ms_p99\": %s, \"snapshot_call_us_p50\": %s, \"iter_ms_p50\": "
             "%.6f, "
             "\"iter_ms_mean\": %.6f, \"flush_ms_p50\": %s, \"flush_MBps_p50\": %s, \"restore_ms\": %s, "
-            "\"run_s\": %.6f, \"last_version\": %" PRIu64 ", \"final_durable_ms\": %.3f, "
+            "\"run_s\": %.6f, \"last_version\": %" PRIu64
+            ", \"final_durable_ms\": %.3f, "
             "\"restore_tier\": \"%s\", \"restore_end_unix_ms\": %.3f}\n",
             StrategyName(strategy), spin ? "spin" : "wait", compute_ms, rank, world, iter_ms.size(),
             checkpoints, state_bytes, JsonNumber(has_stalls, Percentile(stalls, 50)).c_str(),

@@ -10,9 +10,7 @@ Checksum::Checksum() : state_(XXH3_createState()) {
   XXH3_64bits_reset(state_.get());
 }
 
-void Checksum::Update(const void* data, std::size_t len) {
-  XXH3_64bits_update(state_.get(), data, len);
-}
+void Checksum::Update(const void* data, std::size_t len) { XXH3_64bits_update(state_.get(), data, len); }
 
 std::uint64_t Checksum::Digest() const { return XXH3_64bits_digest(state_.get()); }
 
@@ -29,9 +27,12 @@ bool ParseChecksumHex(const std::string& text, std::uint64_t* value) {
   std::uint64_t v = 0;
   for (char c : text) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = (v << 4) | static_cast<std::uint64_t>(d);
   }
   *value = v;

@@ -10,7 +10,6 @@
 
 namespace ckpt {
 
-
 // Bytes per element (1 for the 8-bit floats and bool).
 std::size_t DTypeSize(DType t);
 // The safetensors spelling: "F32", "BF16", "F8_E4M3", "BOOL", ...

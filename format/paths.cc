@@ -80,25 +80,33 @@ std::string JoinPath(const std::string& dir, std::string_view name) {
 
 std::string CheckpointTree::JobDir(const std::string& job) const { return JoinPath(root_, job); }
 
-std::string CheckpointTree::LatestFile(const std::string& job) const { return JoinPath(JobDir(job), kLatestFile); }
+std::string CheckpointTree::LatestFile(const std::string& job) const {
+  return JoinPath(JobDir(job), kLatestFile);
+}
 
-std::string CheckpointTree::RanksDir(const std::string& job) const { return JoinPath(JobDir(job), kRanksDir); }
+std::string CheckpointTree::RanksDir(const std::string& job) const {
+  return JoinPath(JobDir(job), kRanksDir);
+}
 
 std::string CheckpointTree::RankFile(const std::string& job, std::uint32_t rank) const {
   return JoinPath(RanksDir(job), RankFileName(rank));
 }
 
-std::string CheckpointTree::SetAsideDir(const std::string& job) const { return JoinPath(JobDir(job), kSetAsideDir); }
+std::string CheckpointTree::SetAsideDir(const std::string& job) const {
+  return JoinPath(JobDir(job), kSetAsideDir);
+}
 
 std::string CheckpointTree::VersionDir(const std::string& job, std::uint64_t version) const {
   return JoinPath(JobDir(job), VersionDirName(version));
 }
 
-std::string CheckpointTree::ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const {
+std::string CheckpointTree::ShardPath(const std::string& job, std::uint64_t version,
+                                      std::uint32_t rank) const {
   return JoinPath(VersionDir(job, version), ShardFileName(rank));
 }
 
-std::string CheckpointTree::DoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank) const {
+std::string CheckpointTree::DoneMarker(const std::string& job, std::uint64_t version,
+                                       std::uint32_t rank) const {
   return JoinPath(VersionDir(job, version), DoneFileName(rank));
 }
 

@@ -55,11 +55,11 @@ class CheckpointTree {
   explicit CheckpointTree(std::string root) : root_(std::move(root)) {}
   const std::string& root() const { return root_; }
 
-  std::string JobDir(const std::string& job) const;                          // ROOT/JOB
-  std::string LatestFile(const std::string& job) const;                      // ROOT/JOB/latest
-  std::string RanksDir(const std::string& job) const;                        // ROOT/JOB/ranks
-  std::string RankFile(const std::string& job, std::uint32_t rank) const;    // ROOT/JOB/ranks/rank-R
-  std::string SetAsideDir(const std::string& job) const;                     // ROOT/JOB/set-aside
+  std::string JobDir(const std::string& job) const;                        // ROOT/JOB
+  std::string LatestFile(const std::string& job) const;                    // ROOT/JOB/latest
+  std::string RanksDir(const std::string& job) const;                      // ROOT/JOB/ranks
+  std::string RankFile(const std::string& job, std::uint32_t rank) const;  // ROOT/JOB/ranks/rank-R
+  std::string SetAsideDir(const std::string& job) const;                   // ROOT/JOB/set-aside
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
   std::string DoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank) const;

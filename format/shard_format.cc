@@ -32,9 +32,7 @@ std::string ItemMeta(const ShardItem& item) {
 
 // Renders the header by hand: nlohmann's ordered_json inserts in linear time per key,
 // which made headers of thousands of items cost tens of milliseconds.
-void AppendString(std::string& out, std::string_view text) {
-  out += nlohmann::json(text).dump();
-}
+void AppendString(std::string& out, std::string_view text) { out += nlohmann::json(text).dump(); }
 
 std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items) {
   std::string out;
@@ -86,9 +84,8 @@ Status CheckItemShapeImpl(const ShardItem& item) {
   std::uint64_t size = DTypeSize(item.dtype);
   if (elems > UINT64_MAX / size || elems * size != item.length) {
     return InvalidArgument("item " + QuoteName(item.name) + ": shape and dtype " +
-                           std::string(DTypeName(item.dtype)) + " give " +
-                           std::to_string(elems) + " elements, which does not match its " +
-                           std::to_string(item.length) + " bytes");
+                           std::string(DTypeName(item.dtype)) + " give " + std::to_string(elems) +
+                           " elements, which does not match its " + std::to_string(item.length) + " bytes");
   }
   return Status::Ok();
 }
@@ -208,9 +205,9 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     } else {
       item.name = key;
     }
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
-        !t.contains("data_offsets") || !t["dtype"].is_string() || !t["shape"].is_array() ||
-        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2) {
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets") ||
+        !t["dtype"].is_string() || !t["shape"].is_array() || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2) {
       return DataLoss("shard entry " + QuoteName(key) + " is malformed");
     }
     auto dtype = ParseDType(t["dtype"].get<std::string>());
@@ -238,8 +235,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     }
     const std::string m = meta_it->get<std::string>();
     const std::string want_kind = "kind=" + KindName(item.kind) + " xxh3=";
-    if (m.rfind(want_kind, 0) != 0 ||
-        !ParseChecksumHex(m.substr(want_kind.size()), &item.checksum)) {
+    if (m.rfind(want_kind, 0) != 0 || !ParseChecksumHex(m.substr(want_kind.size()), &item.checksum)) {
       return DataLoss("shard metadata for " + QuoteName(item.name) + " is malformed: '" + m + "'");
     }
     info.items.push_back(std::move(item));
@@ -257,8 +253,8 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     expect += item.length;
   }
   if (info.data_start + expect != file_bytes) {
-    return DataLoss("shard file is " + std::to_string(file_bytes) + " bytes but its header " +
-                    "describes " + std::to_string(info.data_start + expect) + " (truncated?)");
+    return DataLoss("shard file is " + std::to_string(file_bytes) + " bytes but its header " + "describes " +
+                    std::to_string(info.data_start + expect) + " (truncated?)");
   }
   return info;
 }
@@ -303,8 +299,8 @@ Status VerifyShard(const std::string& path) {
     std::uint64_t done = 0;
     while (done < item.length) {
       std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
-      ssize_t r = ::pread(fd.get(), buf.data(), want,
-                          static_cast<off_t>(info->data_start + item.offset + done));
+      ssize_t r =
+          ::pread(fd.get(), buf.data(), want, static_cast<off_t>(info->data_start + item.offset + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return IoError("cannot read " + path, r < 0 ? errno : EIO);
       sum.Update(buf.data(), static_cast<std::size_t>(r));

@@ -32,7 +32,7 @@ inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 enum class ItemKind : std::uint8_t { kTensor = 1, kBlob = 2 };
 
 struct ShardItem {
-  std::string name;            // item name (without kBlobPrefix for blobs)
+  std::string name;  // item name (without kBlobPrefix for blobs)
   ItemKind kind = ItemKind::kTensor;
   DType dtype = DType::kU8;
   std::vector<std::int64_t> shape;

@@ -4,32 +4,47 @@ namespace ckpt {
 
 v1::Level LevelToProto(Level level) {
   switch (level) {
-    case Level::kNone: return v1::LEVEL_UNSPECIFIED;
-    case Level::kCaptured: return v1::LEVEL_CAPTURED;
-    case Level::kLocal: return v1::LEVEL_LOCAL;
-    case Level::kPersisted: return v1::LEVEL_PERSISTED;
-    case Level::kCommitted: return v1::LEVEL_COMMITTED;
+    case Level::kNone:
+      return v1::LEVEL_UNSPECIFIED;
+    case Level::kCaptured:
+      return v1::LEVEL_CAPTURED;
+    case Level::kLocal:
+      return v1::LEVEL_LOCAL;
+    case Level::kPersisted:
+      return v1::LEVEL_PERSISTED;
+    case Level::kCommitted:
+      return v1::LEVEL_COMMITTED;
   }
   return v1::LEVEL_UNSPECIFIED;
 }
 
 Level LevelFromProto(v1::Level level) {
   switch (level) {
-    case v1::LEVEL_CAPTURED: return Level::kCaptured;
-    case v1::LEVEL_LOCAL: return Level::kLocal;
-    case v1::LEVEL_PERSISTED: return Level::kPersisted;
-    case v1::LEVEL_COMMITTED: return Level::kCommitted;
-    default: return Level::kNone;
+    case v1::LEVEL_CAPTURED:
+      return Level::kCaptured;
+    case v1::LEVEL_LOCAL:
+      return Level::kLocal;
+    case v1::LEVEL_PERSISTED:
+      return Level::kPersisted;
+    case v1::LEVEL_COMMITTED:
+      return Level::kCommitted;
+    default:
+      return Level::kNone;
   }
 }
 
 const char* LevelName(Level level) {
   switch (level) {
-    case Level::kNone: return "copying";
-    case Level::kCaptured: return "captured";
-    case Level::kLocal: return "local";
-    case Level::kPersisted: return "persisted";
-    case Level::kCommitted: return "committed";
+    case Level::kNone:
+      return "copying";
+    case Level::kCaptured:
+      return "captured";
+    case Level::kLocal:
+      return "local";
+    case Level::kPersisted:
+      return "persisted";
+    case Level::kCommitted:
+      return "committed";
   }
   return "copying";
 }

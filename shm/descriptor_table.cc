@@ -19,8 +19,7 @@ Result<DescriptorTable> DescriptorTable::Create(std::string name, std::uint32_t 
   if (capacity == 0 || capacity > kMaxTableItems) {
     return InvalidArgument("descriptor table capacity must be 1.." + std::to_string(kMaxTableItems));
   }
-  auto region = ShmRegion::Create(std::move(name),
-                                  sizeof(TableHeader) + capacity * sizeof(ItemDescriptor));
+  auto region = ShmRegion::Create(std::move(name), sizeof(TableHeader) + capacity * sizeof(ItemDescriptor));
   if (!region.ok()) return region.status();
   DescriptorTable table;
   table.region_ = std::move(region).value();
@@ -34,9 +33,7 @@ Result<DescriptorTable> DescriptorTable::Create(std::string name, std::uint32_t 
 
 std::uint32_t DescriptorTable::capacity() const { return header()->capacity; }
 
-std::uint64_t DescriptorTable::generation() const {
-  return Gen(header()).load(std::memory_order_acquire);
-}
+std::uint64_t DescriptorTable::generation() const { return Gen(header()).load(std::memory_order_acquire); }
 
 Status DescriptorTable::Write(const std::vector<TableItem>& items) {
   TableHeader* h = header();
@@ -102,8 +99,7 @@ Result<std::vector<TableItem>> ReadDescriptorTable(const TableReadFn& read, std:
     }
     if (h.generation % 2 == 1) continue;  // writer mid-update
     if (h.item_count > h.capacity || h.capacity > kMaxTableItems ||
-        sizeof h + std::uint64_t{h.capacity} * sizeof(ItemDescriptor) >
-            size) {
+        sizeof h + std::uint64_t{h.capacity} * sizeof(ItemDescriptor) > size) {
       return DataLoss("descriptor table header is inconsistent with its size");
     }
     std::vector<ItemDescriptor> raw(h.item_count);

@@ -42,7 +42,7 @@ struct ItemDescriptor {
   std::int64_t shape[kMaxDims];
   std::uint16_t name_len;
   std::uint16_t region_len;
-  std::uint8_t dtype;        // DType value
+  std::uint8_t dtype;  // DType value
   std::uint8_t ndim;
   std::uint8_t reserved[2];
   char name[kMaxNameBytes];          // name_len bytes, not NUL-terminated

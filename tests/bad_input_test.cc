@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "format/paths.h"
@@ -28,7 +28,8 @@ namespace {
 // A daemon with one healthy job ("canary") that has a committed version, so each bad call
 // can be followed by proof that others are still served and committed data is intact.
 struct Fixture {
-  explicit Fixture(std::vector<std::string> extra_args = {}) : daemon(MakeOptions(dir, std::move(extra_args))) {
+  explicit Fixture(std::vector<std::string> extra_args = {})
+      : daemon(MakeOptions(dir, std::move(extra_args))) {
     canary.register_items("canary", 0, 1, canary_state.Items());
     canary_state.Fill(1);
     canary.snapshot(1);
@@ -138,17 +139,21 @@ TEST_CASE("a version not higher than the last one", "[bad-input]") {
   Client c = Client::connect(f.daemon.socket());
   c.register_items("versions", 0, 1, state.Items());
   c.snapshot(5);
-  ExpectError([&] { c.snapshot(5); }, grpc::StatusCode::FAILED_PRECONDITION, "version 5 is not higher than 5");
-  ExpectError([&] { c.snapshot(3); }, grpc::StatusCode::FAILED_PRECONDITION, "version 3 is not higher than 5");
+  ExpectError([&] { c.snapshot(5); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "version 5 is not higher than 5");
+  ExpectError([&] { c.snapshot(3); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "version 3 is not higher than 5");
   ExpectError([&] { c.snapshot(0); }, grpc::StatusCode::INVALID_ARGUMENT, "version 0 is not in [1, ");
-  ExpectError([&] { c.snapshot(std::uint64_t{1} << 62); }, grpc::StatusCode::INVALID_ARGUMENT, "is not in [1, ");
+  ExpectError([&] { c.snapshot(std::uint64_t{1} << 62); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "is not in [1, ");
   c.wait_durable(5);
   // A version at or below the newest committed one, from a new registration, is refused too.
   c.unregister();
   Client again = Client::connect(f.daemon.socket());
   again.register_items("versions", 0, 1, state.Items());
   ExpectError([&] { again.snapshot(4); }, grpc::StatusCode::FAILED_PRECONDITION, "newest committed version");
-  ExpectError([&] { again.wait_snapshot(4); }, grpc::StatusCode::NOT_FOUND, "was not snapshotted by this session");
+  ExpectError([&] { again.wait_snapshot(4); }, grpc::StatusCode::NOT_FOUND,
+              "was not snapshotted by this session");
   f.CheckStillServing();
 }
 
@@ -186,7 +191,8 @@ TEST_CASE("an item beyond its region, a missing region, a region smaller than de
   TrainerState small(1, 8192);
   shrink.register_items("shrink", 0, 1, small.Items());
   small.region()->resize(4096);
-  ExpectError([&] { shrink.snapshot(1); }, grpc::StatusCode::FAILED_PRECONDITION, "changed since registration");
+  ExpectError([&] { shrink.snapshot(1); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "changed since registration");
   f.CheckStillServing();
 }
 
@@ -217,7 +223,11 @@ TEST_CASE("bad item and blob names", "[bad-input]") {
   c.register_items("names", 0, 1, state.Items());
   ExpectError([&] { c.snapshot(1, {{"a/b", "x"}}); }, grpc::StatusCode::INVALID_ARGUMENT, "contains '/'");
   ExpectError([&] { c.snapshot(1, {{"t0", "x"}}); }, grpc::StatusCode::ALREADY_EXISTS, "already used");
-  ExpectError([&] { c.snapshot(1, {{"b", "x"}, {"b", "y"}}); }, grpc::StatusCode::ALREADY_EXISTS, "already used");
+  ExpectError(
+      [&] {
+        c.snapshot(1, {{"b", "x"}, {"b", "y"}});
+      },
+      grpc::StatusCode::ALREADY_EXISTS, "already used");
   f.CheckStillServing();
 }
 
@@ -250,10 +260,12 @@ TEST_CASE("rank outside the world size, and a rank registered twice", "[bad-inpu
 TEST_CASE("job ids that would escape the root", "[bad-input]") {
   Fixture f;
   TrainerState state(1, 4096);
-  for (const std::string& job : std::vector<std::string>{"../escape", "a/b", ".hidden", "..", "", "sp ace", std::string(129, 'j')}) {
+  for (const std::string& job :
+       std::vector<std::string>{"../escape", "a/b", ".hidden", "..", "", "sp ace", std::string(129, 'j')}) {
     INFO("job " << job);
     Client c = Client::connect(f.daemon.socket());
-    ExpectError([&] { c.register_items(job, 0, 1, state.Items()); }, grpc::StatusCode::INVALID_ARGUMENT, "job id");
+    ExpectError([&] { c.register_items(job, 0, 1, state.Items()); }, grpc::StatusCode::INVALID_ARGUMENT,
+                "job id");
   }
   CHECK_FALSE(fs::exists(f.dir.path() + "/escape"));
   f.CheckStillServing();
@@ -277,7 +289,8 @@ TEST_CASE("a peer with another uid is refused", "[bad-input][root]") {
   pid_t child = ::fork();
   if (child == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
-    auto stub = v1::Checkpoint::NewStub(grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Checkpoint::NewStub(grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     v1::StatusReply rep;
@@ -385,7 +398,8 @@ TEST_CASE("restore into a registration that does not match the checkpoint", "[ba
   }
   Client missing = Client::connect(f.daemon.socket());
   missing.register_items("shape", 0, 1, state.Items());
-  ExpectError([&] { missing.restore(7); }, grpc::StatusCode::NOT_FOUND, "version 7 of job 'shape' is not committed");
+  ExpectError([&] { missing.restore(7); }, grpc::StatusCode::NOT_FOUND,
+              "version 7 of job 'shape' is not committed");
   Client fresh = Client::connect(f.daemon.socket());
   fresh.register_items("nothing-yet", 0, 1, state.Items());
   ExpectError([&] { fresh.restore(); }, grpc::StatusCode::NOT_FOUND, "has no committed version");

@@ -1,4 +1,6 @@
 // The commit stage and the daemon's view of the checkpoint tree, on a real directory.
+#include "daemon/commit/catalog.h"
+
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -9,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "daemon/commit/catalog.h"
 #include "daemon/io/storage.h"
 #include "format/paths.h"
 #include "support/faulty_storage.h"

@@ -32,7 +32,8 @@ DaemonOptions Options(const TempDir& dir, std::uint64_t pool_mib = 64, std::uint
   return o;
 }
 
-const v1::ShardStatus* FindShard(const v1::StatusReply& s, const std::string& job, std::uint64_t v, std::uint32_t rank) {
+const v1::ShardStatus* FindShard(const v1::StatusReply& s, const std::string& job, std::uint64_t v,
+                                 std::uint32_t rank) {
   for (const auto& sh : s.shards()) {
     if (sh.job() == job && sh.version() == v && sh.rank() == rank) return &sh;
   }
@@ -74,7 +75,8 @@ TEST_CASE("snapshot returns while the copy is still in progress", "[contract]") 
   REQUIRE(VerifyShard(ShardPath(daemon.root(), "lazy", 1, 0)).ok());
 }
 
-TEST_CASE("after wait_snapshot the trainer may overwrite everything, and the shard keeps the snapshot", "[contract]") {
+TEST_CASE("after wait_snapshot the trainer may overwrite everything, and the shard keeps the snapshot",
+          "[contract]") {
   TempDir dir("mutate");
   DaemonProcess daemon(Options(dir, 16, 1));  // 64 MiB through 16 MiB: writes must recycle chunks
   TrainerState state(8, 8 << 20);
@@ -231,8 +233,9 @@ TEST_CASE("several ranks on one daemon: COMMITTED only once every rank is durabl
   }
 }
 
-TEST_CASE("restore fills the regions byte-exact and returns the blobs, and rollback sets newer versions aside",
-          "[contract]") {
+TEST_CASE(
+    "restore fills the regions byte-exact and returns the blobs, and rollback sets newer versions aside",
+    "[contract]") {
   TempDir dir("restore");
   DaemonProcess daemon(Options(dir));
   TrainerState state(4, 2 << 20);
@@ -263,11 +266,13 @@ TEST_CASE("restore fills the regions byte-exact and returns the blobs, and rollb
   CheckShardHolds(ShardPath(daemon.root(), "restore", 3, 0), state, 3);
 }
 
-TEST_CASE("a trainer killed with -9 restarts and resumes from the newest committed version", "[contract][crash]") {
+TEST_CASE("a trainer killed with -9 restarts and resumes from the newest committed version",
+          "[contract][crash]") {
   TempDir dir("toy");
   DaemonProcess daemon(Options(dir));
-  std::vector<std::string> base = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy",
-                                   "--state-mib", "32", "--tensors", "4", "--compute-ms", "5"};
+  std::vector<std::string> base = {
+      TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib", "32",
+      "--tensors",        "4",        "--compute-ms",  "5"};
   auto args = base;
   args.insert(args.end(), {"--iters", "20", "--crash-at", "6"});
   ProcessResult crashed = RunProcess(args);
@@ -336,10 +341,14 @@ TEST_CASE("retention: keep-last deletes older committed versions after each comm
     client.snapshot(v);
     client.wait_durable(v);
   }
-  std::vector<std::string> expect = {"keep/latest", "keep/ranks/rank-00000",
-                                     "keep/v0000000004/COMMITTED", "keep/v0000000004/rank-00000.done",
-                                     "keep/v0000000004/rank-00000.safetensors", "keep/v0000000005/COMMITTED",
-                                     "keep/v0000000005/rank-00000.done", "keep/v0000000005/rank-00000.safetensors"};
+  std::vector<std::string> expect = {"keep/latest",
+                                     "keep/ranks/rank-00000",
+                                     "keep/v0000000004/COMMITTED",
+                                     "keep/v0000000004/rank-00000.done",
+                                     "keep/v0000000004/rank-00000.safetensors",
+                                     "keep/v0000000005/COMMITTED",
+                                     "keep/v0000000005/rank-00000.done",
+                                     "keep/v0000000005/rank-00000.safetensors"};
   REQUIRE(ListFiles(daemon.root()) == expect);
   std::memset(state.region()->data(), 0, state.total_bytes());
   REQUIRE(client.restore(4).version == 4);

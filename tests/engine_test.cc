@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "backend/device_copier.h"
+#include "daemon/io/storage.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/pipeline/snapshot_engine.h"
-#include "daemon/io/storage.h"
 #include "format/checksum.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
@@ -335,7 +335,8 @@ TEST_CASE("ShardJob levels only rise, the first failure sticks, waits end", "[sh
   CHECK(job.tmp_path().rfind(job.final_path() + ".", 0) == 0);
   CHECK(job.tmp_path().size() > job.final_path().size() + 4);
   CHECK(job.tmp_path().substr(job.tmp_path().size() - 4) == ".tmp");
-  ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1, ""}, {}), {}, "/nonexistent/j/v0000000003", false);
+  ShardJob twin(ShardLayout::Unplanned(ShardMeta{"j", 3, 0, 1, ""}, {}), {}, "/nonexistent/j/v0000000003",
+                false);
   CHECK(twin.tmp_path() != job.tmp_path());
   CHECK(job.level() == Level::kNone);
 
@@ -466,7 +467,8 @@ TEST_CASE("the engines handle shards with no data and items that end on chunk bo
         {},
         {{"empty", ItemKind::kTensor, DType::kF32, {0}, 0}},
         {{"one.chunk", ItemKind::kTensor, DType::kU8, {64 * 1024}, 0}},
-        {{"a", ItemKind::kTensor, DType::kU8, {64 * 1024 - 1}, 0}, {"b", ItemKind::kTensor, DType::kU8, {1}, 7},
+        {{"a", ItemKind::kTensor, DType::kU8, {64 * 1024 - 1}, 0},
+         {"b", ItemKind::kTensor, DType::kU8, {1}, 7},
          {"c", ItemKind::kTensor, DType::kF64, {8192}, 64 * 1024}},
         {{"exactly.two.blocks", ItemKind::kBlob, DType::kU8, {8192}, 0}},
     };
@@ -529,7 +531,8 @@ TEST_CASE("ENOSPC on a write fails the shard, removes its .tmp and publishes not
       Engines engines(storage, 4 * 64 * kKiB, 64 * kKiB);
       auto region = Region(1024 * kKiB);
       std::string vdir = dir.path() + "/v" + std::to_string(nth) + (direct ? "d" : "b");
-      TestShard shard = MakeShard(vdir, region, {{"w", ItemKind::kTensor, DType::kU8, {1024 * 1024}, 0}}, direct);
+      TestShard shard =
+          MakeShard(vdir, region, {{"w", ItemKind::kTensor, DType::kU8, {1024 * 1024}, 0}}, direct);
       engines.Enqueue(shard.job);
       Status s = shard.job->WaitFor(Level::kPersisted, std::chrono::steady_clock::now() + kHang);
       REQUIRE_FALSE(engines.Outcome(shard.job));
@@ -558,8 +561,8 @@ TEST_CASE("a failed shard leaves the other shards of its version alone", "[engin
   std::string vdir = dir.path() + "/engine-job/" + VersionDirName(7);
   std::vector<TestShard> shards;
   for (std::uint32_t rank = 0; rank < 3; ++rank) {
-    shards.push_back(MakeShard(vdir, region, {{"w", ItemKind::kTensor, DType::kU8, {300 * 1024}, rank * 1000}}, false,
-                               rank, 3));
+    shards.push_back(MakeShard(
+        vdir, region, {{"w", ItemKind::kTensor, DType::kU8, {300 * 1024}, rank * 1000}}, false, rank, 3));
     engines.Enqueue(shards.back().job);
   }
   CHECK(engines.Outcome(shards[0].job));
@@ -679,8 +682,8 @@ TEST_CASE("stopping the engines finishes the shards already queued", "[engine]")
   auto region = Region(512 * kKiB);
   std::vector<TestShard> shards;
   for (std::uint32_t rank = 0; rank < 4; ++rank) {
-    shards.push_back(MakeShard(dir.path() + "/v", region, {{"w", ItemKind::kTensor, DType::kU8, {200 * 1024}, rank}},
-                               false, rank, 4));
+    shards.push_back(MakeShard(dir.path() + "/v", region,
+                               {{"w", ItemKind::kTensor, DType::kU8, {200 * 1024}, rank}}, false, rank, 4));
     engines.Enqueue(shards.back().job);
   }
   engines.Stop();
@@ -701,7 +704,8 @@ TEST_CASE("an engine shard passes the independent safetensors spec check", "[eng
   auto storage = std::make_shared<FaultyStorage>();
   Engines engines(storage, 4 * 64 * kKiB, 64 * kKiB);
   auto region = Region(512 * kKiB);
-  TestShard shard = MakeShard(dir.path() + "/v", region, MixedItems(), PosixStorage().SupportsDirectIo(dir.path()));
+  TestShard shard =
+      MakeShard(dir.path() + "/v", region, MixedItems(), PosixStorage().SupportsDirectIo(dir.path()));
   engines.Enqueue(shard.job);
   REQUIRE(engines.Outcome(shard.job));
   std::string dump = dir.path() + "/dump";
@@ -743,7 +747,8 @@ ShardPlacement OnDevice(std::shared_ptr<VersionSync> sync, std::string queue = "
 // A shard of MixedItems from a device region, ordered by `sync`, in copy queue `queue`.
 TestShard DeviceShard(const std::string& dir, const std::shared_ptr<FakeDeviceRegion>& region,
                       const std::shared_ptr<FakeSync>& sync, std::string queue = "") {
-  return MakeShard(dir, region, MixedItems(), false, 0, 1, /*planned=*/false, OnDevice(sync, std::move(queue)));
+  return MakeShard(dir, region, MixedItems(), false, 0, 1, /*planned=*/false,
+                   OnDevice(sync, std::move(queue)));
 }
 
 }  // namespace
@@ -848,7 +853,8 @@ TEST_CASE("a device copy that cannot reach its region fails the shard and return
   CHECK_FALSE(fs::exists(shard.job->final_path()));
 }
 
-TEST_CASE("a device shard on a daemon without a device backend fails with the reason", "[engine][device][faults]") {
+TEST_CASE("a device shard on a daemon without a device backend fails with the reason",
+          "[engine][device][faults]") {
   TempDir dir("eng");
   Engines engines(std::make_shared<FaultyStorage>(), 4 * 64 * kKiB, 64 * kKiB);
   auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(512 * kKiB, 41));
@@ -920,8 +926,9 @@ TEST_CASE("a device shard whose trainer exits before its event fires is abandone
   backend.fake.WaitAllIdle();
   auto next_sync = std::make_shared<FakeSync>(backend.fake);
   next_sync->trainer_event.Open();
-  TestShard next = DeviceShard(dir.path() + "/b", std::make_shared<FakeDeviceRegion>("cuda:b", Bytes(512 * kKiB, 62)),
-                               next_sync, "rank-0");
+  TestShard next =
+      DeviceShard(dir.path() + "/b", std::make_shared<FakeDeviceRegion>("cuda:b", Bytes(512 * kKiB, 62)),
+                  next_sync, "rank-0");
   engines.Enqueue(next.job);
   REQUIRE(engines.Outcome(next.job));
   CheckShardFile(next);

@@ -50,10 +50,8 @@ ShardItem Blob(std::string name, std::uint64_t bytes) {
 
 std::vector<ShardItem> SampleItems() {
   return {Tensor("layers.0.attn.weight", DType::kF32, {16, 8}),
-          Tensor("layers.0.attn.bias", DType::kBF16, {7}),
-          Tensor("empty", DType::kF16, {0, 4}),
-          Tensor("scalar", DType::kI64, {}),
-          Blob("rng_state", 33)};
+          Tensor("layers.0.attn.bias", DType::kBF16, {7}), Tensor("empty", DType::kF16, {0, 4}),
+          Tensor("scalar", DType::kI64, {}), Blob("rng_state", 33)};
 }
 
 struct HandShard {
@@ -156,7 +154,8 @@ TEST_CASE("Plan packs items in order and aligns the data section to 4 KiB", "[fo
 TEST_CASE("Plan sizes a header larger than one block to a whole number of blocks", "[format]") {
   std::vector<ShardItem> items;
   for (int i = 0; i < 300; ++i) {
-    items.push_back(Tensor("model.layers." + std::to_string(i) + ".mlp.down_proj.weight", DType::kBF16, {3, 5}));
+    items.push_back(
+        Tensor("model.layers." + std::to_string(i) + ".mlp.down_proj.weight", DType::kBF16, {3, 5}));
   }
   auto layout = ShardLayout::Plan(Meta(), items);
   REQUIRE(layout.ok());
@@ -383,8 +382,12 @@ TEST_CASE("ParseShardHeader rejects malformed entries and metadata", "[format]")
   SECTION("world size missing") { h["__metadata__"].erase("ckpt.world_size"); }
   SECTION("checksum missing") { h["__metadata__"].erase("ckpt.item.b"); }
   SECTION("checksum malformed") { h["__metadata__"]["ckpt.item.b"] = "kind=tensor xxh3=12345"; }
-  SECTION("checksum in upper case") { h["__metadata__"]["ckpt.item.b"] = "kind=tensor xxh3=ABCDEF0123456789"; }
-  SECTION("kind disagrees with the key") { h["__metadata__"]["ckpt.item.b"] = "kind=blob xxh3=0000000000000000"; }
+  SECTION("checksum in upper case") {
+    h["__metadata__"]["ckpt.item.b"] = "kind=tensor xxh3=ABCDEF0123456789";
+  }
+  SECTION("kind disagrees with the key") {
+    h["__metadata__"]["ckpt.item.b"] = "kind=blob xxh3=0000000000000000";
+  }
   auto info = Parse(h, 12);
   INFO(h.dump());
   CHECK(info.status().code() == StatusCode::kDataLoss);
@@ -458,8 +461,8 @@ TEST_CASE("an unplanned layout plans in place exactly like Plan", "[format]") {
 
 TEST_CASE("Plan rejects duplicate item names", "[format]") {
   SECTION("two tensors") {
-    auto layout = ShardLayout::Plan(Meta(), {Tensor("w", DType::kU8, {1}), Tensor("x", DType::kU8, {1}),
-                                             Tensor("w", DType::kF32, {1})});
+    auto layout = ShardLayout::Plan(
+        Meta(), {Tensor("w", DType::kU8, {1}), Tensor("x", DType::kU8, {1}), Tensor("w", DType::kF32, {1})});
     REQUIRE(layout.status().code() == StatusCode::kAlreadyExists);
     CHECK_THAT(layout.status().message(), Catch::Contains("'w'"));
   }
@@ -528,16 +531,18 @@ TEST_CASE("checksums print as 16 lowercase hex digits and parse back", "[format]
   std::uint64_t v = 0;
   REQUIRE(ParseChecksumHex("fedcba9876543210", &v));
   CHECK(v == 0xfedcba9876543210ull);
-  for (const std::string& bad : std::vector<std::string>{"", "fedcba987654321", "fedcba98765432100", "FEDCBA9876543210", "fedcba987654321g",
-                          " edcba9876543210"}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "fedcba987654321", "fedcba98765432100", "FEDCBA9876543210",
+                                "fedcba987654321g", " edcba9876543210"}) {
     INFO(bad);
     CHECK_FALSE(ParseChecksumHex(bad, &v));
   }
 }
 
 TEST_CASE("CheckItemName accepts usual state names", "[names]") {
-  for (const std::string& name : std::vector<std::string>{"layers.0.attn.weight", "model.embed_tokens.weight", "optimizer.state.12.exp_avg",
-                           "a", "rng-state_v2", "x.y", std::string(kMaxItemNameLength, 'n'), "weird but ok: ~!@#$%^&*()"}) {
+  for (const std::string& name : std::vector<std::string>{
+           "layers.0.attn.weight", "model.embed_tokens.weight", "optimizer.state.12.exp_avg", "a",
+           "rng-state_v2", "x.y", std::string(kMaxItemNameLength, 'n'), "weird but ok: ~!@#$%^&*()"}) {
     INFO(name);
     CHECK(CheckItemName(name).empty());
   }
@@ -569,14 +574,15 @@ TEST_CASE("CheckItemName rejects what could escape or corrupt a header", "[names
 }
 
 TEST_CASE("CheckJobId accepts directory-safe ids and rejects the rest", "[names]") {
-  for (const std::string& job : std::vector<std::string>{"job-1", "llama_70b.run3", "A", "0", std::string(kMaxJobIdLength, 'j')}) {
+  for (const std::string& job :
+       std::vector<std::string>{"job-1", "llama_70b.run3", "A", "0", std::string(kMaxJobIdLength, 'j')}) {
     INFO(job);
     CHECK(CheckJobId(job).empty());
   }
-  for (const std::string& job : std::vector<std::string>{std::string(), std::string(kMaxJobIdLength + 1, 'j'), std::string("."),
-                          std::string(".."), std::string(".hidden"), std::string("a/b"), std::string("../x"),
-                          std::string("a b"), std::string("a\0b", 3), std::string("tab\t"), std::string("caf\xc3\xa9"),
-                          std::string("x:y")}) {
+  for (const std::string& job : std::vector<std::string>{
+           std::string(), std::string(kMaxJobIdLength + 1, 'j'), std::string("."), std::string(".."),
+           std::string(".hidden"), std::string("a/b"), std::string("../x"), std::string("a b"),
+           std::string("a\0b", 3), std::string("tab\t"), std::string("caf\xc3\xa9"), std::string("x:y")}) {
     INFO(QuoteName(job));
     CHECK_FALSE(CheckJobId(job).empty());
   }
@@ -602,8 +608,9 @@ TEST_CASE("version directory names round-trip and nothing else parses", "[paths]
   }
   // Only the canonical spelling: a stray "v3/COMMITTED" must not name version 3, whose
   // directory is v0000000003.
-  for (const std::string& bad : std::vector<std::string>{"v7", "v3", "v00000000042", "v012345678901", "", "v", "V0000000042", "0000000042", "v-1", "v+1", "v12a", "v 12", "v0000000042.tmp",
-                          "v12345678901234567890", "set-aside", "latest"}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "v7", "v3", "v00000000042", "v012345678901", "", "v", "V0000000042", "0000000042", "v-1", "v+1",
+           "v12a", "v 12", "v0000000042.tmp", "v12345678901234567890", "set-aside", "latest"}) {
     INFO(bad);
     CHECK_FALSE(ParseVersionDirName(bad).has_value());
   }
@@ -617,10 +624,11 @@ TEST_CASE("shard file names round-trip and nothing else parses", "[paths]") {
     REQUIRE(parsed.has_value());
     CHECK(*parsed == r);
   }
-  for (const std::string& bad : std::vector<std::string>{"", "rank-.safetensors", "rank-00003.safetensors.tmp", "rank-00003.safetensor",
-                          "rank-3x.safetensors", "rank--1.safetensors", "Rank-00003.safetensors",
-                          "rank-4294967296.safetensors", "rank-00003", "COMMITTED", "latest", "rank-3.safetensors",
-                          "rank-000003.safetensors"}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "rank-.safetensors", "rank-00003.safetensors.tmp",
+                                "rank-00003.safetensor", "rank-3x.safetensors", "rank--1.safetensors",
+                                "Rank-00003.safetensors", "rank-4294967296.safetensors", "rank-00003",
+                                "COMMITTED", "latest", "rank-3.safetensors", "rank-000003.safetensors"}) {
     INFO(bad);
     CHECK_FALSE(ParseShardFileName(bad).has_value());
   }

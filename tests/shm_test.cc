@@ -233,14 +233,16 @@ TEST_CASE("a moved region keeps its object and the moved-from one unlinks nothin
 }
 
 TEST_CASE("CheckShmName accepts one-component names and rejects the rest", "[shm]") {
-  for (const std::string& ok : std::vector<std::string>{"/a", "/ckpt-1000-42-0", "/x.y_z", std::string("/") + std::string(199, 'n')}) {
+  for (const std::string& ok : std::vector<std::string>{"/a", "/ckpt-1000-42-0", "/x.y_z",
+                                                        std::string("/") + std::string(199, 'n')}) {
     INFO(ok);
     CHECK(CheckShmName(ok).empty());
   }
-  for (const std::string& bad : std::vector<std::string>{std::string(), std::string("/"), std::string("a"), std::string("noslash"),
-                          std::string("/a/b"), std::string("//"), std::string("/."), std::string("/.."),
-                          std::string("/with space"), std::string("/tab\t"), std::string("/nul\0x", 6),
-                          std::string("/del\x7f"), std::string("/caf\xc3\xa9"), std::string("/") + std::string(200, 'n')}) {
+  for (const std::string& bad : std::vector<std::string>{
+           std::string(), std::string("/"), std::string("a"), std::string("noslash"), std::string("/a/b"),
+           std::string("//"), std::string("/."), std::string("/.."), std::string("/with space"),
+           std::string("/tab\t"), std::string("/nul\0x", 6), std::string("/del\x7f"),
+           std::string("/caf\xc3\xa9"), std::string("/") + std::string(200, 'n')}) {
     INFO(bad.size() << " bytes");
     CHECK_FALSE(CheckShmName(bad).empty());
   }
@@ -273,7 +275,8 @@ TEST_CASE("a written table reads back through pread, generation +2 per write", "
       Item("layers.0.attn.weight", DType::kBF16, {4096, 4096}, "/ckpt-1000-1-0", 0, 4096ull * 4096 * 2, 3),
       Item("layers.0.attn.bias", DType::kF32, {4096}, "/ckpt-1000-1-0", 4096ull * 4096 * 2, 4096 * 4, 3),
       Item("step", DType::kI64, {}, "/ckpt-1000-1-1", 0, 8, 1),
-      Item("eight.dims", DType::kU8, {1, 2, 1, 2, 1, 2, 1, 2}, std::string(kMaxRegionNameBytes, 'r'), 64, 16, 0),
+      Item("eight.dims", DType::kU8, {1, 2, 1, 2, 1, 2, 1, 2}, std::string(kMaxRegionNameBytes, 'r'), 64, 16,
+           0),
   };
   REQUIRE(table.Write(first).ok());
   CHECK(table.generation() == g0 + 2);
@@ -311,18 +314,12 @@ TEST_CASE("Write refuses what does not fit the layout and leaves the table as it
   std::uint64_t g = table.generation();
 
   std::vector<TableItem> bad;
-  SECTION("more items than the capacity") {
-    bad = {good[0], good[0], good[0]};
-  }
-  SECTION("name too long") {
-    bad = {Item(std::string(kMaxNameBytes + 1, 'n'), DType::kU8, {1}, "/r", 0, 1)};
-  }
+  SECTION("more items than the capacity") { bad = {good[0], good[0], good[0]}; }
+  SECTION("name too long") { bad = {Item(std::string(kMaxNameBytes + 1, 'n'), DType::kU8, {1}, "/r", 0, 1)}; }
   SECTION("region name too long") {
     bad = {Item("w", DType::kU8, {1}, std::string(kMaxRegionNameBytes + 1, 'r'), 0, 1)};
   }
-  SECTION("too many dimensions") {
-    bad = {Item("w", DType::kU8, {1, 1, 1, 1, 1, 1, 1, 1, 1}, "/r", 0, 1)};
-  }
+  SECTION("too many dimensions") { bad = {Item("w", DType::kU8, {1, 1, 1, 1, 1, 1, 1, 1, 1}, "/r", 0, 1)}; }
   CHECK(table.Write(bad).code() == StatusCode::kInvalidArgument);
   CHECK(table.generation() == g);
   TableReader reader(table.name());
@@ -337,15 +334,14 @@ TEST_CASE("a malformed table is data loss", "[table]") {
   auto created = DescriptorTable::Create("", 2);
   REQUIRE(created.ok());
   DescriptorTable table = std::move(created).value();
-  REQUIRE(table.Write({Item("a", DType::kF32, {2}, "/r", 0, 8), Item("b", DType::kU8, {3}, "/r", 8, 3)}).ok());
+  REQUIRE(
+      table.Write({Item("a", DType::kF32, {2}, "/r", 0, 8), Item("b", DType::kU8, {3}, "/r", 8, 3)}).ok());
   std::vector<char> bytes = TableReader(table.name()).Snapshot();
   std::uint64_t gen = 0;
   REQUIRE(ReadDescriptorTable(FromBytes(bytes), bytes.size(), &gen).ok());  // the untouched copy is fine
 
   std::uint64_t size = bytes.size();
-  SECTION("bad magic") {
-    bytes[3] = 'X';
-  }
+  SECTION("bad magic") { bytes[3] = 'X'; }
   SECTION("item_count larger than capacity") {
     Poke<std::uint32_t>(bytes, offsetof(TableHeader, item_count), 3);
   }
@@ -355,15 +351,9 @@ TEST_CASE("a malformed table is data loss", "[table]") {
   SECTION("capacity over the limit") {
     Poke<std::uint32_t>(bytes, offsetof(TableHeader, capacity), kMaxTableItems + 1);
   }
-  SECTION("object smaller than the header") {
-    size = sizeof(TableHeader) - 1;
-  }
-  SECTION("object smaller than its slots") {
-    size = bytes.size() - 1;
-  }
-  SECTION("slot with dtype 0") {
-    Poke<std::uint8_t>(bytes, kSlot0 + offsetof(ItemDescriptor, dtype), 0);
-  }
+  SECTION("object smaller than the header") { size = sizeof(TableHeader) - 1; }
+  SECTION("object smaller than its slots") { size = bytes.size() - 1; }
+  SECTION("slot with dtype 0") { Poke<std::uint8_t>(bytes, kSlot0 + offsetof(ItemDescriptor, dtype), 0); }
   SECTION("slot with an unknown dtype") {
     Poke<std::uint8_t>(bytes, kSlot0 + sizeof(ItemDescriptor) + offsetof(ItemDescriptor, dtype), 200);
   }
@@ -435,8 +425,8 @@ TEST_CASE("a reader racing a writer sees whole tables only", "[table]") {
       std::vector<TableItem> items;
       std::size_t n = i % 2 == 0 ? 3 : 6;
       for (std::size_t k = 0; k < n; ++k) {
-        items.push_back(Item((n == 3 ? "three." : "six.") + std::to_string(k), DType::kU8, {static_cast<std::int64_t>(n)},
-                             "/r", next, n, next));
+        items.push_back(Item((n == 3 ? "three." : "six.") + std::to_string(k), DType::kU8,
+                             {static_cast<std::int64_t>(n)}, "/r", next, n, next));
       }
       if (!table.Write(items).ok()) break;
     }

@@ -17,8 +17,9 @@ namespace {
 
 // Runs ckptd with `args` under a 60 s limit (exit 124 would mean it served instead).
 ProcessResult RunDaemon(const TempDir& dir, std::vector<std::string> args) {
-  std::vector<std::string> argv = {"/usr/bin/timeout", "60", CKPTD_BINARY, "--socket", dir.path() + "/s/ckptd.sock",
-                                   "--pool-mib", "16", "--chunk-mib", "1"};
+  std::vector<std::string> argv = {
+      "/usr/bin/timeout", "60", CKPTD_BINARY,  "--socket", dir.path() + "/s/ckptd.sock",
+      "--pool-mib",       "16", "--chunk-mib", "1"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv);
 }

@@ -58,7 +58,8 @@ struct Rank {
   std::uint32_t rank;
   TrainerState state;
   std::unique_ptr<Client> client;
-  explicit Rank(std::uint32_t r, std::size_t tensors = kTensors) : rank(r), state(tensors, kTensorBytes, 100 + r) {}
+  explicit Rank(std::uint32_t r, std::size_t tensors = kTensors)
+      : rank(r), state(tensors, kTensorBytes, 100 + r) {}
   void Connect(const Node& node, const std::string& job, std::uint32_t world) {
     client = std::make_unique<Client>(Client::connect(node.socket()));
     client->register_items(job, rank, world, state.Items());
@@ -244,12 +245,14 @@ TEST_CASE("kill -9 of one daemon mid-flush: that version never commits, the othe
   }
 }
 
-TEST_CASE("kill -9 of a trainer: its restart restores from daemon memory, reading no file", "[tiers][crash]") {
+TEST_CASE("kill -9 of a trainer: its restart restores from daemon memory, reading no file",
+          "[tiers][crash]") {
   TempDir dir("memrestore");
   Node node(dir, 0);
   node.Start();
-  std::vector<std::string> base = {TOY_TRAINER_BINARY, "--socket", node.socket(), "--job", "mem",
-                                   "--state-mib", "32", "--tensors", "4", "--compute-ms", "5"};
+  std::vector<std::string> base = {
+      TOY_TRAINER_BINARY, "--socket", node.socket(),  "--job", "mem", "--state-mib", "32",
+      "--tensors",        "4",        "--compute-ms", "5"};
   auto args = base;
   args.insert(args.end(), {"--iters", "20", "--crash-at", "6"});
   ProcessResult crashed = RunProcess(args);
@@ -292,7 +295,8 @@ TEST_CASE("without its image in memory a restore reads the local tier, then the 
   CHECK(st.restored_bytes_memory() == 0);
 }
 
-TEST_CASE("kill -9 of a daemon during promotion: after its restart the promotion completes", "[tiers][crash]") {
+TEST_CASE("kill -9 of a daemon during promotion: after its restart the promotion completes",
+          "[tiers][crash]") {
   TempDir dir("promote");
   const std::string pause = dir.path() + "/pause";
   Node node(dir, 0);
@@ -319,7 +323,8 @@ TEST_CASE("kill -9 of a daemon during promotion: after its restart the promotion
   REQUIRE(Eventually([&] { return List(*node.daemon, "promo").latest() == 2; }));
   const std::string shard = ShardPath(root, "promo", 2, 0);
   REQUIRE(VerifyShard(shard).ok());
-  for (std::size_t t = 0; t < 8; ++t) REQUIRE(ReadShardItem(shard, "t" + std::to_string(t)) == r0.state.Expected(t, 2));
+  for (std::size_t t = 0; t < 8; ++t)
+    REQUIRE(ReadShardItem(shard, "t" + std::to_string(t)) == r0.state.Expected(t, 2));
   for (const auto& f : ListFiles(root)) {
     INFO(f);
     CHECK(f.find(".tmp") == std::string::npos);
@@ -382,7 +387,8 @@ TEST_CASE("prefetch pulls a committed version into a fresh node's local and memo
       RunProcess({CKPTCTL_BINARY, "--socket", fresh.socket(), "prefetch", "--job", "pf", "--version", "9"});
   CHECK(uncommitted.exit_code != 0);
   CHECK(uncommitted.output.find("version 9 of job 'pf' is not committed") != std::string::npos);
-  ProcessResult ok = RunProcess({CKPTCTL_BINARY, "--socket", fresh.socket(), "prefetch", "--job", "pf", "--ranks", "0,1"});
+  ProcessResult ok =
+      RunProcess({CKPTCTL_BINARY, "--socket", fresh.socket(), "prefetch", "--job", "pf", "--ranks", "0,1"});
   INFO(ok.output);
   REQUIRE(ok.exit_code == 0);
   CHECK(ok.output.find("version 3: 2 shard(s) copied to the local tier, 2 into memory") != std::string::npos);
@@ -421,8 +427,9 @@ TEST_CASE("ckptctl shows the tiers and the levels of each version", "[tiers][too
   CHECK(ls.output.find("v1          committed   0                0                0") != std::string::npos);
 }
 
-TEST_CASE("the shipped config file starts a daemon with its tiers, and a local tier equal to the root is refused",
-          "[tiers][config]") {
+TEST_CASE(
+    "the shipped config file starts a daemon with its tiers, and a local tier equal to the root is refused",
+    "[tiers][config]") {
   TempDir dir("conf");
   DaemonOptions o;
   o.root = dir.path() + "/root";
@@ -437,8 +444,8 @@ TEST_CASE("the shipped config file starts a daemon with its tiers, and a local t
   CHECK(st.tiers(1).dir() == o.root);
   CHECK(st.tiers(1).retention() == "last 3 committed versions");
 
-  ProcessResult same = RunProcess({CKPTD_BINARY, "--root", o.root, "--local", o.root, "--socket",
-                                   dir.path() + "/sock2/ckptd.sock"});
+  ProcessResult same = RunProcess(
+      {CKPTD_BINARY, "--root", o.root, "--local", o.root, "--socket", dir.path() + "/sock2/ckptd.sock"});
   CHECK(same.exit_code == 2);
   CHECK(same.output.find("--local and --root are the same directory") != std::string::npos);
 }

@@ -8,19 +8,23 @@
 #include <iostream>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
-#include "proto/level_codec.h"
 #include "common/socket_path.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
+#include "proto/level_codec.h"
 
 namespace {
 
 std::string Human(std::uint64_t bytes) {
   char buf[32];
-  if (bytes >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
-  else if (bytes >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
-  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
-  else std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
+  if (bytes >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  else if (bytes >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
+  else if (bytes >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
   return buf;
 }
 
@@ -31,7 +35,8 @@ std::unique_ptr<ckpt::v1::Checkpoint::Stub> Connect(const std::string& socket) {
 
 int Fail(const std::string& what, const grpc::Status& s, const std::string& socket) {
   std::cerr << "ckptctl: " << what << ": " << s.error_message();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) std::cerr << " (is ckptd running on " << socket << "?)";
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
+    std::cerr << " (is ckptd running on " << socket << "?)";
   std::cerr << "\n";
   return 1;
 }
@@ -57,11 +62,11 @@ int Status(const std::string& socket, bool json) {
     std::cout << ToJson(r);
     return 0;
   }
-  std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(), r.uptime_s(),
-              socket.c_str());
+  std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(),
+              r.uptime_s(), socket.c_str());
   std::printf("root %s (%s)\n", r.root().c_str(), r.direct_io() ? "O_DIRECT" : "buffered + fdatasync");
-  std::printf("pool %s used of %s (%s chunks)\n", Human(r.pool_used_bytes()).c_str(), Human(r.pool_bytes()).c_str(),
-              Human(r.chunk_bytes()).c_str());
+  std::printf("pool %s used of %s (%s chunks)\n", Human(r.pool_used_bytes()).c_str(),
+              Human(r.pool_bytes()).c_str(), Human(r.chunk_bytes()).c_str());
   std::printf("gpu: %s\n", r.device_backend().c_str());
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
@@ -80,16 +85,17 @@ int Status(const std::string& socket, bool json) {
   }
   std::printf("\nclients (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
-    std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n", c.job().c_str(), c.rank(),
-                c.world_size(), c.pid(), c.alive() ? "alive" : "EXITED", c.items(), Human(c.tensor_bytes()).c_str(),
-                c.last_version());
+    std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n",
+                c.job().c_str(), c.rank(), c.world_size(), c.pid(), c.alive() ? "alive" : "EXITED", c.items(),
+                Human(c.tensor_bytes()).c_str(), c.last_version());
   }
   std::printf("\nshards (recent %d)\n", r.shards_size());
   for (const auto& sh : r.shards()) {
-    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n", sh.job().c_str(),
-                sh.version(), sh.rank(), sh.error().empty() ? ckpt::LevelName(ckpt::LevelFromProto(sh.level())) : "FAILED",
-                Human(sh.copied_bytes()).c_str(), Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
-                sh.error().empty() ? "" : "  ", sh.error().c_str());
+    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n",
+                sh.job().c_str(), sh.version(), sh.rank(),
+                sh.error().empty() ? ckpt::LevelName(ckpt::LevelFromProto(sh.level())) : "FAILED",
+                Human(sh.copied_bytes()).c_str(), Human(sh.written_bytes()).c_str(),
+                Human(sh.total_bytes()).c_str(), sh.error().empty() ? "" : "  ", sh.error().c_str());
   }
   std::printf("\nerrors (%d)\n", r.errors_size());
   for (const auto& e : r.errors()) std::printf("  %s\n", e.c_str());
@@ -118,8 +124,9 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
   std::printf("  %-11s %-11s %-16s %-16s %s\n", "version", "state", "persistent ranks", "local ranks",
               "memory ranks");
   for (const auto& v : r.versions()) {
-    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(), v.committed() ? "committed" : "incomplete",
-                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
+    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(),
+                v.committed() ? "committed" : "incomplete", join(v.durable_ranks()).c_str(),
+                join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
   }
   return 0;
 }
@@ -147,8 +154,8 @@ int Inspect(const std::string& path) {
     return 1;
   }
   std::printf("%s: job %s version %" PRIu64 " rank %u of %u, %zu items, data at offset %" PRIu64 ", %s\n",
-              path.c_str(), info->meta.job.c_str(), info->meta.version, info->meta.rank, info->meta.world_size,
-              info->items.size(), info->data_start, Human(info->file_bytes).c_str());
+              path.c_str(), info->meta.job.c_str(), info->meta.version, info->meta.rank,
+              info->meta.world_size, info->items.size(), info->data_start, Human(info->file_bytes).c_str());
   for (const auto& it : info->items) {
     std::string shape;
     for (auto d : it.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
@@ -190,7 +197,8 @@ int main(int argc, char** argv) {
   std::uint64_t version = 0;
   std::vector<std::uint32_t> ranks;
   auto* prefetch = app.add_subcommand(
-      "prefetch", "Pull a committed version from the persistent tier into this daemon's local and memory tiers");
+      "prefetch",
+      "Pull a committed version from the persistent tier into this daemon's local and memory tiers");
   prefetch->add_option("--job", job, "Job id")->required();
   prefetch->add_option("--version", version, "Committed version (default: the newest)");
   prefetch->add_option("--ranks", ranks, "Ranks this node will serve (default: all)")->delimiter(',');

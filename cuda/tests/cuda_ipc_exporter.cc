@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
     return fail("cudaMemcpy", e);
   }
   cudaIpcMemHandle_t handle;
-  if (cudaError_t e = cudaIpcGetMemHandle(&handle, dev); e != cudaSuccess) return fail("cudaIpcGetMemHandle", e);
+  if (cudaError_t e = cudaIpcGetMemHandle(&handle, dev); e != cudaSuccess)
+    return fail("cudaIpcGetMemHandle", e);
   cudaDeviceProp prop{};
   if (cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
     return fail("cudaGetDeviceProperties", e);

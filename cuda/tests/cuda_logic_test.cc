@@ -3,14 +3,13 @@
 // machines without a GPU (where the loader must report "no CUDA driver/device"). One test
 // imports a real allocation from a helper process (cuda_ipc_exporter) and is skipped,
 // passing, where no device exists.
-#include <catch2/catch.hpp>
-
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -62,7 +61,6 @@ class FakeOpener : public IpcOpener {
   std::map<IpcHandle, int> open_now;
 };
 
-
 }  // namespace
 
 // ---- driver -----------------------------------------------------------------------------
@@ -86,8 +84,14 @@ TEST_CASE("driver loader reports a missing driver or device as a clear error, or
 TEST_CASE("driver loader with a fake probe") {
   DriverProbe probe;
   std::vector<std::string> asked;
-  probe.driver_version = [](int* v) { *v = 13000; return cudaSuccess; };
-  probe.device_count = [](int* n) { *n = 2; return cudaSuccess; };
+  probe.driver_version = [](int* v) {
+    *v = 13000;
+    return cudaSuccess;
+  };
+  probe.device_count = [](int* n) {
+    *n = 2;
+    return cudaSuccess;
+  };
   static int dummy;
   probe.entry_point = [&](const char* symbol, void** fn, cudaDriverEntryPointQueryResult* q) {
     asked.emplace_back(symbol);
@@ -105,7 +109,10 @@ TEST_CASE("driver loader with a fake probe") {
     CHECK(std::find(asked.begin(), asked.end(), "cuPointerGetAttribute") != asked.end());
   }
   SECTION("no driver installed") {
-    probe.driver_version = [](int* v) { *v = 0; return cudaSuccess; };
+    probe.driver_version = [](int* v) {
+      *v = 0;
+      return cudaSuccess;
+    };
     auto api = LoadDriverApi(probe);
     REQUIRE_FALSE(api.ok());
     CHECK(api.status().code() == StatusCode::kFailedPrecondition);
@@ -119,7 +126,10 @@ TEST_CASE("driver loader with a fake probe") {
     CHECK(api.status().message().find("cudaGetDeviceCount") != std::string::npos);
   }
   SECTION("no device") {
-    probe.device_count = [](int* n) { *n = 0; return cudaSuccess; };
+    probe.device_count = [](int* n) {
+      *n = 0;
+      return cudaSuccess;
+    };
     auto api = LoadDriverApi(probe);
     REQUIRE_FALSE(api.ok());
     CHECK(api.status().message().find("sees no device") != std::string::npos);
@@ -157,7 +167,8 @@ TEST_CASE("CUDA errors become statuses") {
 }
 
 TEST_CASE("importing a CUDA region without a driver fails cleanly") {
-  if (Driver().ok()) SUCCEED("a CUDA device is present; the GPU tests cover import");
+  if (Driver().ok())
+    SUCCEED("a CUDA device is present; the GPU tests cover import");
   else {
     auto cache = std::make_shared<IpcHandleCache>(std::make_shared<CudaIpcOpener>());
     CudaIpcImporter importer(cache, std::make_shared<CopyStreamPool>(), 4242);
@@ -609,7 +620,9 @@ class RecordingLane : public ckpt::CopyLane {
  public:
   bool synchronous() const override { return false; }
   void* native() const override { return const_cast<RecordingLane*>(this); }
-  Status CopyOut(const ckpt::ImportedRegion&, std::uint64_t, void*, std::size_t) override { return Status::Ok(); }
+  Status CopyOut(const ckpt::ImportedRegion&, std::uint64_t, void*, std::size_t) override {
+    return Status::Ok();
+  }
   Result<std::uint64_t> EndChunk() override { return std::uint64_t{1}; }
   Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }
   bool Idle() override { return true; }

@@ -69,8 +69,8 @@ Status Catalog::RecoverJob(const std::string& job) {
     recorded = std::strtoull(text->c_str(), nullptr, 10);
   }
   if (recorded != newest) {
-    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job,
-                 recorded, newest);
+    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job, recorded,
+                 newest);
     if (newest == 0) {
       if (Status s = storage_->Remove(tree_.LatestFile(job)); !s.ok()) return s;
     } else if (Status s = WriteLatest(job, newest); !s.ok()) {
@@ -97,8 +97,7 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
 }
 
 Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
-  return storage_->WriteFileAtomic(tree_.LatestFile(job),
-                                   std::to_string(version) + "\n");
+  return storage_->WriteFileAtomic(tree_.LatestFile(job), std::to_string(version) + "\n");
 }
 
 Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version) {
@@ -109,8 +108,8 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
   return storage_->SyncDir(root());
 }
 
-Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version,
-                                 std::uint32_t world_size, bool* committed) {
+Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                                 bool* committed) {
   MutexLock lock(commit_mu_);
   *committed = false;
   if (world_size == 0) return InvalidArgument("cannot commit a version of a job with world size 0");

@@ -16,7 +16,9 @@ constexpr std::chrono::milliseconds kPollIdle{500};
 CommitTracker::CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks)
     : catalog_(catalog), shards_(shards), hooks_(std::move(hooks)) {}
 
-void CommitTracker::Start() { watcher_ = std::thread([this] { WatchLoop(); }); }
+void CommitTracker::Start() {
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
 
 void CommitTracker::Stop() {
   {
@@ -93,7 +95,8 @@ void CommitTracker::SupersedeLocked(const std::string& job, std::uint64_t versio
   const auto now = std::chrono::steady_clock::now();
   for (auto* m : {&deciding_, &watching_}) {
     for (auto& [key, awaited] : *m) {
-      if (key.first == job && key.second < version && awaited.superseded == std::chrono::steady_clock::time_point{}) {
+      if (key.first == job && key.second < version &&
+          awaited.superseded == std::chrono::steady_clock::time_point{}) {
         awaited.superseded = now;
       }
     }
@@ -106,11 +109,11 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
     deciding_.erase(key);
     watching_.erase(key);
   }
-  const std::string why = "version " + std::to_string(key.second) + " of job '" + key.first +
-                          "' did not commit: it was still incomplete " + std::to_string(kGiveUpAfter.count()) +
-                          " s after a newer version committed (a rank of its " +
-                          std::to_string(awaited.world_size) +
-                          " never persisted it, or registered again meanwhile); given up";
+  const std::string why =
+      "version " + std::to_string(key.second) + " of job '" + key.first +
+      "' did not commit: it was still incomplete " + std::to_string(kGiveUpAfter.count()) +
+      " s after a newer version committed (a rank of its " + std::to_string(awaited.world_size) +
+      " never persisted it, or registered again meanwhile); given up";
   hooks_.on_error(why);
   for (const auto& p : shards_.TakeVersion(key.first, key.second)) {
     p->Fail(FailedPrecondition(why));
@@ -141,8 +144,8 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
   }
 }
 
-void CommitTracker::Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard,
-                           bool ours) {
+void CommitTracker::Finish(const std::string& job, std::uint64_t version,
+                           const std::shared_ptr<ShardJob>& shard, bool ours) {
   std::vector<std::shared_ptr<ShardJob>> raised;
   {
     MutexLock lock(mu_);

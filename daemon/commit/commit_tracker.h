@@ -22,8 +22,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -84,8 +84,8 @@ class CommitTracker {
                  const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
   // (job, version) is committed (by this daemon if `ours`): raises this daemon's shards of
   // it, stops awaiting it and older versions, applies the tiers' retention.
-  void Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard, bool ours)
-      EXCLUDES(mu_);
+  void Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard,
+              bool ours) EXCLUDES(mu_);
   void WatchLoop() EXCLUDES(mu_);
 
   Catalog& catalog_;

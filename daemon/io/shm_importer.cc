@@ -85,8 +85,7 @@ Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& n
   }
   if (static_cast<std::uint64_t>(st.st_size) < min_size) {
     return InvalidArgument("shm region " + name + " is " + std::to_string(st.st_size) +
-                           " bytes, smaller than the " + std::to_string(min_size) +
-                           " its items need");
+                           " bytes, smaller than the " + std::to_string(min_size) + " its items need");
   }
   return std::shared_ptr<ImportedRegion>(
       std::make_shared<ShmImportedRegion>(name, std::move(owned), st.st_ino));

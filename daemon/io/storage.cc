@@ -1,15 +1,15 @@
 #include "daemon/io/storage.h"
 
-#include "format/paths.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+
+#include "format/paths.h"
 
 namespace ckpt {
 

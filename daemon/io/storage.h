@@ -83,7 +83,9 @@ class StorageWrapper : public Storage {
   Result<std::size_t> ReadAt(int fd, void* b, std::size_t n, std::uint64_t o, const std::string& w) override {
     return target_->ReadAt(fd, b, n, o, w);
   }
-  Status Truncate(int fd, std::uint64_t s, const std::string& w) override { return target_->Truncate(fd, s, w); }
+  Status Truncate(int fd, std::uint64_t s, const std::string& w) override {
+    return target_->Truncate(fd, s, w);
+  }
   Status DataSync(int fd, const std::string& w) override { return target_->DataSync(fd, w); }
   Status Rename(const std::string& f, const std::string& t) override { return target_->Rename(f, t); }
   Status SyncDir(const std::string& d) override { return target_->SyncDir(d); }

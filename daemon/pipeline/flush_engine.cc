@@ -16,8 +16,11 @@ std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a
 
 FlushEngine::FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
                          ShardCallback on_durable, ShardCallback on_failed, MemoryTier* memory)
-    : storage_(std::move(storage)), pool_(pool), on_durable_(std::move(on_durable)),
-      on_failed_(std::move(on_failed)), memory_(memory) {
+    : storage_(std::move(storage)),
+      pool_(pool),
+      on_durable_(std::move(on_durable)),
+      on_failed_(std::move(on_failed)),
+      memory_(memory) {
   writers_ = std::make_unique<WorkerPool<Task>>(writers, [this](Task& task) { Write(task); });
 }
 
@@ -46,8 +49,8 @@ Status FlushEngine::Open(ShardJob& shard) {
   return shard.open_status();
 }
 
-void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
-                         std::uint64_t file_offset, std::size_t len) {
+void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk, std::uint64_t file_offset,
+                         std::size_t len) {
   shard->AddPendingWrite();
   writers_->Push(Task{std::move(shard), chunk, file_offset, len});
 }
@@ -66,7 +69,8 @@ void FlushEngine::Write(Task& task) {
     // file is cut to its exact size when the shard is published.
     std::size_t len = shard.direct_io() ? AlignUp(task.len, kDataAlignment) : task.len;
     if (len > task.len) std::memset(task.chunk.data + task.len, 0, len - task.len);
-    Status s = storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset, shard.tmp_path());
+    Status s =
+        storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset, shard.tmp_path());
     if (s.ok()) {
       // The memory tier's copy, while the chunk is at hand.
       if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/pipeline/host_pool.h"
-#include "daemon/tiers/memory_tier.h"
-#include "daemon/pipeline/shard_job.h"
 #include "daemon/io/storage.h"
+#include "daemon/pipeline/host_pool.h"
+#include "daemon/pipeline/shard_job.h"
 #include "daemon/pipeline/worker_pool.h"
+#include "daemon/tiers/memory_tier.h"
 
 namespace ckpt {
 
@@ -26,12 +26,11 @@ class FlushEngine {
  public:
   using ShardCallback = std::function<void(const std::shared_ptr<ShardJob>&)>;
 
-  // `on_durable` runs (on a writer thread) once a shard is durable, before its waiters wake; `on_failed` after a
-  // shard failed and its temporary file was removed.
-  // With `memory` (may be null), each shard gets a memory-tier image when it is opened,
-  // if the tier has room, and the writers fill it as they write.
-  FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers,
-              ShardCallback on_durable, ShardCallback on_failed, MemoryTier* memory = nullptr);
+  // `on_durable` runs (on a writer thread) once a shard is durable, before its waiters wake; `on_failed`
+  // after a shard failed and its temporary file was removed. With `memory` (may be null), each shard gets a
+  // memory-tier image when it is opened, if the tier has room, and the writers fill it as they write.
+  FlushEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned writers, ShardCallback on_durable,
+              ShardCallback on_failed, MemoryTier* memory = nullptr);
   ~FlushEngine();
 
   // Creates the shard's version directory and temporary file, once per shard, whoever

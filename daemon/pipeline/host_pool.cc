@@ -17,8 +17,7 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std
   std::uint64_t bytes = chunk_bytes * pool->chunk_count_;
   // MAP_POPULATE faults every page now, so the pool's memory is claimed at start and a
   // daemon that starts cannot later fail for lack of it.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return IoError("allocate host pool of " + std::to_string(bytes) + " bytes", errno);
   pool->base_ = static_cast<char*>(p);
   MutexLock lock(pool->mu_);

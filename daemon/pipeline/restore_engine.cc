@@ -37,14 +37,13 @@ Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targ
     }
     const ShardItem& s = *it->second;
     if (s.dtype != t.item.dtype) {
-      return FailedPrecondition("item " + QuoteName(t.item.name) + " is " +
-                                std::string(DTypeName(s.dtype)) + " in the checkpoint but registered as " +
+      return FailedPrecondition("item " + QuoteName(t.item.name) + " is " + std::string(DTypeName(s.dtype)) +
+                                " in the checkpoint but registered as " +
                                 std::string(DTypeName(t.item.dtype)));
     }
     if (s.shape != t.item.shape) {
       return FailedPrecondition("item " + QuoteName(t.item.name) + " has shape " + ShapeText(s.shape) +
-                                " in the checkpoint but is registered with shape " +
-                                ShapeText(t.item.shape));
+                                " in the checkpoint but is registered with shape " + ShapeText(t.item.shape));
     }
     if (s.length != t.item.length) {
       return FailedPrecondition("item " + QuoteName(t.item.name) + " has " + std::to_string(s.length) +
@@ -65,7 +64,8 @@ Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targ
 // checksum as its last byte passes and puts the bytes where they belong.
 class ItemSink {
  public:
-  ItemSink(std::string what, const ShardInfo& info, const std::vector<RestoreTarget>& targets, RestoredShard& out)
+  ItemSink(std::string what, const ShardInfo& info, const std::vector<RestoreTarget>& targets,
+           RestoredShard& out)
       : what_(std::move(what)), items_(info.items), dest_(items_.size()) {
     std::map<std::string, const RestoreTarget*> by_name;
     for (const auto& t : targets) by_name[t.item.name] = &t;
@@ -133,8 +133,7 @@ class ItemSink {
 }  // namespace
 
 Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
-                                             const std::vector<RestoreTarget>& targets,
-                                             bool direct_io) {
+                                             const std::vector<RestoreTarget>& targets, bool direct_io) {
   auto info = ReadShardHeader(path);
   if (!info.ok()) return info.status();
   if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
@@ -165,10 +164,10 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
     std::uint64_t offset = info->data_start + next * chunk_bytes;
     int raw_fd = fd->get();
     try {
-      inflight.push_back(Pending{*chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset,
-                                                                        chunk_bytes, &path] {
-                                   return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
-                                 })});
+      inflight.push_back(Pending{
+          *chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset, chunk_bytes, &path] {
+            return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
+          })});
     } catch (const std::system_error& e) {  // no thread could be started
       pool_.Release(*chunk);
       return Internal(std::string("cannot start a reader thread: ") + e.what());

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/region_importer.h"
 #include "common/status.h"
+#include "daemon/io/storage.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/tiers/memory_tier.h"
-#include "backend/region_importer.h"
-#include "daemon/io/storage.h"
 #include "format/shard_format.h"
 
 namespace ckpt {

@@ -88,7 +88,8 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
   };
   {
     std::vector<std::thread> threads;
-    const unsigned n = static_cast<unsigned>(std::min<std::uint64_t>(streams_, std::max<std::uint64_t>(pieces, 1)));
+    const unsigned n =
+        static_cast<unsigned>(std::min<std::uint64_t>(streams_, std::max<std::uint64_t>(pieces, 1)));
     for (unsigned t = 1; t < n; ++t) threads.emplace_back(worker);
     worker();
     for (auto& t : threads) t.join();

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "daemon/io/storage.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/tiers/memory_tier.h"
-#include "daemon/io/storage.h"
 
 namespace ckpt {
 

@@ -7,7 +7,9 @@
 namespace ckpt {
 
 ShardJob::ShardJob(ShardLayout layout, std::vector<ItemSource> sources, ShardPlacement placement)
-    : meta_(layout.meta()), layout_(std::move(layout)), sources_(std::move(sources)),
+    : meta_(layout.meta()),
+      layout_(std::move(layout)),
+      sources_(std::move(sources)),
       placement_(std::move(placement)) {
   // Unique per shard object: a crashed trainer's version still in flight and a new
   // snapshot of the same version never write the same temporary file.
@@ -47,7 +49,8 @@ void ShardJob::Reach(Level level) {
   {
     MutexLock lock(mu_);
     if (level > level_) {
-      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - created).count();
+      double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - created).count();
       for (int l = static_cast<int>(level_) + 1; l <= static_cast<int>(level); ++l) reached_ms_[l] = ms;
       level_ = level;
     }
@@ -90,8 +93,7 @@ Status ShardJob::WaitFor(Level level, std::chrono::steady_clock::time_point dead
   }
   if (level_ >= level) return Status::Ok();
   if (!error_.ok()) return error_;
-  return DeadlineExceeded("version " + std::to_string(meta_.version) +
-                          " did not reach the level in time");
+  return DeadlineExceeded("version " + std::to_string(meta_.version) + " did not reach the level in time");
 }
 
 void ShardJob::MarkOrdered() {

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_copier.h"
+#include "backend/region_importer.h"
 #include "ckpt/level.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "backend/device_copier.h"
-#include "backend/region_importer.h"
 #include "format/shard_format.h"
 
 namespace ckpt {
@@ -28,7 +28,7 @@ struct MemoryImage;
 // Where one item's bytes come from: a region of the trainer, or blob bytes the snapshot
 // request carried.
 struct ItemSource {
-  std::shared_ptr<ImportedRegion> region;   // tensor items
+  std::shared_ptr<ImportedRegion> region;  // tensor items
   std::uint64_t region_offset = 0;
   std::shared_ptr<const std::string> blob;  // blob items
 };

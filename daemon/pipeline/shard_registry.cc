@@ -9,7 +9,8 @@ void ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
   // Versions that never commit leave entries whose shards are all gone: drop them.
   for (auto it = by_version_.begin(); it != by_version_.end();) {
     auto& weak = it->second;
-    weak.erase(std::remove_if(weak.begin(), weak.end(), [](const auto& w) { return w.expired(); }), weak.end());
+    weak.erase(std::remove_if(weak.begin(), weak.end(), [](const auto& w) { return w.expired(); }),
+               weak.end());
     it = weak.empty() ? by_version_.erase(it) : std::next(it);
   }
   by_version_[{shard->meta().job, shard->meta().version}].push_back(shard);
@@ -17,7 +18,8 @@ void ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
   while (recent_.size() > kRecentShards) recent_.pop_front();
 }
 
-std::vector<std::shared_ptr<ShardJob>> ShardRegistry::TakeVersion(const std::string& job, std::uint64_t version) {
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::TakeVersion(const std::string& job,
+                                                                  std::uint64_t version) {
   std::vector<std::shared_ptr<ShardJob>> out;
   MutexLock lock(mu_);
   auto it = by_version_.find({job, version});
@@ -42,13 +44,15 @@ std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::stri
     if (key.first != job) continue;
     for (const auto& weak : shards) {
       auto shard = weak.lock();
-      if (shard && shard->copy_queue() == queue && shard->level() < Level::kCaptured) out.push_back(std::move(shard));
+      if (shard && shard->copy_queue() == queue && shard->level() < Level::kCaptured)
+        out.push_back(std::move(shard));
     }
   }
   return out;
 }
 
-Status ShardRegistry::WaitRankSettled(const std::string& job, std::uint32_t rank, const CancelCheck& cancelled) const {
+Status ShardRegistry::WaitRankSettled(const std::string& job, std::uint32_t rank,
+                                      const CancelCheck& cancelled) const {
   std::vector<std::shared_ptr<ShardJob>> inflight;
   {
     MutexLock lock(mu_);

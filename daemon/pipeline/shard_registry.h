@@ -29,7 +29,8 @@ class ShardRegistry {
   // A shard was admitted (before it is queued for copying).
   void Add(const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
   // Removes and returns the live shards of (job, version): the caller commits or fails them.
-  std::vector<std::shared_ptr<ShardJob>> TakeVersion(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  std::vector<std::shared_ptr<ShardJob>> TakeVersion(const std::string& job, std::uint64_t version)
+      EXCLUDES(mu_);
   // The newest shards, oldest first (in flight and recently done).
   std::vector<std::shared_ptr<ShardJob>> Recent() const EXCLUDES(mu_);
   // Shards of `job` from copy queue `queue` (one registration) not yet captured.

@@ -1,9 +1,9 @@
 #include "daemon/pipeline/snapshot_engine.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include <spdlog/spdlog.h>
 
 #include "format/checksum.h"
 
@@ -15,13 +15,14 @@ constexpr std::uint64_t kPieceBytes = 1 << 20;
 
 }  // namespace
 
-SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers,
-                               DeviceBackend* backend, unsigned lanes)
+SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers, DeviceBackend* backend,
+                               unsigned lanes)
     : pool_(pool), flush_(flush), backend_(backend), lanes_(lanes == 0 ? 1 : lanes) {
-  copiers_ = std::make_unique<WorkerPool<std::shared_ptr<ShardJob>>>(copiers, [this](std::shared_ptr<ShardJob>& shard) {
-    Copy(shard);
-    flush_.CopyFinished(shard);
-  });
+  copiers_ = std::make_unique<WorkerPool<std::shared_ptr<ShardJob>>>(
+      copiers, [this](std::shared_ptr<ShardJob>& shard) {
+        Copy(shard);
+        flush_.CopyFinished(shard);
+      });
 }
 
 SnapshotEngine::~SnapshotEngine() { Stop(); }
@@ -238,8 +239,8 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     while (filled < fill && status.ok()) {
       const ShardItem& it = items[item];
       const ItemSource& src = sources[item];
-      const std::size_t n = static_cast<std::size_t>(
-          std::min({fill - filled, it.length - in_item, kPieceBytes}));
+      const std::size_t n =
+          static_cast<std::size_t>(std::min({fill - filled, it.length - in_item, kPieceBytes}));
       char* dst = chunk->data + filled;
       if (src.blob) {
         std::memcpy(dst, src.blob->data() + in_item, n);
@@ -287,9 +288,10 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     for (const auto& c : dropped) pool_.Release(c);
     return;
   }
-  spdlog::warn("job {} rank {} version {}: copies still queued behind the trainer's event; {} pool chunk(s) "
-               "and {} copy stream(s) set aside until they drain",
-               shard->meta().job, shard->meta().rank, shard->meta().version, dropped.size(), lanes.size());
+  spdlog::warn(
+      "job {} rank {} version {}: copies still queued behind the trainer's event; {} pool chunk(s) "
+      "and {} copy stream(s) set aside until they drain",
+      shard->meta().job, shard->meta().rank, shard->meta().version, dropped.size(), lanes.size());
   MutexLock lock(abandoned_mu_);
   abandoned_.push_back(Abandoned{std::move(lanes), std::move(dropped)});
 }

@@ -23,8 +23,8 @@
 
 #include <deque>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,8 +40,8 @@ namespace ckpt {
 class SnapshotEngine {
  public:
   // `backend` (may be null) provides the lanes of device regions; `lanes` per shard.
-  SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers,
-                 DeviceBackend* backend = nullptr, unsigned lanes = 2);
+  SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers, DeviceBackend* backend = nullptr,
+                 unsigned lanes = 2);
   ~SnapshotEngine();
 
   void Enqueue(std::shared_ptr<ShardJob> shard);

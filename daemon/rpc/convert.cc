@@ -31,7 +31,8 @@ SnapshotRequestData FromProto(const v1::SnapshotRequest& req) {
   out.table_generation = req.table_generation();
   out.trainer_event_slot = req.trainer_event_slot();
   out.blobs.reserve(req.blobs_size());
-  for (const auto& b : req.blobs()) out.blobs.push_back(SnapshotBlob{b.name(), std::make_shared<const std::string>(b.data())});
+  for (const auto& b : req.blobs())
+    out.blobs.push_back(SnapshotBlob{b.name(), std::make_shared<const std::string>(b.data())});
   return out;
 }
 

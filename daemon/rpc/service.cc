@@ -15,7 +15,8 @@ constexpr std::uint64_t kMaxWaitMs = 30ull * 24 * 3600 * 1000;
 
 }  // namespace
 
-Result<std::shared_ptr<Session>> CheckpointService::FindSession(grpc::ServerContext* ctx, const std::string& id) {
+Result<std::shared_ptr<Session>> CheckpointService::FindSession(grpc::ServerContext* ctx,
+                                                                const std::string& id) {
   auto peer = auth_.Check(ctx->peer());
   if (!peer.ok()) return peer.status();
   return daemon_.sessions().Find(id, peer->uid);
@@ -59,7 +60,8 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitReply* reply) {
+grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req,
+                                     v1::WaitReply* reply) {
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
   const Level want = LevelFromProto(req->level());
@@ -118,7 +120,8 @@ grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::Rest
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListRequest* req, v1::ListReply* reply) {
+grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListRequest* req,
+                                     v1::ListReply* reply) {
   if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
   if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
   auto versions = daemon_.tiers().List(req->job());
@@ -128,7 +131,8 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
   return grpc::Status::OK;
 }
 
-grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*, v1::StatusReply* reply) {
+grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
+                                       v1::StatusReply* reply) {
   if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
   FillStatusReport(daemon_, reply);
   return grpc::Status::OK;
@@ -151,8 +155,8 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
   if (!done.ok()) return ToGrpc(done.status());
   daemon_.restore_counters().bytes_read += done->bytes;
   ToProto(done.value(), reply);
-  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)", req->job(),
-               done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
+  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)",
+               req->job(), done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
   return grpc::Status::OK;
 }
 

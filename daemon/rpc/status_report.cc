@@ -86,7 +86,8 @@ void FillStatusReport(Daemon& daemon, v1::StatusReply* reply) {
   reply->set_daemon_version(CKPTD_VERSION);
   reply->set_pid(::getpid());
   reply->set_uptime_s(static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - daemon.started()).count()));
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - daemon.started())
+          .count()));
   reply->set_root(daemon.config().root);
   reply->set_direct_io(daemon.tiers().persistent_direct_io());
   reply->set_pool_bytes(daemon.pool().pool_bytes());

@@ -49,8 +49,8 @@ Status SnapshotAdmission::CheckVersion(Session& s, std::uint64_t v) {
   }
   const std::uint64_t latest = catalog_.Latest(s.job);
   if (v <= latest) {
-    return FailedPrecondition("version " + std::to_string(v) + " is not higher than " + std::to_string(latest) +
-                              ", the newest committed version of job '" + s.job +
+    return FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
+                              std::to_string(latest) + ", the newest committed version of job '" + s.job +
                               "' (restore an older version first to roll back)");
   }
   return Status::Ok();
@@ -67,16 +67,18 @@ Status SnapshotAdmission::CheckTable(Session& s, std::uint64_t validated) {
   }
   if (gen.value() == s.table_generation) return Status::Ok();
   if (Status st = loader_.Load(s); !st.ok()) return st.With("re-reading descriptor table");
-  if (s.device >= 0 && !s.events) return FailedPrecondition("the descriptor table now lists GPU tensors; register again");
+  if (s.device >= 0 && !s.events)
+    return FailedPrecondition("the descriptor table now lists GPU tensors; register again");
   return Status::Ok();
 }
 
 Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const SnapshotRequestData& req,
-                                                            const CancelCheck& cancelled) {
+                                                           const CancelCheck& cancelled) {
   const std::uint64_t v = req.version;
   if (Status st = ReportEarlierFailure(s, v); !st.ok()) return st;
   if (v == 0 || v > kMaxVersion) {
-    return InvalidArgument("version " + std::to_string(v) + " is not in [1, " + std::to_string(kMaxVersion) + "]");
+    return InvalidArgument("version " + std::to_string(v) + " is not in [1, " + std::to_string(kMaxVersion) +
+                           "]");
   }
   if (Status st = WaitForRoom(s, cancelled); !st.ok()) return st;
   if (Status st = CheckVersion(s, v); !st.ok()) return st;

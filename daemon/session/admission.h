@@ -50,12 +50,17 @@ class SnapshotAdmission {
   // `local` may be null (no local tier: shards go to the persistent tier).
   SnapshotAdmission(Catalog& catalog, bool persistent_direct_io, LocalTier* local, TableLoader& loader,
                     ShardRegistry& shards, SnapshotEngine& engine, std::uint64_t max_blob_bytes)
-      : catalog_(catalog), persistent_direct_io_(persistent_direct_io), local_(local), loader_(loader),
-        shards_(shards), engine_(engine), max_blob_bytes_(max_blob_bytes) {}
+      : catalog_(catalog),
+        persistent_direct_io_(persistent_direct_io),
+        local_(local),
+        loader_(loader),
+        shards_(shards),
+        engine_(engine),
+        max_blob_bytes_(max_blob_bytes) {}
 
   // Admits and queues the snapshot; returns its shard.
-  Result<std::shared_ptr<ShardJob>> Admit(Session& s, const SnapshotRequestData& req, const CancelCheck& cancelled)
-      REQUIRES(s.mu);
+  Result<std::shared_ptr<ShardJob>> Admit(Session& s, const SnapshotRequestData& req,
+                                          const CancelCheck& cancelled) REQUIRES(s.mu);
 
  private:
   Status ReportEarlierFailure(Session& s, std::uint64_t version) REQUIRES(s.mu);

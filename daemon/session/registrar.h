@@ -43,7 +43,11 @@ class Registrar {
  public:
   Registrar(std::shared_ptr<Storage> storage, Catalog& catalog, TableLoader& loader, SessionTable& sessions,
             ShardRegistry& shards)
-      : storage_(std::move(storage)), catalog_(catalog), loader_(loader), sessions_(sessions), shards_(shards) {}
+      : storage_(std::move(storage)),
+        catalog_(catalog),
+        loader_(loader),
+        sessions_(sessions),
+        shards_(shards) {}
 
   // A new session for `peer`.
   Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,

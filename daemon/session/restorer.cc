@@ -30,11 +30,13 @@ Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const Sh
                               std::to_string(meta.world_size) + " (job '" + meta.job + "'), not rank " +
                               std::to_string(s.rank) + " of " + std::to_string(s.world_size));
   }
-  if (meta.job != s.job || meta.version != version || meta.rank != s.rank || meta.world_size != s.world_size) {
+  if (meta.job != s.job || meta.version != version || meta.rank != s.rank ||
+      meta.world_size != s.world_size) {
     return DataLoss(where + " holds version " + std::to_string(meta.version) + " of rank " +
-                    std::to_string(meta.rank) + " of " + std::to_string(meta.world_size) + " (job '" + meta.job +
-                    "'), not version " + std::to_string(version) + " of rank " + std::to_string(s.rank) + " of " +
-                    std::to_string(s.world_size) + " (was written by another rank or copied into place)");
+                    std::to_string(meta.rank) + " of " + std::to_string(meta.world_size) + " (job '" +
+                    meta.job + "'), not version " + std::to_string(version) + " of rank " +
+                    std::to_string(s.rank) + " of " + std::to_string(s.world_size) +
+                    " (was written by another rank or copied into place)");
   }
   return Status::Ok();
 }
@@ -54,7 +56,8 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
     target.region_offset = t.offset;
     targets.push_back(std::move(target));
   }
-  return src.image ? engine_.RestoreFromImage(*src.image, targets) : engine_.Restore(src.path, targets, src.direct_io);
+  return src.image ? engine_.RestoreFromImage(*src.image, targets)
+                   : engine_.Restore(src.path, targets, src.direct_io);
 }
 
 Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
@@ -78,9 +81,9 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
     // Only a bad copy is worth another tier: a registration that does not match the shard
     // (FailedPrecondition) or an unreadable region fails on every tier alike.
     if (restored.status().code() != StatusCode::kDataLoss || src.tier == Tier::kPersistent) break;
-    errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) + ": the " +
-                   TierName(src.tier) + " tier's copy failed verification (" + restored.status().message() +
-                   "); dropped, restoring from the next tier");
+    errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) +
+                   ": the " + TierName(src.tier) + " tier's copy failed verification (" +
+                   restored.status().message() + "); dropped, restoring from the next tier");
     tiers_.DropCopy(src);
   }
   if (!restored.ok()) {

@@ -47,8 +47,13 @@ class Restorer {
  public:
   Restorer(TierSet& tiers, RestoreEngine& engine, ShardRegistry& shards, CommitTracker& commits,
            Registrar& registrar, RestoreCounters& counters, ErrorLog& errors)
-      : tiers_(tiers), engine_(engine), shards_(shards), commits_(commits), registrar_(registrar),
-        counters_(counters), errors_(errors) {}
+      : tiers_(tiers),
+        engine_(engine),
+        shards_(shards),
+        commits_(commits),
+        registrar_(registrar),
+        counters_(counters),
+        errors_(errors) {}
 
   // Restores `requested` (0: the newest committed version) into the session's regions.
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);

@@ -64,7 +64,8 @@ struct Session {
   std::atomic<int> device{-1};
 
   Mutex regions_mu;
-  std::vector<std::shared_ptr<ImportedRegion>> regions GUARDED_BY(regions_mu);  // distinct, incl. none of the table
+  std::vector<std::shared_ptr<ImportedRegion>> regions
+      GUARDED_BY(regions_mu);  // distinct, incl. none of the table
 
   Mutex failures_mu;
   std::set<std::uint64_t> unreported_failures GUARDED_BY(failures_mu);

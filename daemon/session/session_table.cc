@@ -7,7 +7,9 @@ namespace ckpt {
 SessionTable::SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap)
     : shards_(shards), backend_(backend), on_reap_(std::move(on_reap)) {}
 
-void SessionTable::StartReaper() { reaper_ = std::thread([this] { ReapLoop(); }); }
+void SessionTable::StartReaper() {
+  reaper_ = std::thread([this] { ReapLoop(); });
+}
 
 void SessionTable::Stop() {
   {
@@ -32,8 +34,9 @@ Status SessionTable::Add(const std::shared_ptr<Session>& s, std::shared_ptr<Sess
   MutexLock lock(mu_);
   for (const auto& [id, other] : by_id_) {
     if (other->job == s->job && other->world_size != s->world_size && !other->TrainerExited()) {
-      return InvalidArgument("job '" + s->job + "' runs with world size " + std::to_string(other->world_size) +
-                             " (rank " + std::to_string(other->rank) + "), not " + std::to_string(s->world_size));
+      return InvalidArgument("job '" + s->job + "' runs with world size " +
+                             std::to_string(other->world_size) + " (rank " + std::to_string(other->rank) +
+                             "), not " + std::to_string(s->world_size));
     }
   }
   auto key = std::make_pair(s->job, s->rank);
@@ -57,7 +60,8 @@ void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
     MutexLock lock(mu_);
     by_id_.erase(s->id);
     auto key = std::make_pair(s->job, s->rank);
-    if (auto it = rank_owner_.find(key); it != rank_owner_.end() && it->second == s->id) rank_owner_.erase(it);
+    if (auto it = rank_owner_.find(key); it != rank_owner_.end() && it->second == s->id)
+      rank_owner_.erase(it);
   }
   if (!trainer_gone) {
     spdlog::info("job {} rank {}: unregistered", s->job, s->rank);
@@ -75,8 +79,8 @@ void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
     // context that is gone (which may never fire), and an event that fires at teardown
     // would not mean the update was complete.
     for (const auto& shard : shards_.Uncaptured(s->job, s->id)) {
-      shard->Fail(FailedPrecondition("trainer pid " + std::to_string(s->peer.pid) + " exited before version " +
-                                     std::to_string(shard->meta().version) +
+      shard->Fail(FailedPrecondition("trainer pid " + std::to_string(s->peer.pid) +
+                                     " exited before version " + std::to_string(shard->meta().version) +
                                      " was copied out of its GPU memory; the version is abandoned"));
     }
   }

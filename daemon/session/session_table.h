@@ -56,7 +56,8 @@ class SessionTable {
   const std::function<void()> on_reap_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> by_id_ GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::uint32_t>, std::string> rank_owner_ GUARDED_BY(mu_);  // (job, rank) -> id
+  std::map<std::pair<std::string, std::uint32_t>, std::string> rank_owner_
+      GUARDED_BY(mu_);  // (job, rank) -> id
   Mutex reap_mu_;
   CondVar reap_cv_;
   bool stopping_ GUARDED_BY(reap_mu_) = false;

@@ -49,10 +49,12 @@ Status TableLoader::Load(Session& s) {
     // Opened afresh on every (re-)registration: the name may now refer to a new object.
     const bool device_region = backend_ && backend_->Owns(name);
     if (!device_region && name.starts_with("cuda:")) {
-      return FailedPrecondition("region " + name.substr(0, 40) + "... is GPU memory, but this daemon has no CUDA backend (" +
+      return FailedPrecondition("region " + name.substr(0, 40) +
+                                "... is GPU memory, but this daemon has no CUDA backend (" +
                                 no_backend_reason_ + ")");
     }
-    auto imported = device_region ? backend_->Import(name, s.peer.pid, 0) : importer_.Import(name, s.peer.uid, 0);
+    auto imported =
+        device_region ? backend_->Import(name, s.peer.pid, 0) : importer_.Import(name, s.peer.uid, 0);
     if (!imported.ok()) return imported.status();
     std::shared_ptr<ImportedRegion> region = std::move(imported).value();
     auto cur = region->CurrentSize();
@@ -72,8 +74,9 @@ Status TableLoader::Load(Session& s) {
   for (const auto& [name, region] : fresh) {
     if (region->device() < 0) continue;
     if (device >= 0 && region->device() != device) {
-      return InvalidArgument("tensors of one registration are on two GPUs (daemon devices " + std::to_string(device) +
-                             " and " + std::to_string(region->device()) + "); register one rank's GPU only");
+      return InvalidArgument("tensors of one registration are on two GPUs (daemon devices " +
+                             std::to_string(device) + " and " + std::to_string(region->device()) +
+                             "); register one rank's GPU only");
     }
     device = region->device();
   }
@@ -107,7 +110,8 @@ Status TableLoader::AttachDevice(Session& s, const DeviceRegistration& device,
                                  std::vector<std::string>* daemon_events) {
   if (s.device < 0) return Status::Ok();
   if (!device.present || device.trainer_events.empty()) {
-    return InvalidArgument("GPU tensors need the registration's CUDA session (device UUID and trainer events)");
+    return InvalidArgument(
+        "GPU tensors need the registration's CUDA session (device UUID and trainer events)");
   }
   if (!s.events) {
     auto events = backend_->OpenSession(device.device_uuid, device.trainer_events);

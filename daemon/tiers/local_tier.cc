@@ -43,7 +43,8 @@ void LocalTier::RemoveVersion(const std::string& job, std::uint64_t version) {
   if (auto files = storage_->List(vdir); files.ok()) {
     for (const auto& f : files.value()) storage_->Remove(JoinPath(vdir, f));
   }
-  if (Status st = storage_->Remove(vdir); !st.ok()) spdlog::warn("local tier: cannot remove {}: {}", vdir, st.message());
+  if (Status st = storage_->Remove(vdir); !st.ok())
+    spdlog::warn("local tier: cannot remove {}: {}", vdir, st.message());
 }
 
 void LocalTier::ApplyRetention(const std::string& job) {

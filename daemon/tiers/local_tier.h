@@ -6,9 +6,9 @@
 // It has the persistent tier's tree of version directories (format/paths.h) but no markers
 // of its own: a version here is committed when the persistent tier says so. Retention keeps
 // the newest `keep` committed versions of each job, drops uncommitted versions older than a
-// committed one (promoted already: their commit needs only the persistent tier), and never touches a pinned version (a promotion queued, a
-// restore or prefetch reading it). After a restart, ScanUncommitted() finds the shards of
-// versions newer than the newest committed one, to promote or to watch. Thread-safe.
+// committed one (promoted already: their commit needs only the persistent tier), and never touches a pinned
+// version (a promotion queued, a restore or prefetch reading it). After a restart, ScanUncommitted() finds
+// the shards of versions newer than the newest committed one, to promote or to watch. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,9 @@ class LocalTier {
   const std::string& root() const { return tree_.root(); }
   bool direct_io() const { return direct_io_; }
   std::uint32_t keep() const { return keep_; }
-  std::string VersionDir(const std::string& job, std::uint64_t version) const { return tree_.VersionDir(job, version); }
+  std::string VersionDir(const std::string& job, std::uint64_t version) const {
+    return tree_.VersionDir(job, version);
+  }
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const {
     return tree_.ShardPath(job, version, rank);
   }

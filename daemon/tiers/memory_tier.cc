@@ -108,27 +108,29 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
     // user who configured the tier expects.
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      spdlog::warn("memory tier: job {} version {} rank {} ({} MiB) not kept: over the {} MiB budget (it needs "
-                   "--memory-versions + 1 versions of each rank: raise --memory-mib); restores of versions not "
-                   "kept read the local or persistent tier",
-                   meta.job, meta.version, meta.rank, file_bytes >> 20, budget_ >> 20);
+      spdlog::warn(
+          "memory tier: job {} version {} rank {} ({} MiB) not kept: over the {} MiB budget (it needs "
+          "--memory-versions + 1 versions of each rank: raise --memory-mib); restores of versions not "
+          "kept read the local or persistent tier",
+          meta.job, meta.version, meta.rank, file_bytes >> 20, budget_ >> 20);
     } else {
-      spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget", meta.job,
-                    meta.version, meta.rank, file_bytes, budget_ >> 20);
+      spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget",
+                    meta.job, meta.version, meta.rank, file_bytes, budget_ >> 20);
     }
     return nullptr;
   }
   // The padding past the file's end must be zero: it is written with O_DIRECT.
   if (bytes > file_bytes) std::memset(data + file_bytes, 0, bytes - file_bytes);
   std::weak_ptr<Store> store = store_;
-  std::shared_ptr<MemoryImage> image(new MemoryImage(meta, file_bytes, data, capacity), [store](MemoryImage* img) {
-    if (auto s = store.lock()) {
-      s->Give(img->data(), img->capacity());
-    } else {
-      ::munmap(img->data(), img->capacity());
-    }
-    delete img;
-  });
+  std::shared_ptr<MemoryImage> image(new MemoryImage(meta, file_bytes, data, capacity),
+                                     [store](MemoryImage* img) {
+                                       if (auto s = store.lock()) {
+                                         s->Give(img->data(), img->capacity());
+                                       } else {
+                                         ::munmap(img->data(), img->capacity());
+                                       }
+                                       delete img;
+                                     });
   MutexLock lock(mu_);
   images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false};
   return image;
@@ -186,7 +188,8 @@ void MemoryTier::DropNewerThan(const std::string& job, std::uint32_t rank, std::
   it->second.erase(it->second.upper_bound(version), it->second.end());
 }
 
-std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint64_t version,
+                                              std::uint32_t rank) {
   MutexLock lock(mu_);
   auto it = images_.find(Key{job, rank});
   if (it == images_.end()) return nullptr;

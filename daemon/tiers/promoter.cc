@@ -8,10 +8,16 @@ namespace ckpt {
 
 Promoter::Promoter(LocalTier& local, MemoryTier& memory, ShardCopier& copier, const Catalog& catalog,
                    bool persistent_direct_io, Hooks hooks)
-    : local_(local), memory_(memory), copier_(copier), catalog_(catalog),
-      persistent_direct_io_(persistent_direct_io), hooks_(std::move(hooks)) {}
+    : local_(local),
+      memory_(memory),
+      copier_(copier),
+      catalog_(catalog),
+      persistent_direct_io_(persistent_direct_io),
+      hooks_(std::move(hooks)) {}
 
-void Promoter::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Promoter::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void Promoter::Stop() {
   {
@@ -72,8 +78,8 @@ void Promoter::Promote(const Task& task) {
       task.shard->Fail(st);
       hooks_.on_failed(task.shard);
     } else {
-      hooks_.on_error("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
-                      ": " + st.message());
+      hooks_.on_error("job " + m.job + " rank " + std::to_string(m.rank) + " version " +
+                      std::to_string(m.version) + ": " + st.message());
     }
     return;
   }

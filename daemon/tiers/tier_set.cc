@@ -8,9 +8,12 @@ namespace ckpt {
 
 const char* TierName(Tier tier) {
   switch (tier) {
-    case Tier::kMemory: return "memory";
-    case Tier::kLocal: return "local";
-    case Tier::kPersistent: return "persistent";
+    case Tier::kMemory:
+      return "memory";
+    case Tier::kLocal:
+      return "local";
+    case Tier::kPersistent:
+      return "persistent";
   }
   return "persistent";
 }
@@ -31,12 +34,14 @@ Result<HeldVersion> TierSet::HoldCommitted(const std::string& job, std::uint64_t
   // Another node's daemon may have committed since this one last looked.
   held.latest = catalog_.RefreshLatest(job);
   held.version = requested == 0 ? held.latest : requested;
-  if (held.version == 0) return NotFound("job '" + job + "' has no committed version under " + catalog_.root());
+  if (held.version == 0)
+    return NotFound("job '" + job + "' has no committed version under " + catalog_.root());
   // Held before the check, so that retention cannot delete it between the two.
   held.hold = std::make_unique<VersionHold>(catalog_, local_, job, held.version);
   if (!catalog_.IsCommitted(job, held.version)) {
-    return NotFound("version " + std::to_string(held.version) + " of job '" + job + "' is not committed" +
-                    (held.latest ? " (newest committed: " + std::to_string(held.latest) + ")" : std::string()));
+    return NotFound(
+        "version " + std::to_string(held.version) + " of job '" + job + "' is not committed" +
+        (held.latest ? " (newest committed: " + std::to_string(held.latest) + ")" : std::string()));
   }
   return held;
 }
@@ -50,17 +55,24 @@ std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t 
     out.push_back(std::move(src));
   }
   if (local_ && local_->Has(job, version, rank)) {
-    out.push_back(ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io()});
+    out.push_back(
+        ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io()});
   }
-  out.push_back(ShardSource{Tier::kPersistent, nullptr, catalog_.ShardPath(job, version, rank), persistent_direct_io_});
+  out.push_back(
+      ShardSource{Tier::kPersistent, nullptr, catalog_.ShardPath(job, version, rank), persistent_direct_io_});
   return out;
 }
 
 void TierSet::DropCopy(const ShardSource& copy) {
   switch (copy.tier) {
-    case Tier::kMemory: memory_.Drop(copy.image); break;
-    case Tier::kLocal: storage_->Remove(copy.path); break;
-    case Tier::kPersistent: break;
+    case Tier::kMemory:
+      memory_.Drop(copy.image);
+      break;
+    case Tier::kLocal:
+      storage_->Remove(copy.path);
+      break;
+    case Tier::kPersistent:
+      break;
   }
 }
 
@@ -104,8 +116,9 @@ Status TierSet::Load(const std::string& path, bool direct_io, MemoryImage& image
 Result<PrefetchResult> TierSet::Prefetch(const std::string& job, std::uint64_t requested,
                                          std::vector<std::uint32_t> ranks) {
   if (!local_ && !memory_.enabled()) {
-    return FailedPrecondition("this daemon has neither a local tier (--local) nor a memory tier "
-                              "(--memory-mib): nothing to prefetch into");
+    return FailedPrecondition(
+        "this daemon has neither a local tier (--local) nor a memory tier "
+        "(--memory-mib): nothing to prefetch into");
   }
   auto held = HoldCommitted(job, requested);
   if (!held.ok()) return held.status();

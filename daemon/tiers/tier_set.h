@@ -77,8 +77,13 @@ class TierSet {
   // `local` may be null (no local tier). `persistent_direct_io`: the root takes O_DIRECT.
   TierSet(std::shared_ptr<Storage> storage, Catalog& catalog, bool persistent_direct_io, LocalTier* local,
           MemoryTier& memory, ShardCopier& copier, std::uint64_t read_piece_bytes)
-      : storage_(std::move(storage)), catalog_(catalog), persistent_direct_io_(persistent_direct_io),
-        local_(local), memory_(memory), copier_(copier), read_piece_bytes_(read_piece_bytes) {}
+      : storage_(std::move(storage)),
+        catalog_(catalog),
+        persistent_direct_io_(persistent_direct_io),
+        local_(local),
+        memory_(memory),
+        copier_(copier),
+        read_piece_bytes_(read_piece_bytes) {}
 
   Catalog& persistent() { return catalog_; }
   bool persistent_direct_io() const { return persistent_direct_io_; }

@@ -30,7 +30,6 @@ namespace py = pybind11;
 namespace ckpt::python {
 namespace {
 
-
 [[noreturn]] void Throw(const Status& s) { throw ckpt::Error(GrpcCodeNumber(s.code()), s.message()); }
 
 // Opens `path` and parses its header; an open failure becomes OSError (FileNotFoundError,

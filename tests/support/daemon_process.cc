@@ -8,13 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-
-#include <catch2/catch.hpp>
 
 #include "support/test_dirs.h"
 
@@ -56,12 +55,18 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   std::vector<std::string> argv = {CKPTD_BINARY,
-                                   "--root", options_.root,
-                                   "--socket", options_.socket,
-                                   "--pool-mib", std::to_string(options_.pool_mib),
-                                   "--chunk-mib", std::to_string(options_.chunk_mib),
-                                   "--ready-fd", std::to_string(ready[1]),
-                                   "--log-level", "debug"};
+                                   "--root",
+                                   options_.root,
+                                   "--socket",
+                                   options_.socket,
+                                   "--pool-mib",
+                                   std::to_string(options_.pool_mib),
+                                   "--chunk-mib",
+                                   std::to_string(options_.chunk_mib),
+                                   "--ready-fd",
+                                   std::to_string(ready[1]),
+                                   "--log-level",
+                                   "debug"};
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
   int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   pid_ = Spawn(argv, log, ready[1]);
@@ -131,7 +136,8 @@ std::string DaemonProcess::Log() const {
 }
 
 std::unique_ptr<v1::Checkpoint::Stub> DaemonProcess::Stub() const {
-  return v1::Checkpoint::NewStub(grpc::CreateChannel("unix:" + options_.socket, grpc::InsecureChannelCredentials()));
+  return v1::Checkpoint::NewStub(
+      grpc::CreateChannel("unix:" + options_.socket, grpc::InsecureChannelCredentials()));
 }
 
 v1::StatusReply DaemonProcess::Status() const {

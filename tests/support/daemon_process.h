@@ -15,8 +15,8 @@
 namespace ckpt::test {
 
 struct DaemonOptions {
-  std::string root;     // checkpoint root
-  std::string socket;   // socket path
+  std::string root;    // checkpoint root
+  std::string socket;  // socket path
   std::uint64_t pool_mib = 64;
   std::uint64_t chunk_mib = 4;
   std::vector<std::string> extra_args;

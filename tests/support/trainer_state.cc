@@ -32,8 +32,11 @@ TrainerState::TrainerState(std::size_t tensors, std::size_t tensor_bytes, std::u
 std::vector<TensorItem> TrainerState::Items(const std::string& prefix) const {
   std::vector<TensorItem> items;
   for (std::size_t t = 0; t < tensors_; ++t) {
-    items.push_back({prefix + std::to_string(t), DType::kF32, {static_cast<std::int64_t>(tensor_bytes_ / 4)},
-                     region_, t * tensor_bytes_});
+    items.push_back({prefix + std::to_string(t),
+                     DType::kF32,
+                     {static_cast<std::int64_t>(tensor_bytes_ / 4)},
+                     region_,
+                     t * tensor_bytes_});
   }
   return items;
 }
