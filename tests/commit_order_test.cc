@@ -15,6 +15,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "support/daemon_process.h"
+#include "support/eventually.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
 
@@ -22,20 +23,7 @@ using namespace ckpt;
 using namespace ckpt::test;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Waits for a condition the daemon brings about in the background (bounded).
-template <typename F>
-bool Eventually(F done, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return done();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("a version made durable after a newer one committed still commits", "[commit]") {
   TempDir dir("order");

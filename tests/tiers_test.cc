@@ -16,6 +16,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "support/daemon_process.h"
+#include "support/eventually.h"
 #include "support/shard_path.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -97,17 +98,6 @@ void CheckLatestLoads(const std::string& root, const std::string& job, std::uint
   if (latest == 0) return;
   REQUIRE(Committed(root, job, latest));
   for (std::uint32_t r = 0; r < world; ++r) CheckShard(ShardPath(root, job, latest, r), r, latest);
-}
-
-// Waits for a condition the daemons bring about in the background (bounded).
-template <typename F>
-bool Eventually(F done, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return done();
 }
 
 v1::ListReply List(const DaemonProcess& d, const std::string& job) {
