@@ -37,6 +37,7 @@ Status Catalog::Recover() {
   if (!jobs.ok()) return jobs.status();
   for (const auto& job : jobs.value()) {
     if (!CheckJobId(job).empty()) continue;  // not ours
+    MutexLock lock(commit_mu_);  // recovery rewrites `latest`, as commits do
     if (Status s = RecoverJob(job); !s.ok()) return s.With("recover job " + job);
   }
   return Status::Ok();

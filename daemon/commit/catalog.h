@@ -81,9 +81,10 @@ class Catalog {
   void Unpin(const std::string& job, std::uint64_t version);
 
  private:
-  Status RecoverJob(const std::string& job);
+  Status RecoverJob(const std::string& job) REQUIRES(commit_mu_);
   std::uint64_t ScanLatest(const std::string& job);
-  Status WriteLatest(const std::string& job, std::uint64_t version);
+  // `latest` is written only under commit_mu_ (commits, rollbacks, recovery).
+  Status WriteLatest(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
   Status ApplyRetention(const std::string& job) REQUIRES(commit_mu_);
 
   std::shared_ptr<Storage> storage_;
@@ -94,7 +95,7 @@ class Catalog {
   // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
   // commit's disk flushes.
   Mutex commit_mu_;
-  Mutex latest_mu_;
+  Mutex latest_mu_ ACQUIRED_AFTER(commit_mu_);
   // Cache; loaded from storage on first use.
   std::map<std::string, std::uint64_t> latest_ GUARDED_BY(latest_mu_);
   std::multiset<std::pair<std::string, std::uint64_t>> pinned_ GUARDED_BY(commit_mu_);
