@@ -79,7 +79,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_,
                                          restore_counters_, errors_);
 
-  ResumeLocalTier();
+  if (Status st = ResumeLocalTier(); !st.ok()) return st.With("local tier " + config_.local_dir);
   commits_->Start();
   if (promoter_) promoter_->Start();
   sessions_->StartReaper();
@@ -122,10 +122,12 @@ void Daemon::LogTiers() const {
       config_.keep_every ? ", and every " + std::to_string(config_.keep_every) + "th" : std::string());
 }
 
-void Daemon::ResumeLocalTier() {
-  if (!local_) return;
+Status Daemon::ResumeLocalTier() {
+  if (!local_) return Status::Ok();
+  auto found = local_->ScanUncommitted();
+  if (!found.ok()) return found.status();
   int resumed = 0, awaited = 0;
-  for (auto& shard : local_->ScanUncommitted()) {
+  for (auto& shard : found.value()) {
     const ShardMeta& m = shard.meta;
     if (catalog_->HasDoneMarker(m.job, m.version, m.rank, m.session)) {
       commits_->Await(m);  // promoted before the restart: only the commit is left to see
@@ -135,10 +137,12 @@ void Daemon::ResumeLocalTier() {
     promoter_->Enqueue(Promoter::Task{m, std::move(shard.path), shard.file_bytes, nullptr});
     ++resumed;
   }
+  local_->ApplyRetentionToAll();  // after the resumed promotions are queued (pinned)
   if (resumed + awaited > 0) {
     spdlog::info("local tier: {} promotion(s) resumed, {} commit(s) awaited after the restart", resumed,
                  awaited);
   }
+  return Status::Ok();
 }
 
 Daemon::~Daemon() { Shutdown(); }
@@ -175,6 +179,7 @@ void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
   if (shard->publish_level() == Level::kLocal) {
     promoter_->Enqueue(Promoter::Task{m, shard->final_path(), shard->layout().file_bytes(), shard});
+    if (shard->ReleaseLocalPin()) local_->Unpin(m.job, m.version);  // the promoter's pin holds it now
     return;
   }
   commits_->OnPersisted(m, shard);
@@ -182,6 +187,7 @@ void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
 
 void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   const ShardMeta& m = shard->meta();
+  if (local_ && shard->ReleaseLocalPin()) local_->Unpin(m.job, m.version);
   memory_->Drop(shard->image);
   shard->image.reset();
   errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " +

@@ -92,7 +92,7 @@ class Daemon {
   void PinPool();
   void LogTiers() const;
   // Queues promotions a restart cut off and awaits the commits of shards promoted before it.
-  void ResumeLocalTier();
+  Status ResumeLocalTier();
 
   // Hooks of the stages.
   void OnPublished(const std::shared_ptr<ShardJob>& shard);  // on its first tier

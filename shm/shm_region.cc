@@ -97,7 +97,9 @@ ShmRegion::~ShmRegion() { UnlinkIfStillOurs(); }
 // POSIX, not Boost: the daemon calls this too, and Boost's remove() would unlink whatever
 // object holds the name now; only a descriptor of its own and fstat tell which one it is.
 void UnlinkShmIfInode(const std::string& name, ino_t inode) {
-  int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  // Never blocks (a FIFO put in the object's place would, opened for reading) and never
+  // follows a link: whatever holds the name now is only looked at.
+  int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) return;
   struct stat st {};
   bool same = ::fstat(fd, &st) == 0 && st.st_ino == inode;

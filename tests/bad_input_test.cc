@@ -196,6 +196,38 @@ TEST_CASE("an item beyond its region, a missing region, a region smaller than de
   f.CheckStillServing();
 }
 
+// Issue 12, defect 12: these used to return UNKNOWN ("Too many levels of symbolic links").
+TEST_CASE("a symlink or a directory where a region should be is refused as invalid", "[bad-input]") {
+  Fixture f;
+  auto stub = f.daemon.Stub();
+  const std::string base = "/ckpt-test-odd-" + std::to_string(::getpid());
+  const std::string link = base + "-link", dir = base + "-dir";
+  TrainerState target(1, 4096);
+  ::unlink(("/dev/shm" + link).c_str());
+  ::rmdir(("/dev/shm" + dir).c_str());
+  REQUIRE(::symlink(("/dev/shm/" + target.region()->name().substr(1)).c_str(), ("/dev/shm" + link).c_str()) == 0);
+  REQUIRE(::mkdir(("/dev/shm" + dir).c_str(), 0700) == 0);
+  for (const std::string& region : {link, dir}) {
+    auto table = DescriptorTable::Create("", 4);
+    REQUIRE(table.ok());
+    REQUIRE(table->Write({TableItem{"w", DType::kF32, {1024}, region, 0, 4096, 0}}).ok());
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_job("odd");
+    req.set_rank(0);
+    req.set_world_size(1);
+    req.set_descriptor_table(table->name());
+    v1::RegisterReply rep;
+    grpc::Status s = stub->Register(&ctx, req, &rep);
+    INFO(region << ": " << s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().find("is not a shared-memory object") != std::string::npos);
+  }
+  ::unlink(("/dev/shm" + link).c_str());
+  ::rmdir(("/dev/shm" + dir).c_str());
+  f.CheckStillServing();
+}
+
 TEST_CASE("bad item and blob names", "[bad-input]") {
   Fixture f;
   TrainerState state(1, 4096);

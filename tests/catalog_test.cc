@@ -228,8 +228,8 @@ TEST_CASE("a failed commit marker leaves the version uncommitted and latest alon
   CHECK_FALSE(HasMarker(catalog, "job", 2));
   CHECK(LatestText(catalog, "job") == "1\n");
   CHECK(catalog.Latest("job") == 1);
-  // The leftover temporary marker is what Recover cleans up.
-  CHECK(fs::exists(catalog.VersionDir("job", 2) + "/COMMITTED.tmp"));
+  // No temporary marker is left behind (issue 12, defect 12: it used to stay until Recover).
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 2) + "/COMMITTED.tmp"));
   Catalog recovered(Posix(), dir.path());
   REQUIRE(recovered.Recover().ok());
   CHECK_FALSE(fs::exists(catalog.VersionDir("job", 2) + "/COMMITTED.tmp"));
@@ -384,4 +384,35 @@ TEST_CASE("SetAsideNewerThan moves newer versions away and points latest back", 
   REQUIRE(restarted.Recover().ok());
   CHECK(restarted.Latest("job") == 2);
   CHECK(LatestText(restarted, "job") == "2\n");
+}
+
+// Issue 12, defect 10: List and Prefetch take any job id; each used to leave an entry.
+TEST_CASE("job ids nobody created are not cached, however many are asked for", "[catalog]") {
+  TempDir dir("cat");
+  Catalog catalog(Posix(), dir.path());
+  for (int i = 0; i < 1000; ++i) {
+    CHECK(catalog.Latest("nope-" + std::to_string(i)) == 0);
+    CHECK(catalog.RefreshLatest("gone-" + std::to_string(i)) == 0);
+  }
+  CHECK(catalog.cached_jobs() == 0);
+  Committed(catalog, "job", 3);
+  CHECK(catalog.Latest("job") == 3);
+  CHECK(catalog.cached_jobs() == 1);
+}
+
+// Issue 12, defect 12: a failed atomic write used to leave its .tmp until the next restart.
+TEST_CASE("a failed atomic write leaves no temporary file", "[catalog][faults]") {
+  TempDir dir("cat");
+  for (int step = 0; step < 3; ++step) {
+    auto storage = std::make_shared<FaultyStorage>();
+    if (step == 0) storage->fail_write_on = 1;
+    if (step == 1) storage->datasync_errno = EIO;
+    if (step == 2) storage->fail_renames_to = "/latest";
+    INFO("step " << step);
+    CHECK_FALSE(storage->WriteFileAtomic(dir.path() + "/latest", "7\n").ok());
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(dir.path() + "/latest"));
+  }
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstddef>
@@ -469,4 +470,29 @@ TEST_CASE("a reader racing a writer sees whole tables only", "[table]") {
   CHECK(final_items->size() % 3 == 0);
   INFO(whole << " whole tables read");
   SUCCEED();
+}
+
+// Issue 12, defect 2: the reaper removes a dead trainer's names with UnlinkShmIfInode; a FIFO
+// put in a region's place made that open block for ever, wedging the reaper and SIGTERM.
+TEST_CASE("removing a name that a FIFO now holds neither blocks nor removes the FIFO", "[shm][hardening]") {
+  const std::string name = "/ckpt-test-fifo-" + std::to_string(::getpid());
+  const std::string path = "/dev/shm" + name;
+  ::unlink(path.c_str());
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    UnlinkShmIfInode(name, /*inode=*/1);
+    returned = true;
+  });
+  for (int i = 0; i < 2000 && !returned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!returned) {
+    // Unblock the reader so that the test ends (and fails) rather than hangs.
+    int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  t.join();
+  CHECK(returned);
+  struct stat st {};
+  CHECK(::lstat(path.c_str(), &st) == 0);  // not ours: left alone
+  ::unlink(path.c_str());
 }

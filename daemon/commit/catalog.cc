@@ -191,8 +191,14 @@ std::uint64_t Catalog::Latest(const std::string& job) {
     if (it != latest_.end()) return it->second;
   }
   std::uint64_t v = ScanLatest(job);
+  if (v == 0 && !storage_->Exists(JobDir(job))) return 0;  // no such job: nothing to cache
   MutexLock lock(latest_mu_);
   return latest_.emplace(job, v).first->second;
+}
+
+std::size_t Catalog::cached_jobs() {
+  MutexLock lock(latest_mu_);
+  return latest_.size();
 }
 
 Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank,
@@ -221,6 +227,11 @@ void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
 
 std::uint64_t Catalog::RefreshLatest(const std::string& job) {
   std::uint64_t v = ScanLatest(job);
+  if (v == 0 && !storage_->Exists(JobDir(job))) {
+    MutexLock lock(latest_mu_);
+    latest_.erase(job);  // gone (or never there): a List of any id must not grow the cache
+    return 0;
+  }
   MutexLock lock(latest_mu_);
   latest_[job] = v;
   return v;

@@ -68,8 +68,11 @@ class Catalog {
   void NoteCommitted(const std::string& job, std::uint64_t version);
   // Rescans the job for its newest committed version (another daemon may have committed).
   std::uint64_t RefreshLatest(const std::string& job);
-  // Newest committed version of the job, 0 if none.
+  // Newest committed version of the job, 0 if none. Cached for jobs that exist on storage
+  // (a job id nobody created is never cached: List and Prefetch take any id).
   std::uint64_t Latest(const std::string& job);
+  // Jobs in the cache of Latest(), for tests.
+  std::size_t cached_jobs() EXCLUDES(latest_mu_);
   bool IsCommitted(const std::string& job, std::uint64_t version);
   // Versions of the job on storage, oldest first.
   Result<std::vector<VersionEntry>> List(const std::string& job);

@@ -44,9 +44,9 @@ bool CommitTracker::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJ
   {
     MutexLock lock(mu_);
     auto key = std::make_pair(m.job, m.version);
-    if (m.rank == 0) deciding_.try_emplace(key, Awaited{m.world_size, {}});
+    if (m.rank == 0) AwaitLocked(deciding_, m);
     decides = deciding_.count(key) != 0;
-    if (!decides) watching_.try_emplace(key, Awaited{m.world_size, {}});
+    if (!decides) AwaitLocked(watching_, m);
   }
   // Synchronous where this daemon decides: a waiter woken by `persisted` sees the decision.
   if (decides) TryCommit(m.job, m.version, m.world_size, shard);
@@ -58,15 +58,28 @@ void CommitTracker::Await(const ShardMeta& m) {
   {
     MutexLock lock(mu_);
     auto key = std::make_pair(m.job, m.version);
-    if (m.rank == 0) deciding_.try_emplace(key, Awaited{m.world_size, {}});
-    if (!deciding_.count(key)) watching_.try_emplace(key, Awaited{m.world_size, {}});
+    if (m.rank == 0) AwaitLocked(deciding_, m);
+    if (!deciding_.count(key)) AwaitLocked(watching_, m);
   }
   wake_.SignalAll();
+}
+
+void CommitTracker::AwaitLocked(std::map<Key, Awaited>& m, const ShardMeta& meta) {
+  Awaited& a = m[{meta.job, meta.version}];
+  a.world_size = meta.world_size;  // the newest registration's word
+  if (a.superseded == std::chrono::steady_clock::time_point{} && meta.version < catalog_.Latest(meta.job)) {
+    a.superseded = std::chrono::steady_clock::now();
+  }
 }
 
 void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
   std::vector<std::pair<Key, Awaited>> set_aside;
   {
+    MutexLock decide(decide_mu_);
+    // Numbers above `version` are used again by the new timeline.
+    for (auto i = given_up_.begin(); i != given_up_.end();) {
+      i = i->first == job && i->second > version ? given_up_.erase(i) : std::next(i);
+    }
     MutexLock lock(mu_);
     auto& done = finished_[job];
     done.erase(done.upper_bound(version), done.end());
@@ -105,6 +118,9 @@ void CommitTracker::SupersedeLocked(const std::string& job, std::uint64_t versio
 
 void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
   {
+    MutexLock decide(decide_mu_);
+    if (catalog_.IsCommitted(key.first, key.second)) return;  // it made it after all
+    given_up_.insert(key);
     MutexLock lock(mu_);
     deciding_.erase(key);
     watching_.erase(key);
@@ -124,7 +140,16 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
 void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                               const std::shared_ptr<ShardJob>& shard) {
   bool committed = false;
-  Status st = catalog_.CommitIfComplete(job, version, world_size, &committed);
+  Status st;
+  {
+    MutexLock decide(decide_mu_);
+    if (given_up_.count({job, version}) != 0) {
+      MutexLock lock(mu_);
+      deciding_.erase({job, version});  // a late shard of a version given up: it stays so
+      return;
+    }
+    st = catalog_.CommitIfComplete(job, version, world_size, &committed);
+  }
   if (committed) {
     Finish(job, version, shard, /*ours=*/true);
     return;
@@ -194,7 +219,12 @@ void CommitTracker::WatchLoop() {
     };
     for (const auto& [key, awaited] : deciding) {
       TryCommit(key.first, key.second, awaited.world_size, nullptr);
-      if (overdue(awaited) && !catalog_.IsCommitted(key.first, key.second)) GiveUp(key, awaited);
+      if (overdue(awaited)) {
+        GiveUp(key, awaited);
+      } else if (key.second < catalog_.Latest(key.first)) {
+        MutexLock lock(mu_);
+        SupersedeLocked(key.first, catalog_.Latest(key.first));
+      }
     }
     for (const auto& [key, awaited] : watching) {
       if (catalog_.IsCommitted(key.first, key.second)) {
@@ -204,7 +234,7 @@ void CommitTracker::WatchLoop() {
         MutexLock lock(mu_);
         SupersedeLocked(key.first, catalog_.Latest(key.first));  // committed by another daemon
       }
-      if (overdue(awaited) && !catalog_.IsCommitted(key.first, key.second)) GiveUp(key, awaited);
+      if (overdue(awaited)) GiveUp(key, awaited);
     }
   }
 }

@@ -77,6 +77,9 @@ class CommitTracker {
   };
   // Marks the awaited versions of `job` older than `version` as superseded (now).
   void SupersedeLocked(const std::string& job, std::uint64_t version) REQUIRES(mu_);
+  // Records (job, version) as awaited in `m` (the world size as given); its give-up clock
+  // starts at once if a newer version is committed already.
+  void AwaitLocked(std::map<Key, Awaited>& m, const ShardMeta& meta) REQUIRES(mu_);
   // Gives up (job, version): it will not complete.
   void GiveUp(const Key& key, const Awaited& awaited) EXCLUDES(mu_);
   void Track(const ShardMeta& meta) EXCLUDES(mu_);
@@ -91,6 +94,10 @@ class CommitTracker {
   Catalog& catalog_;
   ShardRegistry& shards_;
   const Hooks hooks_;
+  // Held across this daemon's commit decisions and its giving up, so that a version is
+  // never both committed and given up here. Taken before mu_.
+  Mutex decide_mu_ ACQUIRED_BEFORE(mu_);
+  std::set<Key> given_up_ GUARDED_BY(decide_mu_);
   Mutex mu_;
   CondVar wake_;
   // Commits this daemon decides (it persisted rank 0's shard) and commits it waits to see

@@ -70,9 +70,13 @@ class ShmImportedRegion : public ImportedRegion {
 Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& name, uid_t owner,
                                                             std::uint64_t min_size) {
   if (std::string err = CheckShmName(name); !err.empty()) return InvalidArgument(err);
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound("shm region " + name + " does not exist");
+    if (errno == ELOOP || errno == EISDIR || errno == EINVAL || errno == ENXIO || errno == ENODEV) {
+      return InvalidArgument("shm region " + name + " is not a shared-memory object (a symbolic link, " +
+                             "directory or device has its name)");
+    }
     return IoError("open shm region " + name, errno);
   }
   UniqueFd owned(fd);

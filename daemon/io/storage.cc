@@ -17,10 +17,16 @@ Status Storage::WriteFileAtomic(const std::string& path, const std::string& cont
   std::string tmp = path + TmpSuffix();
   auto fd = CreateFile(tmp, /*direct=*/false);
   if (!fd.ok()) return fd.status();
-  if (Status s = WriteAt(fd->get(), content.data(), content.size(), 0, tmp); !s.ok()) return s;
-  if (Status s = DataSync(fd->get(), tmp); !s.ok()) return s;
+  // A failed step leaves no temporary file behind (not even until the next restart).
+  auto failed = [&](Status s) {
+    fd->reset();
+    Remove(tmp);
+    return s;
+  };
+  if (Status s = WriteAt(fd->get(), content.data(), content.size(), 0, tmp); !s.ok()) return failed(s);
+  if (Status s = DataSync(fd->get(), tmp); !s.ok()) return failed(s);
   fd->reset();
-  if (Status s = Rename(tmp, path); !s.ok()) return s;
+  if (Status s = Rename(tmp, path); !s.ok()) return failed(s);
   std::string dir = path.substr(0, path.find_last_of('/'));
   return SyncDir(dir.empty() ? "/" : dir);
 }

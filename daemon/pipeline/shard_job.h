@@ -104,6 +104,10 @@ class ShardJob {
   bool persisted() const { return persisted_; }
   // True to the first caller only: the trainer is told of a failure once.
   bool ClaimErrorReport() { return !error_reported_.exchange(true); }
+  // The local tier pinned the shard's version at admission; ReleaseLocalPin() is true to
+  // the one caller that must unpin it.
+  void MarkLocalPinned() { local_pinned_ = true; }
+  bool ReleaseLocalPin() { return local_pinned_.exchange(false); }
 
   // The memory tier's copy of the shard's file image, filled by the writers as they write
   // (null when the memory tier does not keep this version).
@@ -155,6 +159,7 @@ class ShardJob {
   std::string final_path_, tmp_path_;
   std::atomic<bool> persisted_{false};
   std::atomic<bool> error_reported_{false};
+  std::atomic<bool> local_pinned_{false};
   UniqueFd file_;
   std::once_flag open_once_;
   Status open_status_;

@@ -91,6 +91,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   ckpt::Status st = WaitInSlices(deadline, CancelCheckOf(ctx), [&](auto slice_end) {
     return ordered ? shard->WaitOrdered(slice_end, &ordered_only) : shard->WaitFor(want, slice_end);
   });
+  if (st.code() == ckpt::StatusCode::kCancelled) return ToGrpc(st);  // nobody hears a failure now
   if (!st.ok()) {
     if (shard->failed()) {
       shard->ClaimErrorReport();

@@ -35,9 +35,10 @@ Status SnapshotAdmission::WaitForRoom(Session& s, const CancelCheck& cancelled) 
       ++in_flight;
     }
     if (in_flight < kMaxInFlight) return Status::Ok();
-    Status st = WaitInSlices(std::chrono::steady_clock::time_point::max(), cancelled,
-                             [&](auto slice_end) { return oldest->WaitFor(Level::kPersisted, slice_end); });
-    if (st.code() == StatusCode::kCancelled) return st;
+    // One slice on the oldest, then count again: a newer shard may have finished first.
+    WaitInSlices(std::chrono::steady_clock::now() + kWaitSlice, cancelled,
+                 [&](auto slice_end) { return oldest->WaitFor(Level::kPersisted, slice_end); });
+    if (cancelled && cancelled()) return Cancelled("client went away");
   }
 }
 
@@ -127,6 +128,12 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
     auto oldest = s.shards.begin();
     if (oldest->second->level() < Level::kPersisted && !oldest->second->failed()) break;
     s.shards.erase(oldest);
+  }
+  if (local_) {
+    // Retention may not take the version from under a shard being written or queued for
+    // promotion; the pin goes when the promoter has it, or when the shard fails first.
+    local_->Pin(s.job, v);
+    shard->MarkLocalPinned();
   }
   shards_.Add(shard);
   engine_.Enqueue(shard);

@@ -97,6 +97,12 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   if (v < held->latest) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
+  // This rank's own versions above v belong to the timeline it left: their failure (set
+  // aside) is not news to report on its next snapshot.
+  for (auto it = s.shards.upper_bound(v); it != s.shards.end();) {
+    it->second->ClaimErrorReport();
+    it = s.shards.erase(it);
+  }
   // What this rank published before belongs to the timeline it just left.
   if (Status st = registrar_.NewRegistration(s); !st.ok()) {
     return st.With("after restoring version " + std::to_string(v));

@@ -64,11 +64,20 @@ void LocalTier::ApplyRetention(const std::string& job) {
       seen_committed = true;
       drop = ++kept > keep_;
     } else {
-      // Older than a committed version: promoted already (else pinned), and no restore of
-      // the newest versions reads it.
+      // Older than a committed version, it may still commit (versions commit out of order),
+      // but only through the persistent tier: its shards still being written or promoted
+      // are pinned (from admission to promotion), the rest are promoted already.
       drop = seen_committed;
     }
     if (drop && !Pinned(job, v)) RemoveVersion(job, v);  // a pinned one goes in a later pass
+  }
+}
+
+void LocalTier::ApplyRetentionToAll() {
+  auto jobs = storage_->List(root());
+  if (!jobs.ok()) return;
+  for (const auto& job : jobs.value()) {
+    if (CheckJobId(job).empty()) ApplyRetention(job);
   }
 }
 
@@ -90,15 +99,16 @@ std::map<std::uint64_t, std::vector<std::uint32_t>> LocalTier::List(const std::s
   return out;
 }
 
-std::vector<LocalTier::Uncommitted> LocalTier::ScanUncommitted() {
+Result<std::vector<LocalTier::Uncommitted>> LocalTier::ScanUncommitted() {
   std::vector<Uncommitted> out;
   auto jobs = storage_->List(root());
-  if (!jobs.ok()) return out;
+  if (!jobs.ok()) return jobs.status();
   for (const auto& job : jobs.value()) {
     if (!CheckJobId(job).empty()) continue;
-    const std::uint64_t latest = catalog_.RefreshLatest(job);
+    catalog_.RefreshLatest(job);
     for (const auto& [version, ranks] : List(job)) {
-      if (version <= latest) continue;  // committed, or never will be: retention's
+      // Uncommitted versions only; older ones than `latest` may still commit.
+      if (catalog_.IsCommitted(job, version)) continue;
       for (std::uint32_t rank : ranks) {
         const std::string path = ShardPath(job, version, rank);
         auto info = ReadShardHeader(path);
@@ -111,7 +121,6 @@ std::vector<LocalTier::Uncommitted> LocalTier::ScanUncommitted() {
         out.push_back(Uncommitted{info->meta, path, info->file_bytes});
       }
     }
-    ApplyRetention(job);
   }
   return out;
 }

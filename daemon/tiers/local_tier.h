@@ -8,7 +8,7 @@
 // the newest `keep` committed versions of each job, drops uncommitted versions older than a
 // committed one (promoted already: their commit needs only the persistent tier), and never touches a pinned
 // version (a promotion queued, a restore or prefetch reading it). After a restart, ScanUncommitted() finds
-// the shards of versions newer than the newest committed one, to promote or to watch. Thread-safe.
+// the shards of versions not committed, to promote or to watch. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -53,21 +53,22 @@ class LocalTier {
   void Pin(const std::string& job, std::uint64_t version) EXCLUDES(pins_mu_);
   void Unpin(const std::string& job, std::uint64_t version) EXCLUDES(pins_mu_);
 
-  // Deletes what the retention rule no longer keeps of `job`.
+  // Deletes what the retention rule no longer keeps of `job`, or of every job.
   void ApplyRetention(const std::string& job) EXCLUDES(retention_mu_, pins_mu_);
+  void ApplyRetentionToAll();
 
   // The ranks with a shard here, per version of `job`.
   std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job) const;
 
-  // A shard of a version newer than its job's newest committed one.
+  // A shard of a version not committed (yet).
   struct Uncommitted {
     ShardMeta meta;
     std::string path;
     std::uint64_t file_bytes = 0;
   };
-  // Every such shard, job by job (invalid files are removed with a warning), after which
-  // each job's retention is applied.
-  std::vector<Uncommitted> ScanUncommitted();
+  // Every such shard, job by job (invalid files are removed with a warning). The caller
+  // queues (and so pins) what it resumes, then applies retention (ApplyRetentionToAll).
+  Result<std::vector<Uncommitted>> ScanUncommitted();
 
  private:
   LocalTier(std::shared_ptr<Storage> storage, const std::string& root, bool direct_io, std::uint32_t keep,
