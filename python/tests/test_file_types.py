@@ -111,3 +111,27 @@ def test_a_dtype_changed_in_the_header_is_refused(committed):
         ckpt.load_version(committed.root, JOB, 1)
     with pytest.raises(ckpt.Error, match="header checksum mismatch"):
         ckpt.read_header(path)
+
+
+def test_a_placeholder_is_never_written_through_a_fifo_or_a_link(temp_dir):
+    # ckpt.deepspeed writes its placeholder files with this; a FIFO or link in their place is
+    # left alone and refused (FAILED_PRECONDITION), a regular file is truncated as before.
+    fifo = os.path.join(os.fspath(temp_dir), "mp_rank_00_model_states.pt")
+    make_fifo(fifo)
+    code = ("import ckpt.loader as l, os, sys\n"
+            "os.close(l._open_regular(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))")
+    rc, err = run_child(code, fifo)
+    assert rc != 0
+    assert f"{fifo} is a FIFO, not a regular file" in err
+    target = os.path.join(os.fspath(temp_dir), "elsewhere")
+    with open(target, "w") as f:
+        f.write("untouched")
+    link = os.path.join(os.fspath(temp_dir), "linked.pt")
+    os.symlink(target, link)
+    rc, err = run_child(code, link)
+    assert rc != 0 and "is a symbolic link, not a regular file" in err
+    with open(target) as f:
+        assert f.read() == "untouched"
+    rc, err = run_child(code, target)
+    assert rc == 0, err
+    assert os.path.getsize(target) == 0
