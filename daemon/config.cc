@@ -4,22 +4,49 @@
 
 #include <CLI/CLI.hpp>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <sstream>
 
+#include "common/safe_file.h"
 #include "common/socket_path.h"
 
 namespace ckpt {
 
 std::string DefaultSocketPath() { return DefaultClientSocketPath(); }
 
+namespace {
+
+// The config file is read here rather than by CLI11, whose std::ifstream would block on a
+// FIFO and follow a symbolic link: it must be a regular file (common/safe_file.h).
+Result<std::string> ReadConfigFile(const std::string& path) {
+  auto fd = OpenRegularForRead(path);
+  if (!fd.ok()) return fd.status();
+  constexpr std::size_t kMaxBytes = 1 << 20;
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd->get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("read " + path, errno);
+    if (n == 0) return text;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > kMaxBytes) return InvalidArgument(path + " is larger than 1 MiB: not a config file");
+  }
+}
+
+}  // namespace
+
 std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   Config c;
   c.socket_path = DefaultSocketPath();
   CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
-  app.set_config("--config", "", "Read options from this file (key = value, same names as flags)");
+  std::string config_file;
+  app.add_option("--config", config_file, "Read options from this file (key = value, same names as flags)")
+      ->configurable(false);
   app.add_option("--socket", c.socket_path, "Unix socket to serve on")->capture_default_str();
   std::string socket_mode = "0600";
   app.add_option("--socket-mode", socket_mode, "Permission bits of the socket, octal")
@@ -79,6 +106,17 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
   try {
     app.parse(argc, argv);
+    if (!config_file.empty()) {
+      auto text = ReadConfigFile(config_file);
+      if (!text.ok()) {
+        std::cerr << "ckptd: --config: " << text.status().message() << "\n";
+        *exit_code = 2;
+        return std::nullopt;
+      }
+      // After the flags: an option given on the command line wins over the file.
+      std::istringstream in(text.value());
+      app.parse_from_stream(in);
+    }
   } catch (const CLI::ParseError& e) {
     *exit_code = app.exit(e);
     return std::nullopt;
@@ -101,6 +139,16 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   }
   for (char& ch : c.node_id) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
+  }
+  // Directories of the tree are opened without following a link (common/safe_file.h): a
+  // root that is a link is named by its target, which also makes the check below see
+  // through links.
+  for (std::string* dir : {&c.root, &c.local_dir}) {
+    if (dir->empty()) continue;
+    if (char* real = ::realpath(dir->c_str(), nullptr)) {
+      *dir = real;
+      std::free(real);
+    }
   }
   if (!c.local_dir.empty() && c.local_dir == c.root) {
     std::cerr << "ckptd: --local and --root are the same directory (" << c.root

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/names.h"
+#include "common/safe_file.h"
 #include "common/unique_fd.h"
 #include "format/checksum.h"
 
@@ -34,7 +35,8 @@ std::string ItemMeta(const ShardItem& item) {
 // which made headers of thousands of items cost tens of milliseconds.
 void AppendString(std::string& out, std::string_view text) { out += nlohmann::json(text).dump(); }
 
-std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items) {
+// `header_sum` is fixed width: planning renders a placeholder, saving the real one.
+std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items, std::uint64_t header_sum) {
   std::string out;
   out.reserve(256 + items.size() * 160);
   out += "{\"__metadata__\":{\"ckpt.format_version\":";
@@ -54,6 +56,7 @@ std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& item
     out += ':';
     AppendString(out, ItemMeta(item));
   }
+  out += ",\"ckpt.header_xxh3\":\"" + ChecksumHex(header_sum) + "\"";
   out += '}';
   for (const auto& item : items) {
     out += ',';
@@ -102,7 +105,43 @@ Result<std::uint64_t> ParseUint(const Json& md, const std::string& key) {
   return static_cast<std::uint64_t>(std::stoull(s));
 }
 
+void AppendCounted(std::string& out, std::string_view text) {
+  out += std::to_string(text.size());
+  out += ':';
+  out += text;
+}
+
 }  // namespace
+
+std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items) {
+  std::string out = "ckptd-shard-header 2 job ";
+  AppendCounted(out, meta.job);
+  out += " version " + std::to_string(meta.version) + " rank " + std::to_string(meta.rank) + " world_size " +
+         std::to_string(meta.world_size) + " session ";
+  AppendCounted(out, meta.session);
+  out += '\n';
+  std::vector<std::pair<std::string, const ShardItem*>> keyed;
+  keyed.reserve(items.size());
+  for (const auto& item : items) keyed.emplace_back(item.TensorKey(), &item);
+  std::sort(keyed.begin(), keyed.end());
+  for (const auto& [key, item] : keyed) {
+    out += "item ";
+    AppendCounted(out, key);
+    out += ' ' + KindName(item->kind) + ' ' + std::string(DTypeName(item->dtype)) + " [";
+    for (std::size_t i = 0; i < item->shape.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(item->shape[i]);
+    }
+    out += "] " + std::to_string(item->offset) + ' ' + std::to_string(item->offset + item->length) + ' ' +
+           ChecksumHex(item->checksum) + '\n';
+  }
+  return out;
+}
+
+std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items) {
+  const std::string text = HeaderDigestText(meta, items);
+  return Checksum::Of(text.data(), text.size());
+}
 
 std::string ShardItem::TensorKey() const {
   return kind == ItemKind::kBlob ? std::string(kBlobPrefix) + name : name;
@@ -136,7 +175,7 @@ Status ShardLayout::PlanInPlace() {
     offset += item.length;
   }
   data_bytes_ = offset;
-  std::string json = RenderJson(meta_, items_);
+  std::string json = RenderJson(meta_, items_, 0);
   if (json.size() > kMaxHeaderBytes) {
     return ResourceExhausted("shard header would be " + std::to_string(json.size()) +
                              " bytes, over the safetensors limit of 100 MB");
@@ -147,7 +186,7 @@ Status ShardLayout::PlanInPlace() {
 }
 
 std::string ShardLayout::RenderHeader() const {
-  std::string json = RenderJson(meta_, items_);
+  std::string json = RenderJson(meta_, items_, HeaderChecksum(meta_, items_));
   std::uint64_t n = header_bytes_ - 8;
   // Checksums are fixed width, so the JSON never outgrows the size planned for it.
   std::string out(header_bytes_, ' ');
@@ -170,9 +209,25 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   }
   const Json& md = *md_it;
   auto fv = md.find("ckpt.format_version");
-  if (fv == md.end() || !fv->is_string() || fv->get<std::string>() != kFormatVersion) {
+  if (fv == md.end() || !fv->is_string() ||
+      (fv->get_ref<const std::string&>() != kFormatVersion &&
+       fv->get_ref<const std::string&>() != kFormatVersionWithoutHeaderChecksum)) {
     return DataLoss("shard has an unknown ckpt.format_version (this reader knows " +
-                    std::string(kFormatVersion) + ")");
+                    std::string(kFormatVersionWithoutHeaderChecksum) + " and " + std::string(kFormatVersion) +
+                    ")");
+  }
+  info.format_version = fv->get<std::string>();
+  auto header_sum = md.find("ckpt.header_xxh3");
+  std::uint64_t stored_header_sum = 0;
+  if (info.format_version == kFormatVersion) {
+    if (header_sum == md.end() || !header_sum->is_string() ||
+        !ParseChecksumHex(header_sum->get<std::string>(), &stored_header_sum)) {
+      return DataLoss("shard metadata lacks a well-formed ckpt.header_xxh3 (format version " +
+                      info.format_version + " has one)");
+    }
+  } else if (header_sum != md.end()) {
+    return DataLoss("shard of format version " + info.format_version +
+                    " has a ckpt.header_xxh3, which that version never wrote");
   }
   auto job = md.find("ckpt.job");
   if (job == md.end() || !job->is_string()) return DataLoss("shard metadata lacks ckpt.job");
@@ -256,17 +311,32 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     return DataLoss("shard file is " + std::to_string(file_bytes) + " bytes but its header " + "describes " +
                     std::to_string(info.data_start + expect) + " (truncated?)");
   }
+  if (info.format_version == kFormatVersion) {
+    const std::uint64_t computed = HeaderChecksum(info.meta, info.items);
+    if (computed != stored_header_sum) {
+      return DataLoss("shard header checksum mismatch (stored " + ChecksumHex(stored_header_sum) +
+                      ", computed " + ChecksumHex(computed) +
+                      "): the header's identity or item descriptions (name, dtype, shape, offsets, "
+                      "checksums) changed after it was written");
+    }
+  }
   return info;
 }
 
 Result<ShardInfo> ReadShardHeader(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return IoError("cannot open shard " + path, errno);
+  auto fd = OpenRegularForRead(path);
+  if (!fd.ok()) return fd.status().With("cannot open shard");
+  return ReadShardHeader(fd->get(), path);
+}
+
+Result<ShardInfo> ReadShardHeader(int fd, const std::string& path) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return IoError("cannot stat shard " + path, errno);
+  if (::fstat(fd, &st) != 0) return IoError("cannot stat shard " + path, errno);
+  if (!S_ISREG(st.st_mode))
+    return DataLoss(path + " is " + FileTypeName(st.st_mode) + ", not a regular file");
   std::uint64_t file_bytes = static_cast<std::uint64_t>(st.st_size);
   unsigned char prefix[8];
-  if (file_bytes < 8 || ::pread(fd.get(), prefix, 8, 0) != 8) {
+  if (file_bytes < 8 || ::pread(fd, prefix, 8, 0) != 8) {
     return DataLoss("shard " + path + " is too short to hold a header");
   }
   std::uint64_t n = 0;
@@ -278,7 +348,7 @@ Result<ShardInfo> ReadShardHeader(const std::string& path) {
   std::string json(n, '\0');
   std::uint64_t got = 0;
   while (got < n) {
-    ssize_t r = ::pread(fd.get(), json.data() + got, n - got, static_cast<off_t>(8 + got));
+    ssize_t r = ::pread(fd, json.data() + got, n - got, static_cast<off_t>(8 + got));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return IoError("cannot read shard header of " + path, r < 0 ? errno : EIO);
     got += static_cast<std::uint64_t>(r);
@@ -289,10 +359,12 @@ Result<ShardInfo> ReadShardHeader(const std::string& path) {
 }
 
 Status VerifyShard(const std::string& path) {
-  auto info = ReadShardHeader(path);
+  auto fd = OpenRegularForRead(path);
+  if (!fd.ok()) return fd.status().With("cannot open shard");
+  // Header and data from one descriptor: what is verified is one file, whatever is renamed
+  // over the path meanwhile.
+  auto info = ReadShardHeader(fd->get(), path);
   if (!info.ok()) return info.status();
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return IoError("cannot open shard " + path, errno);
   std::vector<char> buf(8 << 20);
   for (const auto& item : info->items) {
     Checksum sum;
@@ -300,7 +372,7 @@ Status VerifyShard(const std::string& path) {
     while (done < item.length) {
       std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
       ssize_t r =
-          ::pread(fd.get(), buf.data(), want, static_cast<off_t>(info->data_start + item.offset + done));
+          ::pread(fd->get(), buf.data(), want, static_cast<off_t>(info->data_start + item.offset + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return IoError("cannot read " + path, r < 0 ? errno : EIO);
       sum.Update(buf.data(), static_cast<std::size_t>(r));

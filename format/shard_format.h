@@ -6,11 +6,18 @@
 // chunk of it can be written with O_DIRECT. Items are packed in plan order with no gaps
 // (safetensors requires the data section to be fully indexed). Blobs are U8 tensors named
 // kBlobPrefix + name. `__metadata__` holds:
-//   ckpt.format_version  "1"
-//   ckpt.job, ckpt.version, ckpt.rank, ckpt.world_size
+//   ckpt.format_version  "2"
+//   ckpt.job, ckpt.version, ckpt.rank, ckpt.world_size (and ckpt.session, optional)
 //   ckpt.item.<name>     "kind=tensor xxh3=<16 hex>" (or kind=blob), one per item
-// Checksums are fixed-width, so the header can be rendered with placeholders when the
-// layout is planned and rendered again, the same size, once the checksums are known.
+//   ckpt.header_xxh3     <16 hex>: xxh3-64 of HeaderDigestText(), which spells out what
+//                        the header says: the identity above and, for every item, its key,
+//                        kind, dtype, shape, data offsets and checksum
+// The item checksums cover the bytes; the header checksum covers what the bytes mean, so
+// an F32 item relabelled I32, a permuted shape or another ckpt.version is refused too.
+// Format version 1 (no ckpt.header_xxh3, otherwise the same) is still read, with the item
+// checksums only. Checksums are fixed-width, so the header can be rendered with
+// placeholders when the layout is planned and rendered again, the same size, once the
+// checksums are known.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +32,9 @@ namespace ckpt {
 
 inline constexpr std::uint64_t kDataAlignment = 4096;
 inline constexpr std::string_view kBlobPrefix = "__blob__/";
-inline constexpr std::string_view kFormatVersion = "1";
+inline constexpr std::string_view kFormatVersion = "2";
+// The version before the header checksum: read, never written.
+inline constexpr std::string_view kFormatVersionWithoutHeaderChecksum = "1";
 // Limit of the JSON header, as in the safetensors reference implementation.
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
@@ -93,11 +102,26 @@ struct ShardInfo {
   std::vector<ShardItem> items;  // in file order
   std::uint64_t data_start = 0;
   std::uint64_t file_bytes = 0;
+  std::string format_version;  // as stored: kFormatVersion or an older one still read
 };
 
+// The text the header checksum is taken of: a line of the identity, then one line per item
+// in byte order of the item keys, every string length-prefixed ("<length>:<bytes>"), every
+// number in decimal:
+//   ckptd-shard-header 2 job <n>:<job> version <v> rank <r> world_size <w> session <n>:<s>
+//   item <n>:<key> <tensor|blob> <DTYPE> [<d0>,<d1>,...] <begin> <end> <xxh3 hex>
+// Readers rebuild it from the parsed header, so key order and white space in the JSON do
+// not matter, only what the header says.
+std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items);
+std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items);
+
 // Parses and validates the header of the shard at `path` (safetensors structure, our
-// metadata, offsets covering the data section exactly, file size). Reads no data.
+// metadata, offsets covering the data section exactly, file size, the header checksum).
+// Reads no data. The file is opened as common/safe_file.h says: a FIFO, device, directory
+// or symbolic link there is DataLoss naming it, and nothing blocks.
 Result<ShardInfo> ReadShardHeader(const std::string& path);
+// The same from an open descriptor of the shard (not O_DIRECT); `path` names it in errors.
+Result<ShardInfo> ReadShardHeader(int fd, const std::string& path);
 
 // Parses a header given as the bytes after the 8-byte prefix; `file_bytes` is the size of
 // the whole file. Exposed for tests.

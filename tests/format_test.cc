@@ -377,7 +377,7 @@ TEST_CASE("ParseShardHeader rejects malformed entries and metadata", "[format]")
   SECTION("missing dtype") { h["a"].erase("dtype"); }
   SECTION("entry not an object") { h["a"] = "nope"; }
   SECTION("no __metadata__") { h.erase("__metadata__"); }
-  SECTION("unknown format version") { h["__metadata__"]["ckpt.format_version"] = "2"; }
+  SECTION("unknown format version") { h["__metadata__"]["ckpt.format_version"] = "3"; }
   SECTION("version not a number") { h["__metadata__"]["ckpt.version"] = "12x"; }
   SECTION("world size missing") { h["__metadata__"].erase("ckpt.world_size"); }
   SECTION("checksum missing") { h["__metadata__"].erase("ckpt.item.b"); }

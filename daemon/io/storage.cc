@@ -8,10 +8,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <memory>
 
+#include "common/safe_file.h"
 #include "format/paths.h"
 
 namespace ckpt {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
 
 Status Storage::WriteFileAtomic(const std::string& path, const std::string& content) {
   std::string tmp = path + TmpSuffix();
@@ -47,19 +56,20 @@ Result<std::string> Storage::ReadSmallFile(const std::string& path) {
 }
 
 Result<UniqueFd> PosixStorage::CreateFile(const std::string& path, bool direct) {
-  int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
-  int fd = ::open(path.c_str(), flags, 0600);
-  if (fd < 0) return IoError("create " + path, errno);
-  return UniqueFd(fd);
+  const int flags = direct ? O_DIRECT : 0;
+  auto fd = CreateRegularFile(path, flags, 0600);
+  if (fd.ok() || fd.status().code() != StatusCode::kFailedPrecondition || !EndsWith(path, TmpSuffix())) {
+    return fd;
+  }
+  // A FIFO, device or link where this daemon's own temporary file goes is no one's data
+  // (a restart removes it too): the entry itself is removed, never what a link points to,
+  // and the file is created anew, so one planted FIFO cannot fail every later write.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return IoError("remove " + path, errno);
+  return CreateRegularFile(path, flags, 0600);
 }
 
 Result<UniqueFd> PosixStorage::OpenForRead(const std::string& path, bool direct) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFound(path + " does not exist");
-    return IoError("open " + path, errno);
-  }
-  return UniqueFd(fd);
+  return OpenRegularForRead(path, direct ? O_DIRECT : 0);
 }
 
 Status PosixStorage::WriteAt(int fd, const void* buf, std::size_t len, std::uint64_t offset,
@@ -106,10 +116,9 @@ Status PosixStorage::Rename(const std::string& from, const std::string& to) {
 }
 
 Status PosixStorage::SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("open directory " + dir, errno);
-  UniqueFd owned(fd);
-  if (::fsync(fd) != 0) return IoError("fsync directory " + dir, errno);
+  auto fd = OpenDirectory(dir);
+  if (!fd.ok()) return fd.status();
+  if (::fsync(fd->get()) != 0) return IoError("fsync directory " + dir, errno);
   return Status::Ok();
 }
 
@@ -138,34 +147,35 @@ Status PosixStorage::Remove(const std::string& path) {
 }
 
 Result<std::vector<std::string>> PosixStorage::List(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    if (errno == ENOENT) return NotFound(dir + " does not exist");
-    return IoError("list " + dir, errno);
-  }
+  auto fd = OpenDirectory(dir);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::fdopendir(fd->get()), ::closedir);
+  if (d == nullptr) return IoError("list " + dir, errno);
+  fd->release();  // closedir closes it
   std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
+  while (dirent* e = ::readdir(d.get())) {
     std::string n = e->d_name;
     if (n != "." && n != "..") names.push_back(std::move(n));
   }
-  ::closedir(d);
   return names;
 }
 
 bool PosixStorage::Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
 bool PosixStorage::SupportsDirectIo(const std::string& dir) {
-  std::string probe = JoinPath(dir, ".ckptd-direct-io-probe.tmp");
-  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
+  // Named as this daemon's temporary files are, so that daemons of other nodes probing the
+  // same shared directory do not share (and remove) one probe file.
+  std::string probe = JoinPath(dir, ".ckptd-direct-io-probe" + TmpSuffix());
+  auto fd = CreateFile(probe, /*direct=*/true);
+  if (!fd.ok()) return false;
   void* buf = nullptr;
   bool ok = ::posix_memalign(&buf, 4096, 4096) == 0;
   if (ok) {
     std::fill_n(static_cast<char*>(buf), 4096, 0);
-    ok = ::pwrite(fd, buf, 4096, 0) == 4096;
+    ok = ::pwrite(fd->get(), buf, 4096, 0) == 4096;
     std::free(buf);
   }
-  ::close(fd);
+  fd->reset();
   ::unlink(probe.c_str());
   return ok;
 }

@@ -23,8 +23,12 @@ class Storage {
 
   // Opens `path` for writing, creating or truncating it (mode 0600). With `direct`, the
   // file is opened with O_DIRECT: buffers, offsets and lengths must be 4 KiB aligned.
+  // Nothing is written through a symbolic link, FIFO or device at `path`
+  // (common/safe_file.h): one at a temporary path of this daemon (TmpSuffix()) is removed
+  // and the file created anew; anywhere else it is FailedPrecondition.
   virtual Result<UniqueFd> CreateFile(const std::string& path, bool direct) = 0;
-  // Opens `path` for reading, with O_DIRECT if `direct`.
+  // Opens the regular file `path` for reading, with O_DIRECT if `direct`. A FIFO, device,
+  // directory or symbolic link there is DataLoss naming it, without blocking or following.
   virtual Result<UniqueFd> OpenForRead(const std::string& path, bool direct) = 0;
   // Writes all `len` bytes at `offset` (retrying short writes); `what` names the file.
   virtual Status WriteAt(int fd, const void* buf, std::size_t len, std::uint64_t offset,
@@ -35,7 +39,8 @@ class Storage {
   virtual Status Truncate(int fd, std::uint64_t size, const std::string& what) = 0;
   virtual Status DataSync(int fd, const std::string& what) = 0;
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
-  // fsync of a directory, making renames and creations in it durable.
+  // fsync of a directory, making renames and creations in it durable. Here and in List,
+  // `dir` must be a directory, not a symbolic link to one (FailedPrecondition).
   virtual Status SyncDir(const std::string& dir) = 0;
   // mkdir -p, mode 0700 for created directories.
   virtual Status MakeDirs(const std::string& dir) = 0;

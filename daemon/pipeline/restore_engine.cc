@@ -1,5 +1,7 @@
 #include "daemon/pipeline/restore_engine.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <deque>
 #include <future>
@@ -134,17 +136,41 @@ class ItemSink {
 
 Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
                                              const std::vector<RestoreTarget>& targets, bool direct_io) {
-  auto info = ReadShardHeader(path);
+  // One buffered descriptor for the header; an O_DIRECT one for the data is checked to be
+  // the same file, so a shard renamed over the path in between is not read half and half.
+  UniqueFd header_fd;
+  if (auto opened = storage_->OpenForRead(path, /*direct=*/false); opened.ok()) {
+    header_fd = std::move(opened.value());
+  } else {
+    return opened.status();
+  }
+  auto info = ReadShardHeader(header_fd.get(), path);
   if (!info.ok()) return info.status();
   if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
 
   RestoredShard out;
   ItemSink sink(path, info.value(), targets, out);
-  auto fd = storage_->OpenForRead(path, direct_io);
-  if (!fd.ok()) return fd.status();
-  const std::uint64_t data_bytes = info->file_bytes - info->data_start;
+  UniqueFd data_fd;
+  if (!direct_io) {
+    data_fd = std::move(header_fd);
+  } else if (auto opened = storage_->OpenForRead(path, /*direct=*/true); opened.ok()) {
+    data_fd = std::move(opened.value());
+    struct stat a {
+    }, b{};
+    if (::fstat(header_fd.get(), &a) != 0 || ::fstat(data_fd.get(), &b) != 0 || a.st_ino != b.st_ino ||
+        a.st_dev != b.st_dev) {
+      return DataLoss(path + " was replaced while it was being restored");
+    }
+  } else {
+    return opened.status();
+  }
+  // Reads start at the 4 KiB boundary at or before the data section, as O_DIRECT needs: a
+  // valid shard from another writer may put its data anywhere after the header.
+  const std::uint64_t read_start = info->data_start / kDataAlignment * kDataAlignment;
+  const std::uint64_t skip = info->data_start - read_start;
+  const std::uint64_t read_bytes = info->file_bytes - read_start;
   const std::uint64_t chunk_bytes = pool_.chunk_bytes();
-  const std::uint64_t chunks = (data_bytes + chunk_bytes - 1) / chunk_bytes;
+  const std::uint64_t chunks = (read_bytes + chunk_bytes - 1) / chunk_bytes;
   const unsigned window = std::max(1u, readers_);
 
   struct Pending {
@@ -161,8 +187,8 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
       if (inflight.empty()) return FailedPrecondition("daemon is shutting down");
       return false;
     }
-    std::uint64_t offset = info->data_start + next * chunk_bytes;
-    int raw_fd = fd->get();
+    std::uint64_t offset = read_start + next * chunk_bytes;
+    int raw_fd = data_fd.get();
     try {
       inflight.push_back(Pending{
           *chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset, chunk_bytes, &path] {
@@ -197,14 +223,15 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
     Pending p = std::move(inflight.front());
     inflight.pop_front();
     auto got = p.read.get();
-    std::uint64_t want = std::min(chunk_bytes, data_bytes - k * chunk_bytes);
+    const std::uint64_t want = std::min(chunk_bytes, read_bytes - k * chunk_bytes);
+    const std::uint64_t from = k == 0 ? skip : 0;  // header bytes in the first chunk
     Status status = got.ok() ? Status::Ok() : got.status();
     if (status.ok() && got.value() < want) {
       status = DataLoss(path + " ended early (truncated shard)");
     }
-    if (status.ok()) status = sink.Consume(p.chunk.data, want);
+    if (status.ok()) status = sink.Consume(p.chunk.data + from, want - from);
     pool_.Release(p.chunk);
-    if (status.ok()) out.bytes_read += want;
+    if (status.ok()) out.bytes_read += want - from;
     if (!status.ok()) {
       drain();
       return status;

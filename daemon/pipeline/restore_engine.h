@@ -6,7 +6,10 @@
 // against the registration before any byte is written; checksums are checked as the bytes
 // stream through, so after a DataLoss error the regions hold partial data and the trainer
 // must not train on them. Reads go through pool chunks (O_DIRECT where the directory
-// takes it), several in flight. Thread-safe; concurrent restores share the pool.
+// takes it), several in flight, from the 4 KiB boundary at or before the data section, so
+// a valid shard whose data is not aligned restores too. The header and the data come from
+// one file (see common/safe_file.h for how it is opened). Thread-safe; concurrent restores
+// share the pool.
 #pragma once
 
 #include <memory>

@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 
 from . import Client, Level, SharedRegion, load_version
+from .loader import _open_regular
 from .torch import UnsupportedTensorError, _TORCH_TO_CODE
 
 try:  # DeepSpeed's base class where DeepSpeed is installed
@@ -216,7 +217,8 @@ class CkptdCheckpointEngine(_Base):
             for view, (_, t) in zip(staged.views, tensors):
                 view.copy_(t)
         self._files[fname] = structure
-        with open(path, "w") as f:  # DeepSpeed's loader globs the tag directory for files
+        fd = _open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with os.fdopen(fd, "w") as f:  # DeepSpeed's loader globs the tag directory for files
             json.dump({_PLACEHOLDER_KEY: {"job": self.job, "version": self._version, "rank": self.rank,
                                           "file": fname, "tag": self._tag}}, f)
             f.write("\n")
@@ -247,7 +249,7 @@ class CkptdCheckpointEngine(_Base):
         fname = os.path.basename(path)
         version = None
         try:
-            with open(path) as f:
+            with os.fdopen(_open_regular(path)) as f:
                 version = int(json.load(f)[_PLACEHOLDER_KEY]["version"])
         except (OSError, ValueError, KeyError, TypeError):
             m = re.search(r"(\d+)$", os.path.basename(os.path.dirname(os.path.abspath(path))))

@@ -24,7 +24,10 @@ returned as bytes, never unpickled here: ckpt.torch knows how its own blobs were
 
 Errors:
   ckpt.Error                a checksum mismatch (the message names the item and the file;
-                            code 15, DATA_LOSS) or a malformed shard
+                            code 15, DATA_LOSS), a malformed shard, or a shard or COMMITTED
+                            marker that is not a regular file (a FIFO, a device, a directory,
+                            a symbolic link: "... is a FIFO, not a regular file", code 15);
+                            nothing blocks on a FIFO nor follows a link
   ckpt.VersionNotFoundError the version (or job) does not exist or is not committed; a
                             subclass of both ckpt.Error (code 5, NOT_FOUND) and
                             FileNotFoundError
@@ -33,6 +36,7 @@ Errors:
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -43,7 +47,9 @@ __all__ = ["Checkpoint", "RawTensor", "Shard", "VersionNotFoundError", "list_ver
            "load_version", "read_header"]
 
 _NOT_FOUND = 5  # gRPC NOT_FOUND, what ckptd reports for a missing version
+_FAILED_PRECONDITION = 9
 _DATA_LOSS = 15
+_MAX_MARKER_BYTES = 1 << 20
 _BACKENDS = ("auto", "torch", "numpy", "raw")
 
 
@@ -118,6 +124,62 @@ class Checkpoint:
     def __repr__(self):
         return (f"<ckpt.Checkpoint job={self.job!r} version={self.version} world_size={self.world_size} "
                 f"path={self.path!r}>")
+
+
+# -- opening files -------------------------------------------------------------------------
+
+_FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path, mode, code):
+    kind = next((name for test, name in _FILE_TYPES if test(mode)), "a file of unknown type")
+    e = Error(f"{os.fspath(path)} is {kind}, not a regular file")
+    e.code = code
+    return e
+
+
+def _open_regular(path, flags=os.O_RDONLY, mode=0o600):
+    """os.open of a regular file that a FIFO, device or symbolic link at `path` cannot block
+    or redirect (as common/safe_file.h does in C++): lstat refuses one before the open,
+    O_NOFOLLOW | O_NONBLOCK make the open itself safe, and fstat checks what was opened.
+    Returns a blocking descriptor; anything but a regular file raises ckpt.Error (DATA_LOSS
+    for reads, FAILED_PRECONDITION for writes), a missing file FileNotFoundError."""
+    code = _FAILED_PRECONDITION if flags & (os.O_WRONLY | os.O_RDWR) else _DATA_LOSS
+
+    def check(path_mode):
+        if path_mode is not None and not stat.S_ISREG(path_mode):
+            raise _not_regular(path, path_mode, code)
+
+    def mode_at():
+        try:
+            return os.lstat(path).st_mode
+        except OSError:
+            return None
+
+    check(mode_at())
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, mode)
+    except OSError:
+        check(mode_at())  # swapped in after the lstat (ELOOP, ENXIO)
+        raise
+    try:
+        check(os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_small(path):
+    """The text of a small regular file (a marker), opened with _open_regular."""
+    with os.fdopen(_open_regular(path), "rb") as f:
+        data = f.read(_MAX_MARKER_BYTES + 1)
+    if len(data) > _MAX_MARKER_BYTES:
+        raise ValueError(f"{path} is larger than a marker can be")
+    return data.decode()
 
 
 # -- tensor conversion ---------------------------------------------------------------------
@@ -269,10 +331,9 @@ def _resolve(root, job, version):
                                    f"({_describe(versions)})")
     world_size = None
     try:
-        with open(os.path.join(vdir, "COMMITTED")) as f:
-            world_size = int(json.load(f)["world_size"])
+        world_size = int(json.loads(_read_small(os.path.join(vdir, "COMMITTED")))["world_size"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # an older or unreadable marker: the shards say
+        pass  # an older or unreadable marker: the shards say (not a regular file: ckpt.Error)
     return version, world_size
 
 

@@ -11,7 +11,6 @@
 #include "shard_reader.h"
 
 #include <ckpt/client.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "common/names.h"
+#include "common/safe_file.h"
 #include "common/unique_fd.h"
 #include "format/checksum.h"
 #include "format/dtype.h"
@@ -32,8 +32,10 @@ namespace {
 
 [[noreturn]] void Throw(const Status& s) { throw ckpt::Error(GrpcCodeNumber(s.code()), s.message()); }
 
-// Opens `path` and parses its header; an open failure becomes OSError (FileNotFoundError,
-// PermissionError, ...) with the path, as Python's own open() would raise.
+// Opens `path` (common/safe_file.h: a FIFO, device, directory or symbolic link there is
+// refused at once, as ckpt.Error DATA_LOSS naming it) and parses its header from the same
+// descriptor. Another open failure becomes OSError (FileNotFoundError, PermissionError,
+// ...) with the path, as Python's own open() would raise.
 struct OpenShard {
   UniqueFd fd;
   ShardInfo info;
@@ -45,11 +47,14 @@ OpenShard Open(const std::string& path) {
   Result<ShardInfo> info = Status::Ok();
   {
     py::gil_scoped_release release;
-    shard.fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!shard.fd.valid()) {
-      open_errno = errno;
+    auto fd = OpenRegularForRead(path);
+    if (fd.ok()) {
+      shard.fd = std::move(fd.value());
+      info = ReadShardHeader(shard.fd.get(), path);
+    } else if (fd.status().code() == StatusCode::kDataLoss) {
+      info = fd.status();
     } else {
-      info = ReadShardHeader(path);
+      open_errno = fd.status().code() == StatusCode::kNotFound ? ENOENT : (errno != 0 ? errno : EIO);
     }
   }
   if (open_errno != 0) {
