@@ -25,7 +25,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   no_backend_reason_ = std::move(no_backend_reason);
 
   // The persistent tier: its tree, its leftovers, whether it takes O_DIRECT.
-  catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every);
+  catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every,
+                                       [this](const std::string& m) { errors_.Record(m); });
   if (Status s = catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config_.root);
   const bool direct_ok = storage_->SupportsDirectIo(config_.root);
   if (config_.direct_io == DirectIoMode::kOn && !direct_ok) {
