@@ -39,7 +39,16 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
     if (!local.ok()) return local.status().With("local tier " + config_.local_dir);
     local_ = std::move(local).value();
   }
-  memory_ = std::make_unique<MemoryTier>(config_.memory_bytes(), config_.memory_versions);
+  // Images of ranks with no live session give way when a running job needs the room.
+  memory_ = std::make_unique<MemoryTier>(config_.memory_bytes(), config_.memory_versions,
+                                         [this](const std::string& job, std::uint32_t rank) {
+                                           if (!sessions_) return true;
+                                           for (const auto& s : sessions_->All()) {
+                                             if (s->job == job && s->rank == rank && !s->TrainerExited())
+                                               return true;
+                                           }
+                                           return false;
+                                         });
 
   // The data path: pool, copier between tiers, commit, promotion, writers, copiers.
   auto pool = HostPool::Create(config_.pool_bytes(), config_.chunk_bytes());
