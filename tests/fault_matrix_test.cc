@@ -129,6 +129,7 @@ struct Armed {
 std::unique_ptr<DaemonProcess> StartFaulty(Armed& a, const std::string& file, const Fault& f,
                                            const std::string& extra = "") {
   a.options.root = a.dir.path() + "/root";
+  if (extra.find("under=") != std::string::npos) a.options.extra_args = {"--local", a.dir.path() + "/local"};
   a.options.socket = a.dir.path() + "/sock/ckptd.sock";
   const std::string spec = "file=" + file + ",op=" + f.op + ",fault=" + f.fault + ",while=" + a.armed + extra;
   ::setenv("CKPTD_TEST_FAULT", spec.c_str(), 1);
@@ -152,10 +153,13 @@ void CommitAndRestore(Client& c, TrainerState& state, std::uint64_t version) {
 
 // A fault on a file written for a version (data, header, done marker, COMMITTED): that
 // version fails, and the trainer hears why from its wait.
-void VersionFails(const std::string& file, const Fault& f) {
+// `promotion`: with a local tier, the fault hits only the persistent tier's copy.
+void VersionFails(const std::string& file, const Fault& f, bool promotion = false) {
   Armed a;
-  auto daemon = StartFaulty(a, file, f);
-  TrainerState state(2, 64 << 10, 7);
+  auto daemon = StartFaulty(a, file, f, promotion ? ",under=" + a.dir.path() + "/root" : "");
+  // A promotion copies in pieces, the first holding the header and the start of the data
+  // (a write at offset 0: the header's); its data needs more than one piece.
+  TrainerState state(2, promotion ? 4 << 20 : 64 << 10, 7);
   std::optional<Client> c = Client::connect(daemon->socket());
   c->register_items(kJob, 0, 1, state.Items());
   state.Fill(1);
@@ -179,6 +183,9 @@ void VersionFails(const std::string& file, const Fault& f) {
   CHECK(ReadLatestFile(a.options.root) == 1);
   CheckTree(a.options.root);
   CheckVersion1(a.options.root, state);
+  if (promotion) {
+    for (const auto& f : ListFiles(a.dir.path() + "/local")) CHECK(f.find(".tmp") == std::string::npos);
+  }
 
   Disarm(a);
   CommitAndRestore(*c, state, 3);
@@ -187,7 +194,8 @@ void VersionFails(const std::string& file, const Fault& f) {
   CheckVersion1(a.options.root, state);
   c.reset();  // disconnected: the daemon stops at once
   CHECK(daemon->Stop() == 0);
-  Record(file, f, saw, status, "version 2 failed; 1 kept; 3 committed after the fault");
+  Record(promotion ? "data (promotion from --local)" : file, f, saw, status,
+         "version 2 failed; 1 kept; 3 committed after the fault");
 }
 
 // A fault on the registration file: a restarted trainer's registration fails, and the one
@@ -304,6 +312,14 @@ TEST_CASE("fault matrix: done marker", "[faults]") { RunFile("done"); }
 TEST_CASE("fault matrix: registration file", "[faults]") { RunFile("ranks"); }
 TEST_CASE("fault matrix: COMMITTED", "[faults]") { RunFile("committed"); }
 TEST_CASE("fault matrix: latest", "[faults]") { RunFile("latest"); }
+
+TEST_CASE("fault matrix: promotion from the local tier", "[faults]") {
+  for (const Fault& f : kFaults) {
+    DYNAMIC_SECTION("promoted data: " << f.fault << " on " << f.op) {
+      VersionFails("data", f, /*promotion=*/true);
+    }
+  }
+}
 
 TEST_CASE("fault matrix: slow storage", "[faults]") {
   SECTION("a slow fdatasync of COMMITTED: a wait times out, the version commits, nothing fails") {

@@ -35,6 +35,7 @@ TEST_CASE("CKPTD_TEST_FAULT values are parsed strictly", "[faults]") {
   CHECK_FALSE(FaultSpec::Parse("file=latest,fault=EIO,count=x").ok());
   CHECK_FALSE(FaultSpec::Parse("file=latest,fault=EIO,colour=red").ok());
   CHECK_FALSE(FaultSpec::Parse("file=latest,op=rename,fault=short").ok());  // short is a write
+  CHECK_FALSE(FaultSpec::Parse("file=latest,fault=EIO,under=").ok());
   auto spec = FaultSpec::Parse("file=header,op=any,fault=EROFS,while=/armed,count=3");
   REQUIRE(spec.ok());
   CHECK(spec->file == FaultSpec::File::kHeader);
@@ -67,6 +68,12 @@ TEST_CASE("a fault hits only its file, temporary names included, while armed, co
   CHECK_FALSE(s.WriteFileAtomic(done, "c").ok());  // the second hit
   CHECK(s.WriteFileAtomic(done, "d").ok());        // count spent
   CHECK(ReadFile(done) == "d");
+
+  // under=DIR: the same file elsewhere (another tier) is untouched.
+  FaultStorage elsewhere = Make("file=done,fault=EIO,under=" + dir.path() + "/other");
+  CHECK(elsewhere.WriteFileAtomic(done, "e").ok());
+  FaultStorage here = Make("file=done,fault=EIO,under=" + job);
+  CHECK_FALSE(here.WriteFileAtomic(done, "f").ok());
 }
 
 TEST_CASE("a shard's header is its write at offset 0; a short write lands half, then fails", "[faults]") {

@@ -105,6 +105,9 @@ Result<FaultSpec> FaultSpec::Parse(std::string_view text) {
       } else {
         return bad();
       }
+    } else if (key == "under") {
+      if (value.empty()) return bad();
+      spec.under = value.back() == '/' ? value : value + "/";
     } else if (key == "while") {
       if (value.empty()) return bad();
       spec.while_path = value;
@@ -130,6 +133,7 @@ Result<FaultSpec> FaultSpec::Parse(std::string_view text) {
 
 bool FaultStorage::Hits(FaultSpec::Op op, const std::string& path, std::int64_t offset) {
   if (spec_.op != FaultSpec::Op::kAny && spec_.op != op) return false;
+  if (!spec_.under.empty() && !path.starts_with(spec_.under)) return false;
   if (spec_.file != FaultSpec::File::kAny) {
     FaultSpec::File kind = Classify(path);
     // A shard's header is its write at offset 0; its other calls are the data's and the

@@ -4,7 +4,7 @@
 // (tests/fault_matrix_test.cc) can check what a trainer and `ckptctl status` see when the
 // disk misbehaves under a real daemon, and that the daemon commits again once it stops.
 //
-//   CKPTD_TEST_FAULT=file=KIND,op=OP,fault=FAULT[,while=PATH][,count=N][,delay_ms=MS]
+//   CKPTD_TEST_FAULT=file=KIND,op=OP,fault=FAULT[,while=PATH][,count=N][,under=DIR][,delay_ms=MS]
 //
 //   KIND   data (a shard's data), header (a shard's header: its write at offset 0), done
 //          (VERSION/rank-R.done), ranks (JOB/ranks/rank-R), committed (VERSION/COMMITTED),
@@ -16,6 +16,8 @@
 //   PATH   the fault applies only while PATH exists: the test "removes the fault" by
 //          removing PATH, without restarting the daemon.
 //   N      only the first N matching calls (while PATH exists) fail; default all.
+//   DIR    only files under DIR (e.g. the persistent root, to break promotions and not
+//          the local tier's writes); default anywhere.
 //
 // Errors say "(injected by CKPTD_TEST_FAULT)". Unset (always, outside tests), nothing is
 // wrapped; an unparsable value stops the daemon at start. Thread-safe.
@@ -42,6 +44,7 @@ struct FaultSpec {
   int err = 0;              // for kErrno
   std::string while_path;   // empty: always armed
   std::uint64_t count = 0;  // 0: every matching call
+  std::string under;        // empty: anywhere
   std::uint32_t delay_ms = 100;
 
   // Parses the value of CKPTD_TEST_FAULT (format above).
