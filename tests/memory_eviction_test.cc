@@ -4,6 +4,7 @@
 // Before, seven finished jobs kept 56 of 64 MiB for ever, later jobs got no memory tier, and
 // the one warning told the user to raise --memory-mib.
 #include <ckpt/client.h>
+#include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -104,4 +105,25 @@ TEST_CASE("finished jobs' images give way to running jobs, least recently used f
   CHECK(warned.find("memory tier: job huge version 1 rank 0 (40 MiB) not kept within the 64 MiB budget") !=
         std::string::npos);
   CHECK(warned.find("held by images of running jobs, which are kept (big 16 MiB") != std::string::npos);
+}
+
+TEST_CASE("a trainer killed without unregistering leaves images that give way too",
+          "[tiers][memory][crash]") {
+  TempDir dir("evict");
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/sock/ckptd.sock";
+  o.extra_args = {"--memory-mib", "64", "--memory-versions", "1"};
+  DaemonProcess daemon(o);
+  // 32 MiB of state, killed -9 right after the snapshot of iteration 3: no Unregister.
+  ProcessResult crashed =
+      RunProcess({TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "crashed", "--state-mib", "32",
+                  "--tensors", "4", "--compute-ms", "1", "--iters", "10", "--crash-at", "3"});
+  INFO(crashed.output);
+  REQUIRE(crashed.exit_code == 128 + SIGKILL);
+  // A running job of 40 MiB: it fits only if the dead trainer's images give way.
+  Trainer next(daemon, "next", 10);
+  next.Commit(1);
+  CHECK(next.Restore(1) == "memory");
+  CHECK(daemon.Log().find("dropping the images of job crashed (no live session") != std::string::npos);
 }
