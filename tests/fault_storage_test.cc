@@ -76,7 +76,7 @@ TEST_CASE("a fault hits only its file, temporary names included, while armed, co
   CHECK_FALSE(here.WriteFileAtomic(done, "f").ok());
 }
 
-TEST_CASE("a shard's header is its write at offset 0; a short write lands half, then fails", "[faults]") {
+TEST_CASE("a shard's header is its write at offset 0, and a short write lands half, then fails", "[faults]") {
   TempDir dir("seam");
   const std::string shard = dir.path() + "/v0000000001/" + ShardFileName(3);
   fs::create_directories(dir.path() + "/v0000000001");

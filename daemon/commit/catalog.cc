@@ -85,11 +85,13 @@ Status Catalog::RecoverJob(const std::string& job) {
   if (recorded != newest) {
     spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repairing it", job,
                  recorded, newest);
-    PublishLatest(job, newest);  // a failure is reported; the daemon serves on
-  } else {
-    MutexLock lock(latest_mu_);
-    latest_[job] = newest;
+    // Unlike a commit's, a failure here stops the start with its reason: a person is there
+    // to read it, and a tree whose `latest` cannot be written (a directory in its place)
+    // needs one.
+    if (Status s = WriteLatest(job, newest); !s.ok()) return s;
   }
+  MutexLock lock(latest_mu_);
+  latest_[job] = newest;
   return Status::Ok();
 }
 
