@@ -49,7 +49,7 @@ Status Catalog::Recover() {
   if (!jobs.ok()) return jobs.status();
   for (const auto& job : jobs.value()) {
     if (!CheckJobId(job).empty()) continue;  // not ours
-    MutexLock lock(commit_mu_);              // recovery rewrites `latest`, as commits do
+    MutexLock lock(commit_mu_);  // recovery rewrites `latest`, as commits do
     if (Status s = RecoverJob(job); !s.ok()) return s.With("recover job " + job);
   }
   return Status::Ok();
@@ -81,7 +81,6 @@ Status Catalog::RecoverJob(const std::string& job) {
   if (auto text = storage_->ReadSmallFile(tree_.LatestFile(job)); text.ok()) {
     recorded = std::strtoull(text->c_str(), nullptr, 10);
   }
-  if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
   if (recorded != newest) {
     spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repairing it", job,
                  recorded, newest);
@@ -90,6 +89,7 @@ Status Catalog::RecoverJob(const std::string& job) {
     // needs one.
     if (Status s = WriteLatest(job, newest); !s.ok()) return s;
   }
+  if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
   MutexLock lock(latest_mu_);
   latest_[job] = newest;
   return Status::Ok();
@@ -273,7 +273,7 @@ Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank
   if (s.ok()) s = storage_->WriteFileAtomic(tree_.RankFile(job, rank), registration);
   if (!s.ok()) {
     Report("job " + job + " rank " + std::to_string(rank) +
-           ": a registration (or restore) failed: " + "it could not be recorded: " + s.message());
+           ": a registration (or restore) failed: it could not be recorded: " + s.message());
   }
   return s;
 }
