@@ -167,7 +167,6 @@ char* MemoryTier::TakeFromFinished(const ShardMeta& meta, std::uint64_t bytes, s
       auto it = images_.find(*victim);
       if (it != images_.end() && !it->second.empty()) {
         it->second.erase(it->second.begin());  // its oldest version; the buffer returns when unused
-        ++evicted_finished_;
         if (it->second.empty()) {
           images_.erase(it);
           last_used_.erase(*victim);

@@ -88,8 +88,6 @@ class MemoryTier {
   };
   Stats GetStats();
   std::uint32_t versions() const { return versions_; }
-  // Images dropped so far because their rank had no live session and a shard needed room.
-  std::uint64_t evicted_finished() const { return evicted_finished_; }
 
  private:
   using Key = std::tuple<std::string, std::uint32_t>;  // (job, rank)
@@ -117,7 +115,6 @@ class MemoryTier {
   // When each (job, rank) was last written or read, on a counter of uses.
   std::map<Key, std::uint64_t> last_used_ GUARDED_BY(mu_);
   std::uint64_t use_clock_ GUARDED_BY(mu_) = 0;
-  std::atomic<std::uint64_t> evicted_finished_{0};
   // Shards not kept since the last warning, and when it was.
   std::uint64_t not_kept_ GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point warned_ GUARDED_BY(mu_){};
