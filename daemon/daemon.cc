@@ -25,7 +25,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   no_backend_reason_ = std::move(no_backend_reason);
 
   // The persistent tier: its tree, its leftovers, whether it takes O_DIRECT.
-  catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every);
+  catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every,
+                                       [this](const std::string& m) { errors_.Record(m); });
   if (Status s = catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config_.root);
   const bool direct_ok = storage_->SupportsDirectIo(config_.root);
   if (config_.direct_io == DirectIoMode::kOn && !direct_ok) {
@@ -38,7 +39,16 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
     if (!local.ok()) return local.status().With("local tier " + config_.local_dir);
     local_ = std::move(local).value();
   }
-  memory_ = std::make_unique<MemoryTier>(config_.memory_bytes(), config_.memory_versions);
+  // Images of ranks with no live session give way when a running job needs the room.
+  memory_ = std::make_unique<MemoryTier>(config_.memory_bytes(), config_.memory_versions,
+                                         [this](const std::string& job, std::uint32_t rank) {
+                                           if (!sessions_) return true;
+                                           for (const auto& s : sessions_->All()) {
+                                             if (s->job == job && s->rank == rank && !s->TrainerExited())
+                                               return true;
+                                           }
+                                           return false;
+                                         });
 
   // The data path: pool, copier between tiers, commit, promotion, writers, copiers.
   auto pool = HostPool::Create(config_.pool_bytes(), config_.chunk_bytes());

@@ -25,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/io/fault_storage.h"
 #include "daemon/io/shm_importer.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/service.h"
@@ -136,7 +137,12 @@ int Run(const Config& config) {
     no_backend_reason = made.status().message();
   }
 #endif
-  auto daemon = Daemon::Create(config, std::make_shared<PosixStorage>(), std::make_unique<ShmImporter>(),
+  auto storage = WrapWithTestFault(std::make_shared<PosixStorage>());  // tests only (fault_storage.h)
+  if (!storage.ok()) {
+    spdlog::critical("cannot start: {}", storage.status().message());
+    return 1;
+  }
+  auto daemon = Daemon::Create(config, std::move(storage).value(), std::make_unique<ShmImporter>(),
                                std::move(backend), no_backend_reason);
   if (!daemon.ok()) {
     spdlog::critical("cannot start: {}", daemon.status().message());

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/io/fault_storage.h"
 #include "daemon/io/storage.h"
 #include "format/paths.h"
 #include "support/faulty_storage.h"
@@ -415,4 +416,78 @@ TEST_CASE("a failed atomic write leaves no temporary file", "[catalog][faults]")
     }
     CHECK_FALSE(fs::exists(dir.path() + "/latest"));
   }
+}
+
+// Issue 12, defect 6: a failed write of `latest` after COMMITTED was silent, left the
+// daemon's newest version stale, and was never retried.
+TEST_CASE("a failed write of latest after COMMITTED: committed, reported, cached right, repaired",
+          "[catalog][faults]") {
+  TempDir dir("cat");
+  const std::string armed = dir.path() + "/armed";
+  FaultSpec spec;
+  spec.file = FaultSpec::File::kLatest;
+  spec.op = FaultSpec::Op::kRename;
+  spec.err = EIO;
+  spec.while_path = armed;
+  std::vector<std::string> reported;
+  Catalog catalog(std::make_shared<FaultStorage>(Posix(), spec), dir.path() + "/root", 0, 0,
+                  [&](const std::string& m) { reported.push_back(m); });
+  REQUIRE(catalog.Recover().ok());
+  Committed(catalog, "job", 1);
+  Touch(armed);
+
+  PutShards(catalog, "job", 2, {0});
+  bool committed = false;
+  REQUIRE(catalog.CommitIfComplete("job", 2, 1, &committed).ok());
+  CHECK(committed);
+  CHECK(HasMarker(catalog, "job", 2));
+  CHECK(catalog.Latest("job") == 2);  // the truth, not the stale file
+  CHECK(LatestText(catalog, "job") == "1\n");
+  CHECK(catalog.stale_latest() == 1);
+  REQUIRE(reported.size() == 1);
+  CHECK(reported[0].find(catalog.JobDir("job") + "/latest could not be updated to 2") != std::string::npos);
+  for (const auto& f : ListFiles(catalog.JobDir("job"))) CHECK(f.find(".tmp") == std::string::npos);
+
+  catalog.RepairLatest();  // still failing: not reported again
+  CHECK(catalog.stale_latest() == 1);
+  CHECK(reported.size() == 1);
+  fs::remove(armed);
+  catalog.RepairLatest();
+  CHECK(LatestText(catalog, "job") == "2\n");
+  CHECK(catalog.stale_latest() == 0);
+
+  // A rollback whose `latest` cannot be written: the versions are set aside all the same,
+  // and the daemon's newest version follows them.
+  Committed(catalog, "job", 3);
+  Touch(armed);
+  auto moved = catalog.SetAsideNewerThan("job", 1);
+  REQUIRE(moved.ok());
+  CHECK(moved.value() == 2);
+  CHECK(catalog.Latest("job") == 1);
+  CHECK(LatestText(catalog, "job") == "3\n");
+  fs::remove(armed);
+  catalog.RepairLatest();
+  CHECK(LatestText(catalog, "job") == "1\n");
+}
+
+TEST_CASE("a marker whose directory fsync failed is taken back: no commit counts it", "[catalog][faults]") {
+  TempDir dir("cat");
+  auto storage = std::make_shared<FaultyStorage>();
+  Catalog catalog(storage, dir.path());
+  Committed(catalog, "job", 1);
+  PutShards(catalog, "job", 2, {0});
+  // Single-threaded here, so the fault can be switched between calls.
+  storage->syncdir_errno = EIO;
+  bool committed = true;
+  CHECK_FALSE(catalog.CommitIfComplete("job", 2, 1, &committed).ok());
+  CHECK_FALSE(committed);
+  CHECK_FALSE(HasMarker(catalog, "job", 2));  // it had its name, not known durable
+  CHECK(catalog.Latest("job") == 1);
+
+  Touch(catalog.ShardPath("job", 3, 0), "v3");
+  CHECK_FALSE(catalog.WriteDoneMarker("job", 3, 0, "run-1").ok());
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 3) + "/" + DoneFileName(0)));
+  storage->syncdir_errno = 0;
+  REQUIRE(catalog.CommitIfComplete("job", 3, 1, &committed).ok());
+  CHECK_FALSE(committed);  // rank 0's marker was not written
 }

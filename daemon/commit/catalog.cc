@@ -18,8 +18,20 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 }  // namespace
 
 Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last,
-                 std::uint32_t keep_every)
-    : storage_(std::move(storage)), tree_(std::move(root)), keep_last_(keep_last), keep_every_(keep_every) {}
+                 std::uint32_t keep_every, Reporter report)
+    : storage_(std::move(storage)),
+      tree_(std::move(root)),
+      keep_last_(keep_last),
+      keep_every_(keep_every),
+      report_(std::move(report)) {}
+
+void Catalog::Report(const std::string& message) {
+  if (report_) {
+    report_(message);  // logs it too
+  } else {
+    spdlog::error("{}", message);
+  }
+}
 
 std::string Catalog::JobDir(const std::string& job) const { return tree_.JobDir(job); }
 
@@ -70,13 +82,12 @@ Status Catalog::RecoverJob(const std::string& job) {
     recorded = std::strtoull(text->c_str(), nullptr, 10);
   }
   if (recorded != newest) {
-    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job, recorded,
-                 newest);
-    if (newest == 0) {
-      if (Status s = storage_->Remove(tree_.LatestFile(job)); !s.ok()) return s;
-    } else if (Status s = WriteLatest(job, newest); !s.ok()) {
-      return s;
-    }
+    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repairing it", job,
+                 recorded, newest);
+    // Unlike a commit's, a failure here stops the start with its reason: a person is there
+    // to read it, and a tree whose `latest` cannot be written (a directory in its place)
+    // needs one.
+    if (Status s = WriteLatest(job, newest); !s.ok()) return s;
   }
   if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
   MutexLock lock(latest_mu_);
@@ -98,7 +109,46 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
 }
 
 Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
+  if (version == 0) return storage_->Remove(tree_.LatestFile(job));
   return storage_->WriteFileAtomic(tree_.LatestFile(job), std::to_string(version) + "\n");
+}
+
+void Catalog::PublishLatest(const std::string& job, std::uint64_t version) {
+  {
+    MutexLock lock(latest_mu_);
+    latest_[job] = version;
+  }
+  Status s = WriteLatest(job, version);
+  if (s.ok()) {
+    if (stale_latest_.erase(job) != 0) {
+      spdlog::info("job {}: 'latest' repaired, names version {}", job, version);
+      any_stale_ = !stale_latest_.empty();
+    }
+    return;
+  }
+  if (!stale_latest_.insert(job).second) {
+    spdlog::debug("job {}: 'latest' still not rewritten: {}", job, s.message());
+    return;  // reported when it first failed
+  }
+  any_stale_ = true;
+  Report("job " + job + ": " + tree_.LatestFile(job) + " could not be updated to " + std::to_string(version) +
+         " (" + s.message() + "); version " + std::to_string(version) +
+         " is committed all the same (its COMMITTED is durable, and restores and loaders take the "
+         "newest COMMITTED); the file is rewritten at the next commit or within a second once storage "
+         "allows");
+}
+
+void Catalog::RepairLatest() {
+  if (!any_stale_) return;
+  MutexLock lock(commit_mu_);
+  const std::set<std::string> stale = stale_latest_;
+  // The truth is on storage: another node's daemon may have committed (or rolled back) since.
+  for (const auto& job : stale) PublishLatest(job, ScanLatest(job));
+}
+
+std::size_t Catalog::stale_latest() {
+  MutexLock lock(commit_mu_);
+  return stale_latest_.size();
 }
 
 Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version) {
@@ -145,14 +195,29 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   std::string content = "{\"job\":\"" + job + "\",\"version\":" + std::to_string(version) +
                         ",\"world_size\":" + std::to_string(world_size) +
                         ",\"committed_at\":" + std::to_string(std::time(nullptr)) + "}\n";
-  if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) return s;
-  *committed = true;
-  if (version >= Latest(job)) {
-    if (Status s = WriteLatest(job, version); !s.ok()) return s;
-    MutexLock cache(latest_mu_);
-    latest_[job] = version;
+  if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) {
+    // The marker may have its name without being known durable (its directory's fsync
+    // failed): it is taken back, so that no reader counts a version its ranks are told failed.
+    if (!storage_->Exists(marker)) return s;
+    Status removed = storage_->Remove(marker);
+    if (removed.ok()) return s;
+    // It stays, so readers see the version committed: so is it, and the trouble is reported.
+    Report("job " + job + " version " + std::to_string(version) + ": " + s.message() +
+           "; the COMMITTED marker could not be taken back (" + removed.message() +
+           "), so the version counts as committed");
   }
-  return ApplyRetention(job);
+  *committed = true;
+  const std::uint64_t newest = Latest(job);
+  if (version >= newest) {
+    PublishLatest(job, version);
+  } else if (stale_latest_.count(job) != 0) {
+    PublishLatest(job, newest);  // an older version committed: a stale pointer is retried
+  }
+  if (Status s = ApplyRetention(job); !s.ok()) {
+    Report("job " + job + ": retention after version " + std::to_string(version) +
+           " committed failed: " + s.message() + " (retried after the next commit)");
+  }
+  return Status::Ok();
 }
 
 Status Catalog::ApplyRetention(const std::string& job) {
@@ -204,13 +269,27 @@ std::size_t Catalog::cached_jobs() {
 Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank,
                                       const std::string& registration) {
   std::string dir = tree_.RanksDir(job);
-  if (Status s = storage_->MakeDirs(dir); !s.ok()) return s;
-  return storage_->WriteFileAtomic(tree_.RankFile(job, rank), registration);
+  Status s = storage_->MakeDirs(dir);
+  if (s.ok()) s = storage_->WriteFileAtomic(tree_.RankFile(job, rank), registration);
+  if (!s.ok()) {
+    Report("job " + job + " rank " + std::to_string(rank) +
+           ": a registration (or restore) failed: it could not be recorded: " + s.message());
+  }
+  return s;
 }
 
 Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                                 const std::string& registration) {
-  return storage_->WriteFileAtomic(tree_.DoneMarker(job, version, rank), registration);
+  const std::string marker = tree_.DoneMarker(job, version, rank);
+  Status s = storage_->WriteFileAtomic(marker, registration);
+  // A marker that got its name before the failure (its directory's fsync failed) is not
+  // known to be durable: the shard is failed, so the marker must not complete a commit.
+  if (!s.ok() && storage_->Exists(marker)) {
+    if (Status removed = storage_->Remove(marker); !removed.ok()) {
+      return Status(s.code(), s.message() + "; the marker could not be removed: " + removed.message());
+    }
+  }
+  return s;
 }
 
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
@@ -295,22 +374,23 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) {
       // The daemon of another node rolling back the same job moved it first.
       if (!storage_->Exists(VersionDir(job, e.version))) continue;
+      if (moved > 0) PublishLatest(job, ScanLatest(job));  // those moved are gone for readers
       return s;
     }
     ++moved;
   }
-  if (moved > 0) {
-    if (Status s = storage_->SyncDir(aside); !s.ok()) return s;
-    if (Status s = storage_->SyncDir(JobDir(job)); !s.ok()) return s;
-    if (Status s = WriteLatest(job, version); !s.ok()) return s;
-    MutexLock cache(latest_mu_);
-    latest_[job] = version;
-  } else {
+  if (moved == 0) {
     // Another node's daemon set them aside: follow.
     std::uint64_t v = ScanLatest(job);
     MutexLock cache(latest_mu_);
     latest_[job] = v;
+    return moved;
   }
+  Status synced = storage_->SyncDir(aside);
+  if (synced.ok()) synced = storage_->SyncDir(JobDir(job));
+  // The versions are moved: the newest committed one is `version` now, whatever `latest` says.
+  PublishLatest(job, ScanLatest(job));
+  if (!synced.ok()) return synced;
   return moved;
 }
 

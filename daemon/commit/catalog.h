@@ -12,10 +12,20 @@
 // does (a rank of the new run snapshots only after every rank has registered, since a
 // training step needs all ranks). Readers trust only committed versions. At start,
 // Recover() removes *.tmp leftovers and rewrites any `latest` that does not name the newest
-// committed version. Thread-safe.
+// committed version.
+//
+// A version is committed once its COMMITTED is durable: every reader (restores, the loader,
+// recovery) takes the newest version with COMMITTED, never the `latest` file, which is a
+// pointer for people and outside tools. So a failure to write `latest` does not undo a
+// commit: the daemon's own newest version is still right, the failure is reported (log and
+// status), and the file is rewritten at the next commit or by RepairLatest() (the commit
+// tracker calls it every second), whichever comes first. Errors of background work are
+// reported through `report` (the daemon's error log). Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -39,8 +49,10 @@ class Catalog {
  public:
   // `keep_last` > 0: after each commit, delete committed versions older than the newest
   // `keep_last` ones, except multiples of `keep_every` (if > 0).
+  // `report` (may be empty: the log only) takes the failures that no caller hears of.
+  using Reporter = std::function<void(const std::string&)>;
   Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0,
-          std::uint32_t keep_every = 0);
+          std::uint32_t keep_every = 0, Reporter report = nullptr);
 
   const std::string& root() const { return tree_.root(); }
   std::string JobDir(const std::string& job) const;
@@ -53,12 +65,16 @@ class Catalog {
   Status PrepareVersionDir(const std::string& job, std::uint64_t version);
   // Commits the version if every rank has a done marker of its current registration; sets
   // *committed accordingly. A version older than the newest committed one commits too (its
-  // shards may simply have been slower); `latest` never moves back.
+  // shards may simply have been slower); `latest` never moves back. An error means the
+  // version did not commit (no COMMITTED is left); what fails once it is committed
+  // (`latest`, retention) is reported, not returned.
   Status CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                           bool* committed);
-  // Records `registration` as the current one of (job, rank), durably.
+  // Records `registration` as the current one of (job, rank), durably; a failure is also
+  // reported (the trainer's call fails, and status shows why).
   Status WriteRankRegistration(const std::string& job, std::uint32_t rank, const std::string& registration);
-  // Records that rank's shard of the version is durable here, written by `registration`.
+  // Records that rank's shard of the version is durable here, written by `registration`. On
+  // failure no marker is left (one not known to be durable must not count for a commit).
   Status WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                          const std::string& registration);
   // Whether the done marker of (job, version, rank) exists and names `registration`.
@@ -79,6 +95,10 @@ class Catalog {
   // Rollback: moves committed versions newer than `version` under JOB/set-aside/ and
   // points `latest` at `version`. Returns how many were set aside.
   Result<int> SetAsideNewerThan(const std::string& job, std::uint64_t version);
+  // Rewrites each `latest` that a failed write left stale (see the top); cheap when none is.
+  void RepairLatest() EXCLUDES(commit_mu_);
+  // Jobs whose `latest` is known to be stale, for status and tests.
+  std::size_t stale_latest() EXCLUDES(commit_mu_);
   // While a version is pinned (a restore reads it), retention does not delete it.
   void Pin(const std::string& job, std::uint64_t version);
   void Unpin(const std::string& job, std::uint64_t version);
@@ -86,9 +106,13 @@ class Catalog {
  private:
   Status RecoverJob(const std::string& job) REQUIRES(commit_mu_);
   std::uint64_t ScanLatest(const std::string& job);
-  // `latest` is written only under commit_mu_ (commits, rollbacks, recovery).
+  // `latest` is written only under commit_mu_ (commits, rollbacks, recovery, repairs).
   Status WriteLatest(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
+  // `version` (0: none) is the job's newest committed version: the cache says so at once,
+  // then `latest` is written; a failure is reported and the job marked stale (repaired later).
+  void PublishLatest(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
   Status ApplyRetention(const std::string& job) REQUIRES(commit_mu_);
+  void Report(const std::string& message);
 
   std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;
@@ -102,6 +126,11 @@ class Catalog {
   // Cache; loaded from storage on first use.
   std::map<std::string, std::uint64_t> latest_ GUARDED_BY(latest_mu_);
   std::multiset<std::pair<std::string, std::uint64_t>> pinned_ GUARDED_BY(commit_mu_);
+  // Jobs whose `latest` file a failed write left stale; any_stale_ lets RepairLatest return
+  // at once without the lock when there is none.
+  std::set<std::string> stale_latest_ GUARDED_BY(commit_mu_);
+  std::atomic<bool> any_stale_{false};
+  const Reporter report_;
 };
 
 }  // namespace ckpt

@@ -10,6 +10,8 @@ namespace {
 // How often the shared directory is read while a commit is awaited, and while none is.
 constexpr std::chrono::milliseconds kPollBusy{20};
 constexpr std::chrono::milliseconds kPollIdle{500};
+// How often a `latest` that a failed write left stale is rewritten (Catalog::RepairLatest).
+constexpr std::chrono::seconds kRepairEvery{1};
 
 }  // namespace
 
@@ -201,6 +203,7 @@ void CommitTracker::Finish(const std::string& job, std::uint64_t version,
 }
 
 void CommitTracker::WatchLoop() {
+  auto repaired = std::chrono::steady_clock::now();
   for (;;) {
     std::map<Key, Awaited> deciding, watching;
     {
@@ -214,6 +217,10 @@ void CommitTracker::WatchLoop() {
       watching = watching_;
     }
     const auto now = std::chrono::steady_clock::now();
+    if (now - repaired >= kRepairEvery) {
+      catalog_.RepairLatest();
+      repaired = now;
+    }
     auto overdue = [&](const Awaited& a) {
       return a.superseded != std::chrono::steady_clock::time_point{} && now - a.superseded > kGiveUpAfter;
     };

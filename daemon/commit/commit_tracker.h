@@ -14,7 +14,9 @@
 // v+1): an older version still commits once complete. One that stays incomplete for
 // kGiveUpAfter after a newer version committed will not complete (a rank crashed or was
 // restored meanwhile): it is given up, its shards here fail with an error saying so, and
-// the daemon logs it, so that no wait on it hangs. Thread-safe.
+// the daemon logs it, so that no wait on it hangs. The watcher also rewrites, every second,
+// a `latest` that a failed write left stale (the version is committed all the same: see
+// Catalog). Thread-safe.
 #pragma once
 
 #include <atomic>

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <utility>
 
 namespace ckpt {
 namespace {
@@ -70,8 +72,11 @@ struct MemoryTier::Store {
   }
 };
 
-MemoryTier::MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions)
-    : budget_(budget_bytes), versions_(versions), store_(std::make_shared<Store>()) {}
+MemoryTier::MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions, LiveCheck is_live)
+    : budget_(budget_bytes),
+      versions_(versions),
+      is_live_(std::move(is_live)),
+      store_(std::make_shared<Store>()) {}
 
 MemoryTier::~MemoryTier() = default;
 
@@ -103,20 +108,9 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
     }
     data = store_->Take(bytes, budget_, &capacity);
   }
+  if (data == nullptr) data = TakeFromFinished(meta, bytes, &capacity);
   if (data == nullptr) {
-    // Said once at warn level: restores of such versions read a file, which is not what a
-    // user who configured the tier expects.
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
-      spdlog::warn(
-          "memory tier: job {} version {} rank {} ({} MiB) not kept: over the {} MiB budget (it needs "
-          "--memory-versions + 1 versions of each rank: raise --memory-mib); restores of versions not "
-          "kept read the local or persistent tier",
-          meta.job, meta.version, meta.rank, file_bytes >> 20, budget_ >> 20);
-    } else {
-      spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept: over the {} MiB budget",
-                    meta.job, meta.version, meta.rank, file_bytes, budget_ >> 20);
-    }
+    WarnNotKept(meta, file_bytes);
     return nullptr;
   }
   // The padding past the file's end must be zero: it is written with O_DIRECT.
@@ -133,7 +127,104 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
                                      });
   MutexLock lock(mu_);
   images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false};
+  TouchLocked(Key{meta.job, meta.rank});
   return image;
+}
+
+char* MemoryTier::TakeFromFinished(const ShardMeta& meta, std::uint64_t bytes, std::uint64_t* capacity) {
+  if (!is_live_) return nullptr;
+  const Key asking{meta.job, meta.rank};
+  std::set<std::string> dropped_jobs;
+  char* data = nullptr;
+  while (data == nullptr) {
+    // The ranks holding images, least recently used job first (a job's use: its ranks' newest).
+    std::vector<std::tuple<std::uint64_t, std::uint64_t, Key>> held;
+    {
+      MutexLock lock(mu_);
+      std::map<std::string, std::uint64_t> job_used;
+      for (const auto& [key, versions] : images_) {
+        if (versions.empty()) continue;
+        auto& used = job_used[std::get<0>(key)];
+        used = std::max(used, last_used_[key]);
+      }
+      for (const auto& [key, versions] : images_) {
+        if (!versions.empty() && key != asking)
+          held.emplace_back(job_used[std::get<0>(key)], last_used_[key], key);
+      }
+    }
+    std::sort(held.begin(), held.end());
+    // Asked outside the lock: the session table has locks of its own.
+    const Key* victim = nullptr;
+    for (const auto& [job_used, used, key] : held) {
+      if (!is_live_(std::get<0>(key), std::get<1>(key))) {
+        victim = &key;
+        break;
+      }
+    }
+    if (victim == nullptr) break;
+    {
+      MutexLock lock(mu_);
+      auto it = images_.find(*victim);
+      if (it != images_.end() && !it->second.empty()) {
+        it->second.erase(it->second.begin());  // its oldest version; the buffer returns when unused
+        if (it->second.empty()) {
+          images_.erase(it);
+          last_used_.erase(*victim);
+        }
+      }
+    }
+    if (dropped_jobs.insert(std::get<0>(*victim)).second) {
+      spdlog::info(
+          "memory tier: dropping the images of job {} (no live session, least recently used) to keep job {} "
+          "version {} rank {}",
+          std::get<0>(*victim), meta.job, meta.version, meta.rank);
+    }
+    data = store_->Take(bytes, budget_, capacity);
+  }
+  return data;
+}
+
+void MemoryTier::WarnNotKept(const ShardMeta& meta, std::uint64_t file_bytes) {
+  std::map<std::string, std::uint64_t> held_by;  // job -> bytes of its images
+  std::uint64_t not_kept = 0;
+  {
+    MutexLock lock(mu_);
+    ++not_kept_;
+    const auto now = std::chrono::steady_clock::now();
+    if (warned_ != std::chrono::steady_clock::time_point{} && now - warned_ < std::chrono::minutes(1)) {
+      spdlog::debug("memory tier: job {} version {} rank {} ({} bytes) not kept", meta.job, meta.version,
+                    meta.rank, file_bytes);
+      return;
+    }
+    warned_ = now;
+    not_kept = std::exchange(not_kept_, 0);
+    for (const auto& [key, versions] : images_) {
+      for (const auto& [v, e] : versions) held_by[std::get<0>(key)] += e.image->capacity();
+    }
+  }
+  std::string holders;
+  std::uint64_t held = 0;
+  for (const auto& [job, b] : held_by) {
+    holders += (holders.empty() ? "" : ", ") + job + " " + std::to_string(b >> 20) + " MiB";
+    held += b;
+  }
+  const std::uint64_t accounted = GetStats().bytes;
+  std::string why;
+  if (file_bytes > budget_) {
+    why = "it is larger than the whole budget";
+  } else {
+    why = "the rest is held by images of running jobs, which are kept (" +
+          (holders.empty() ? std::string("none") : holders) + ")";
+    if (accounted > held) {
+      why += " and " + std::to_string((accounted - held) >> 20) +
+             " MiB by images still read by restores or promotions";
+    }
+    why += "; size --memory-mib for --memory-versions + 1 versions of every rank running at once";
+  }
+  spdlog::warn(
+      "memory tier: job {} version {} rank {} ({} MiB) not kept within the {} MiB budget ({} shard(s) not "
+      "kept since the last warning): {}; restores of versions not kept read the local or persistent tier",
+      meta.job, meta.version, meta.rank, file_bytes >> 20, budget_ >> 20, not_kept, why);
 }
 
 void MemoryTier::Complete(const std::shared_ptr<MemoryImage>& image) {
@@ -195,6 +286,7 @@ std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint6
   if (it == images_.end()) return nullptr;
   auto v = it->second.find(version);
   if (v == it->second.end() || !v->second.image->complete) return nullptr;
+  TouchLocked(it->first);
   return v->second.image;
 }
 

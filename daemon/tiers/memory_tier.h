@@ -8,13 +8,19 @@
 //
 // Bounded twice: at most `versions` committed versions per (job, rank), and at most
 // `budget` bytes in all (images and the freed buffers kept for reuse). The rule of every
-// tier holds: an image is dropped only once a newer committed version of its (job, rank)
-// is here, or when its version failed or can no longer commit. A shard that does not fit
-// is simply not kept (its restore reads a file). Thread-safe.
+// tier holds for ranks with a live session: an image is dropped only once a newer committed
+// version of its (job, rank) is here, or when its version failed or can no longer commit.
+// Images of ranks with no live session (unregistered, or the trainer gone) stay while there
+// is room, since they serve a restart's restore from memory, but give way when a shard
+// does not fit otherwise: the least recently used finished job goes first (used: written
+// or read by a restore or a promotion). A shard that still does not fit is not kept (its
+// restore reads a file), and the log says what holds the budget. Thread-safe.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -46,7 +52,10 @@ struct MemoryImage {
 
 class MemoryTier {
  public:
-  MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions);
+  // Whether (job, rank) has a live session (a registered trainer that is still running).
+  using LiveCheck = std::function<bool(const std::string& job, std::uint32_t rank)>;
+  // Without `is_live`, every rank counts as live: nothing is taken from another rank.
+  MemoryTier(std::uint64_t budget_bytes, std::uint32_t versions, LiveCheck is_live = nullptr);
   ~MemoryTier();
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
@@ -90,12 +99,25 @@ class MemoryTier {
   // images' deleters, since an image in use (a restore, a promotion) may outlive its entry.
   struct Store;
   void PruneLocked(std::map<std::uint64_t, Entry>& versions);
+  void TouchLocked(const Key& key) REQUIRES(mu_) { last_used_[key] = ++use_clock_; }
+  // Drops images of finished ranks, least recently used job first, until a buffer of
+  // `bytes` is had (returned, with *capacity) or none is left to drop (nullptr).
+  char* TakeFromFinished(const ShardMeta& meta, std::uint64_t bytes, std::uint64_t* capacity) EXCLUDES(mu_);
+  // Says (rate-limited) why a shard is not kept: what holds the budget.
+  void WarnNotKept(const ShardMeta& meta, std::uint64_t file_bytes) EXCLUDES(mu_);
 
   const std::uint64_t budget_;
   const std::uint32_t versions_;
+  const LiveCheck is_live_;
   std::shared_ptr<Store> store_;
   Mutex mu_;
   std::map<Key, std::map<std::uint64_t, Entry>> images_ GUARDED_BY(mu_);
+  // When each (job, rank) was last written or read, on a counter of uses.
+  std::map<Key, std::uint64_t> last_used_ GUARDED_BY(mu_);
+  std::uint64_t use_clock_ GUARDED_BY(mu_) = 0;
+  // Shards not kept since the last warning, and when it was.
+  std::uint64_t not_kept_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point warned_ GUARDED_BY(mu_){};
 };
 
 }  // namespace ckpt
