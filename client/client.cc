@@ -301,7 +301,8 @@ struct Client::Impl {
   v1::RegisterReply RecoverLocked(const std::string& cause) REQUIRES(mu) {
     if (!daemon_lost) DropSessionLocked();
     const std::string in_flight = LostListLocked();
-    const std::string lost_note = in_flight.empty() ? "" : "; versions in flight then: " + in_flight;
+    const std::string lost_note =
+        in_flight.empty() ? "" : "; versions not known committed then: " + in_flight;
     std::fprintf(stderr, "ckpt: %s: ckptd at %s went away; registering again (reconnect budget %s s)\n",
                  cause.c_str(), socket_path.c_str(), Seconds(reconnect_budget).c_str());
     const auto start = std::chrono::steady_clock::now();

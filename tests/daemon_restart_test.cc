@@ -149,7 +149,7 @@ TEST_CASE("a daemon that stays down longer than the reconnect budget fails the c
   CHECK(rc == 2);
   CHECK(out.find("ckptd at " + o.socket + " did not come back within 1.5 s") != std::string::npos);
   // Version 3 was in flight (1 and 2 may be too, if they had not committed yet).
-  CHECK(out.find("versions in flight then: ") != std::string::npos);
+  CHECK(out.find("versions not known committed then: ") != std::string::npos);
   CHECK(out.find("3; the next call tries again") != std::string::npos);
   CHECK(waited >= 1.5);
   CHECK(waited < 30);
