@@ -183,6 +183,8 @@ struct Client::Impl {
   std::uint32_t world_size GUARDED_BY(mu) = 0;
   // The daemon went away and no session has been made since: the next call reconnects.
   bool daemon_lost GUARDED_BY(mu) = false;
+  // A daemon accepted a registration of this client once: only then is a daemon waited for.
+  bool served GUARDED_BY(mu) = false;
   // Versions snapshotted in this session: the level each is known to have reached (kNone:
   // not yet known to be captured).
   std::map<std::uint64_t, Level> versions GUARDED_BY(mu);
@@ -361,6 +363,7 @@ struct Client::Impl {
     instance = rep.daemon_instance();
     ++epoch;
     daemon_lost = false;
+    served = true;
   }
 
   // The session, reconnected first if the daemon went away; throws if not registered.
@@ -444,6 +447,18 @@ struct Client::Impl {
     if (named.empty()) return std::nullopt;
     std::sort(named.begin(), named.end());
     return DaemonRestartedError(msg + " (" + note + ")", std::move(named));
+  }
+
+  // Whether the restarted daemon finds `version` committed; if so it counts as a lost
+  // version that committed (waits on it return).
+  bool CommittedAfterRestart(std::uint64_t version) {
+    MutexLock lock(mu);
+    if (lost.count(version) != 0) return false;
+    lost[version] = LostVersion{Level::kNone, true};
+    (void)RefreshLostLocked();
+    if (lost[version].reached >= Level::kCommitted) return true;
+    lost.erase(version);
+    return false;
   }
 
   bool HasUnreportedLossLocked() REQUIRES(mu) {
@@ -635,12 +650,13 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     grpc::Status s = impl_->stub->Register(&ctx, req, &rep);
     const bool reregister = !impl_->session.empty();
     if (!s.ok()) {
-      // Only a daemon that served this registration is waited for; the first registration
-      // with no daemon fails at once.
-      if (!reregister || !Impl::DaemonGone(s, impl_->CallLocked()))
+      // Only a daemon that served this client is waited for; the first registration with
+      // no daemon fails at once.
+      if (!impl_->served || !Impl::DaemonGone(s, impl_->CallLocked()))
         Throw(s, reregister ? "re-register" : "register");
       impl_->DropSessionLocked();
     } else {
+      impl_->served = true;
       if (rep.session() != impl_->session) ++impl_->epoch;
       impl_->session = rep.session();
       impl_->instance = rep.daemon_instance();
@@ -673,6 +689,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
 
 void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, void* cuda_stream) {
   const std::string what = "snapshot " + std::to_string(version);
+  bool retried = false;  // after a daemon restart found by this call
   for (;;) {
     v1::SnapshotRequest req;
     Impl::Call call;
@@ -757,10 +774,17 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       impl_->SnapshotTaken(call, version);
       return;
     }
+    // A daemon stopping gracefully may have taken and committed the version before it
+    // refused the call: the restarted one then refuses it as not above the newest commit.
+    if (retried && s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+        impl_->CommittedAfterRestart(version)) {
+      return;
+    }
     // The state is still that of `version` (the trainer is inside this call): it is taken
     // again by the restarted daemon.
     if (!Impl::DaemonGone(s, call)) Throw(s, what);
     impl_->Recover(call, what + ": " + s.error_message());
+    retried = true;
   }
 }
 

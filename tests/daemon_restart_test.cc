@@ -75,7 +75,7 @@ std::set<std::uint64_t> Numbers(const std::string& text, const std::string& pref
 }  // namespace
 
 TEST_CASE(
-    "a toy trainer goes on through a kill -9 and restart of its daemon; later versions commit and resume",
+    "a toy trainer goes on through a kill -9 and restart of its daemon, later versions commit and resume",
     "[restart]") {
   TempDir dir("restart-toy");
   const DaemonOptions o = Options(dir);
@@ -301,4 +301,28 @@ TEST_CASE("CKPT_RECONNECT_BUDGET_S sets the default budget and a bad value is re
                     Catch::Contains("CKPT_RECONNECT_BUDGET_S='soon'"));
   ::unsetenv("CKPT_RECONNECT_BUDGET_S");
   CHECK(Client::connect("/nonexistent/ckptd.sock").reconnect_budget() >= std::chrono::seconds(60));
+}
+
+TEST_CASE("a graceful restart (SIGTERM, start) between calls: the registration goes on", "[restart]") {
+  TempDir dir("restart-term");
+  const DaemonOptions o = Options(dir);
+  auto daemon = std::make_unique<DaemonProcess>(o);
+  TrainerState state(2, 1 << 20, 3);
+  Client client = Client::connect(o.socket);
+  client.register_items("term", 0, 1, state.Items());
+  state.Fill(1);
+  client.snapshot(1);
+  client.wait_durable(1);
+  CHECK(daemon->Stop() == 0);
+  daemon = std::make_unique<DaemonProcess>(o);
+  // The daemon's status names it: another instance than before.
+  state.Fill(2);
+  client.snapshot(2);
+  client.wait_durable(2);
+  CHECK(Committed(o.root, "term", 2));
+  CHECK_NOTHROW(client.wait_durable(1));  // committed before the restart
+  const std::string status = client.status().json;
+  CHECK(status.find("\"daemon_instance\"") != std::string::npos);
+  // One session on the new daemon: the restart did not leave a second registration.
+  CHECK(daemon->Status().clients_size() == 1);
 }
