@@ -158,6 +158,27 @@ Result<std::shared_ptr<CudaTensors>> ResolveCudaTensors(const std::vector<CudaTe
 }
 #endif
 
+namespace {
+
+Mutex resolver_mu;
+CudaTensorsResolver test_resolver GUARDED_BY(resolver_mu);
+
+Result<std::shared_ptr<CudaTensors>> ResolveGpuTensors(const std::vector<CudaTensorSpec>& tensors) {
+  CudaTensorsResolver resolver;
+  {
+    MutexLock lock(resolver_mu);
+    resolver = test_resolver;
+  }
+  return resolver ? resolver(tensors) : ResolveCudaTensors(tensors);
+}
+
+}  // namespace
+
+void SetCudaTensorsResolverForTesting(CudaTensorsResolver resolver) {
+  MutexLock lock(resolver_mu);
+  test_resolver = std::move(resolver);
+}
+
 std::shared_ptr<SharedRegion> SharedRegion::create(std::size_t bytes, const std::string& name) {
   auto r = ShmRegion::Create(name, bytes);
   if (!r.ok()) Throw(r.status());
@@ -592,7 +613,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   // leaves the previous one in place.
   std::shared_ptr<CudaTensors> gpu;
   if (!gpu_tensors.empty()) {
-    auto resolved = ResolveCudaTensors(gpu_tensors);
+    auto resolved = ResolveGpuTensors(gpu_tensors);
     if (!resolved.ok()) ThrowWithCode(resolved.status());
     gpu = std::move(resolved).value();
     for (std::size_t i = 0; i < gpu_rows.size(); ++i) {
