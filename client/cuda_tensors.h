@@ -29,6 +29,7 @@
 #include <grpcpp/support/status_code_enum.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,6 +95,14 @@ class CudaTensors {
 // the way out; with "no CUDA driver/device" on a machine without one; with "this libckpt
 // was built without CUDA" when built so. `tensors` is not empty.
 Result<std::shared_ptr<CudaTensors>> ResolveCudaTensors(const std::vector<CudaTensorSpec>& tensors);
+
+// A test seam: while set, register_items resolves GPU tensors with `resolver` instead of
+// ResolveCudaTensors, so that tests without a GPU can drive the client's GPU bookkeeping
+// (event slots, re-registration after a daemon restart) with a fake CudaTensors. An empty
+// function restores the real one. Thread-safe.
+using CudaTensorsResolver =
+    std::function<Result<std::shared_ptr<CudaTensors>>(const std::vector<CudaTensorSpec>&)>;
+void SetCudaTensorsResolverForTesting(CudaTensorsResolver resolver);
 
 // Which slot of the trainer's ring the next snapshot records, and which version still
 // holds it (see the slot rule above). Not thread-safe.

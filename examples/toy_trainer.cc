@@ -21,6 +21,13 @@
 // snapshot call plus the wait before the next update, for sync the write and fsync, for
 // staged the wait for the previous write plus the copy. sync and staged write raw files
 // (the tensors back to back, no header, no checksums) to --dir, keeping the last two.
+//
+// A daemon restart under the trainer (lazy) is handled by libckpt: the call that finds the
+// daemon gone reconnects within --reconnect-budget-s and registers again. With
+// --keep-going, a version that fails (one lost to the restart, or any other error of a
+// snapshot or a wait) is reported on stdout ("version error: ...", and for versions lost to
+// a restart "lost versions: N M ...") and training goes on; every snapshot taken is
+// reported as "snapshot taken: N". Without it, such an error ends the run (exit code 2).
 #include <ckpt/client.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -31,6 +38,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -161,7 +169,8 @@ int main(int argc, char** argv) {
   std::uint32_t rank = 0, world = 1;
   std::uint64_t state_mib = 64, tensors = 8, iters = 10, every = 1, compute_ms = 100;
   std::uint64_t crash_at = 0;
-  bool resume = false, quiet = false, spin = false;
+  bool resume = false, quiet = false, spin = false, keep_going = false;
+  double reconnect_budget_s = -1;
   Strategy strategy = Strategy::kLazy;
   std::string summary_path;
   const std::map<std::string, Strategy> strategies = {{"none", Strategy::kNone},
@@ -195,6 +204,12 @@ int main(int argc, char** argv) {
   app.add_option("--crash-at", crash_at, "SIGKILL ourselves right after the snapshot of this iteration");
   app.add_option("--summary", summary_path, "Write a JSON summary of the run to this file");
   app.add_flag("--quiet", quiet, "Print only the summary");
+  app.add_flag("--keep-going", keep_going,
+               "Report a failed version (snapshot or wait) and go on training instead of exiting");
+  app.add_option("--reconnect-budget-s", reconnect_budget_s,
+                 "How long a call waits for a daemon that went away (default: $CKPT_RECONNECT_BUDGET_S, "
+                 "else 120 s; 0: no reconnection)")
+      ->check(CLI::Range(0.0, 1e9));
   CLI11_PARSE(app, argc, argv);
   const bool lazy = strategy == Strategy::kLazy;
   const bool own_files = strategy == Strategy::kSync || strategy == Strategy::kStaged;
@@ -223,7 +238,12 @@ int main(int argc, char** argv) {
                          region,
                          t * tensor_bytes});
       }
-      client.emplace(ckpt::Client::connect(socket));
+      ckpt::ClientOptions options;
+      if (reconnect_budget_s >= 0) {
+        options.reconnect_budget =
+            std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(reconnect_budget_s * 1000)));
+      }
+      client.emplace(ckpt::Client::connect(socket, options));
       auto reg = client->register_items(job, rank, world, items);
       std::printf("trainer rank %u/%u: %zu tensors, %.1f MiB in shared memory %s; daemon at %s\n", rank,
                   world, static_cast<std::size_t>(tensors), static_cast<double>(reg.tensor_bytes) / (1 << 20),
@@ -294,6 +314,17 @@ int main(int argc, char** argv) {
       return true;
     };
 
+    // --keep-going: a version's error is reported and the run goes on; else it ends the run.
+    auto version_error = [&](const ckpt::Error& e) {
+      if (!keep_going) throw;
+      std::printf("version error (code %d): %s\n", e.code(), e.what());
+      if (const auto* lost = dynamic_cast<const ckpt::DaemonRestartedError*>(&e)) {
+        std::printf("lost versions:");
+        for (std::uint64_t v : lost->versions()) std::printf(" %" PRIu64, v);
+        std::printf("\n");
+      }
+      std::fflush(stdout);
+    };
     std::vector<double> stalls, snapshot_calls, iter_ms;
     std::uint64_t pending = 0, last_snapshot = 0;
     std::size_t checkpoints = 0;
@@ -311,12 +342,16 @@ int main(int argc, char** argv) {
       }
       // Update phase: first make sure the previous snapshot is out of our memory.
       if (pending != 0) {
-        double wait = Ms(client->wait_snapshot(pending));
-        stalls.push_back(pending_call_ms + wait);
-        if (!quiet) {
-          std::printf("iter %" PRIu64 ": wait_snapshot(%" PRIu64
-                      ") stalled %.3f ms (snapshot call %.3f ms)\n",
-                      it, pending, wait, pending_call_ms);
+        try {
+          double wait = Ms(client->wait_snapshot(pending));
+          stalls.push_back(pending_call_ms + wait);
+          if (!quiet) {
+            std::printf("iter %" PRIu64 ": wait_snapshot(%" PRIu64
+                        ") stalled %.3f ms (snapshot call %.3f ms)\n",
+                        it, pending, wait, pending_call_ms);
+          }
+        } catch (const ckpt::Error& e) {
+          version_error(e);
         }
         pending = 0;
       }
@@ -324,10 +359,20 @@ int main(int argc, char** argv) {
       if (it % every == 0 && strategy != Strategy::kNone) {
         auto t0 = Clock::now();
         if (lazy) {
-          client->snapshot(it, {{"step", std::to_string(it)}});
+          try {
+            client->snapshot(it, {{"step", std::to_string(it)}});
+          } catch (const ckpt::Error& e) {
+            version_error(e);
+            iter_ms.push_back(Ms(Clock::now() - iter_start));
+            continue;
+          }
           pending_call_ms = Ms(Clock::now() - t0);
           snapshot_calls.push_back(pending_call_ms * 1000.0);
           pending = it;
+          if (keep_going) {
+            std::printf("snapshot taken: %" PRIu64 "\n", it);
+            std::fflush(stdout);
+          }
         } else if (strategy == Strategy::kSync) {
           FileWrite w = WriteShardFile(files.PathFor(it), reinterpret_cast<const char*>(state), state_bytes,
                                        tensor_bytes);
@@ -361,7 +406,13 @@ int main(int argc, char** argv) {
     double durable_ms = 0;
     if (last_snapshot != 0) {
       auto t0 = Clock::now();
-      if (lazy) client->wait_durable(last_snapshot);
+      if (lazy) {
+        try {
+          client->wait_durable(last_snapshot);
+        } catch (const ckpt::Error& e) {
+          version_error(e);
+        }
+      }
       if (!finish_background()) return 2;
       durable_ms = Ms(Clock::now() - t0);
     }

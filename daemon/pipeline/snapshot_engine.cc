@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/test_pause.h"
 #include "format/checksum.h"
 
 namespace ckpt {
@@ -137,6 +138,7 @@ struct PendingChunk {
 
 void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   ReapAbandoned(false);
+  TestPause("capture", shard->meta().version);
   // Whatever happens, the daemon is done with this version's device events at the end.
   struct ReleaseSync {
     VersionSync* sync;

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
+#include <random>
+
 #include "common/names.h"
 #include "daemon/rpc/convert.h"
 #include "daemon/rpc/status_report.h"
@@ -14,6 +17,13 @@ namespace {
 constexpr std::uint64_t kMaxWaitMs = 30ull * 24 * 3600 * 1000;
 
 }  // namespace
+
+std::string CheckpointService::NewDaemonInstanceId() {
+  std::random_device rd;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
 
 Result<std::shared_ptr<Session>> CheckpointService::FindSession(grpc::ServerContext* ctx,
                                                                 const std::string& id) {
@@ -45,6 +55,7 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
   }
   if (!done.ok()) return ToGrpc(done.status());
   ToProto(done.value(), reply);
+  reply->set_daemon_instance(instance_);
   return grpc::Status::OK;
 }
 
@@ -136,6 +147,7 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
                                        v1::StatusReply* reply) {
   if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
   FillStatusReport(daemon_, reply);
+  reply->set_daemon_instance(instance_);
   return grpc::Status::OK;
 }
 

@@ -8,6 +8,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
+
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "daemon/daemon.h"
 #include "daemon/rpc/peer_auth.h"
@@ -21,7 +23,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
 
   // `peers` null: in-process use (every caller is this process).
   CheckpointService(Daemon& daemon, const PeerRegistry* peers)
-      : daemon_(daemon), auth_(peers, daemon.config().allow_uids) {}
+      : daemon_(daemon), auth_(peers, daemon.config().allow_uids), instance_(NewDaemonInstanceId()) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterReply*) override;
   grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*, v1::SnapshotReply*) override;
@@ -36,8 +38,13 @@ class CheckpointService final : public v1::Checkpoint::Service {
   // The caller's session `id`, checked against the caller's uid.
   Result<std::shared_ptr<Session>> FindSession(grpc::ServerContext* ctx, const std::string& id);
 
+  // A random id, new in every daemon process (RegisterReply.daemon_instance): how a client
+  // tells a restarted daemon from the one it registered with.
+  static std::string NewDaemonInstanceId();
+
   Daemon& daemon_;
   const PeerAuth auth_;
+  const std::string instance_;
 };
 
 }  // namespace ckpt

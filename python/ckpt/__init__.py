@@ -41,6 +41,9 @@ Names:
   Level         CAPTURED, LOCAL, PERSISTED (= DURABLE), COMMITTED (for wait_durable)
   Registration  what register_items returns
   Error         raised for every failure (RuntimeError subclass; ``code``: gRPC status code)
+  DaemonRestartedError  versions lost to a restart of the daemon (a subclass of Error;
+                ``versions``: their numbers). The client reconnects by itself (within
+                Client.connect's reconnect_budget, default 120 s) and registers again.
   VersionNotFoundError  a version or job that does not exist or is not committed (a subclass
                 of Error and of FileNotFoundError)
   DTYPES        accepted dtype names (safetensors spelling: "F32", "BF16", "I64", ...)
@@ -51,9 +54,9 @@ Every blocking call (connect, register_items, snapshot, the waits, restore, stat
 unregister, and the file reads of the loader) releases the GIL.
 """
 
-from ._ckpt import DTYPES, Client, Error, Level, Registration, SharedRegion
+from ._ckpt import DTYPES, Client, DaemonRestartedError, Error, Level, Registration, SharedRegion
 from .loader import (Checkpoint, RawTensor, Shard, VersionNotFoundError, list_versions, load_file, load_version,
                      read_header)
 
-__all__ = ["Checkpoint", "Client", "DTYPES", "Error", "Level", "RawTensor", "Registration", "Shard", "SharedRegion",
-           "VersionNotFoundError", "list_versions", "load_file", "load_version", "read_header"]
+__all__ = ["Checkpoint", "Client", "DTYPES", "DaemonRestartedError", "Error", "Level", "RawTensor", "Registration",
+           "Shard", "SharedRegion", "VersionNotFoundError", "list_versions", "load_file", "load_version", "read_header"]

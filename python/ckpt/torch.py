@@ -62,6 +62,15 @@ Without a daemon: load_checkpoint(root, job, step) reads a checkpoint into plain
 (model, optimizer in Optimizer.state_dict() format, scheduler, objects, extra_state), checksums
 verified.
 
+A daemon restart (a crash and systemd's Restart=on-failure) does not stop training: the client
+underneath reconnects (within reconnect_budget seconds, default $CKPT_RECONNECT_BUDGET_S or 120)
+and registers the same shared memory again. Versions in flight at the restart are lost: the
+automatic wait before the update and save() do not raise for them but record them in
+`lost_versions` (and their messages in `restart_errors`) and issue a RuntimeWarning; save() then
+takes its version from the restarted daemon. Explicit wait_snapshot() and wait_durable() calls on
+a lost version raise ckpt.DaemonRestartedError at once. A daemon still down after the budget makes
+the call raise ckpt.Error (code 14, UNAVAILABLE); the next call tries again.
+
 Errors: UnsupportedTensorError (non-contiguous, unsupported device, dtype or layout, tensors
 sharing memory), StateMismatchError (the objects do not match the checkpoint: names, shapes,
 dtypes), VersionNotFoundError (no such committed version), ckpt.Error (whatever else the daemon
@@ -76,11 +85,12 @@ import pickle
 import random
 import sys
 import types
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import Client, Error, Level, SharedRegion, VersionNotFoundError, load_version, read_header
+from . import Client, DaemonRestartedError, Error, Level, SharedRegion, VersionNotFoundError, load_version, read_header
 
 __all__ = [
     "Checkpointer",
@@ -218,6 +228,9 @@ class Checkpointer:
       (before every model forward: for models whose forward changes buffers), or None
       (automatic: "forward" if the model has batch-norm layers, else "step"). Either way
       wait_snapshot() can be called explicitly.
+    reconnect_budget: seconds a call waits for a daemon that went away (restarting) before it
+      raises; None: $CKPT_RECONNECT_BUDGET_S, else 120 (only when the Checkpointer connects
+      the client itself; give a Client its own budget in Client.connect).
     **objects: more objects with state_dict()/load_state_dict() (samplers, grad scalers...),
       pickled at each save under their keyword.
 
@@ -230,11 +243,15 @@ class Checkpointer:
                  rank: int = 0, world_size: int = 1, model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                  extra_state: Optional[Dict[str, Any]] = None, rng: bool = True,
-                 wait_before: Optional[str] = None, **objects: Any):
+                 wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None, **objects: Any):
         if isinstance(client_or_socket, Client):
+            if reconnect_budget is not None:
+                raise ValueError("reconnect_budget applies to a client the Checkpointer connects: pass it to "
+                                 "Client.connect instead")
             self._client = client_or_socket
         else:
-            self._client = Client.connect("" if client_or_socket is None else os.fspath(client_or_socket))
+            self._client = Client.connect("" if client_or_socket is None else os.fspath(client_or_socket),
+                                          reconnect_budget)
         if extra_state is not None and not isinstance(extra_state, dict):
             raise TypeError(f"extra_state must be a dict, not {type(extra_state).__name__}")
         for key, obj in [("scheduler", scheduler)] + list(objects.items()):
@@ -247,6 +264,8 @@ class Checkpointer:
         self.extra_state, self.objects, self.rng = extra_state, objects, rng
         self.last_stall_s = 0.0  # seconds the last automatic or explicit wait blocked
         self.total_stall_s = 0.0
+        self.lost_versions: List[int] = []  # versions lost to daemon restarts, reported by save or a wait
+        self.restart_errors: List[str] = []  # their messages
         self._pending: Optional[int] = None  # saved, not yet known to be captured
         self._last_saved: Optional[int] = None
         self._closed = False
@@ -282,19 +301,39 @@ class Checkpointer:
         if not self._tracking_current():
             self._refresh()
         blob = pickle.dumps(self._blob_state(step), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._snapshot(step, blob)
+        except DaemonRestartedError as e:
+            # Earlier versions lost to a daemon restart, reported instead of taking this one:
+            # noted, and this one is taken now.
+            self._note_restart(e)
+            self._snapshot(step, blob)
+        self._pending = self._last_saved = step
+
+    def _snapshot(self, step: int, blob: bytes) -> None:
         if self._cuda_device is None:
             self._client.snapshot(step, {BLOB: blob})
         else:  # the version is the state once the work queued so far on the stream has run
             self._client.snapshot(step, {BLOB: blob}, stream=torch.cuda.current_stream(self._cuda_device))
-        self._pending = self._last_saved = step
+
+    def _note_restart(self, e: DaemonRestartedError) -> None:
+        self.lost_versions.extend(v for v in e.versions if v not in self.lost_versions)
+        self.restart_errors.append(str(e))
+        warnings.warn(f"ckpt.torch: {e}", RuntimeWarning, stacklevel=3)
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> float:
         """Blocks until the last saved version is out of trainer memory (the tensors may change
-        again); returns the seconds blocked (0 if nothing was pending)."""
+        again); returns the seconds blocked (0 if nothing was pending). Raises
+        ckpt.DaemonRestartedError if a daemon restart lost that version (the tensors may change
+        then too: nothing reads them any more)."""
         self._check_open()
         if self._pending is None:
             return 0.0
-        stall = self._client.wait_snapshot(self._pending, timeout)
+        try:
+            stall = self._client.wait_snapshot(self._pending, timeout)
+        except DaemonRestartedError:
+            self._pending = None
+            raise
         self._pending = None
         self.last_stall_s = stall
         self.total_stall_s += stall
@@ -320,7 +359,7 @@ class Checkpointer:
             if isinstance(step, bool) or not hasattr(step, "__index__") or step.__index__() <= 0:
                 raise ValueError(f"step must be 'latest' or a positive int, not {step!r}")
             step = step.__index__()
-        self.wait_snapshot()
+        self._wait_noting_restart()
         latest = self._register().latest_committed  # the same items: just asks for latest
         if step == "latest":
             if latest == 0:
@@ -713,14 +752,26 @@ class Checkpointer:
         opt.step = wrapper
         self._step_wrapper = (wrapper, original)
 
+    def _wait_noting_restart(self) -> None:
+        try:
+            self.wait_snapshot()
+        except DaemonRestartedError as e:
+            self._note_restart(e)
+
     def _before_update(self) -> None:
         if self._closed or self._pending is None:
             return
         if self._cuda_device is None:
-            self.wait_snapshot()
+            self._wait_noting_restart()
             return
         # GPU state: the update's stream waits for the daemon's copies; the host goes on.
-        stall = self._client.wait_snapshot_on_stream(self._pending, torch.cuda.current_stream(self._cuda_device))
+        try:
+            stall = self._client.wait_snapshot_on_stream(self._pending,
+                                                         torch.cuda.current_stream(self._cuda_device))
+        except DaemonRestartedError as e:
+            self._pending = None
+            self._note_restart(e)
+            return
         self._pending = None
         self.last_stall_s = stall
         self.total_stall_s += stall

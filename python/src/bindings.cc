@@ -11,7 +11,8 @@
 //    destructor, which unregisters. Python objects are converted to C++ values before the
 //    GIL is released and results are converted back after it is re-acquired.
 //  - ckpt::Error becomes ckpt.Error (a RuntimeError subclass) with the daemon's message as
-//    its text and the gRPC status code in its `code` attribute.
+//    its text and the gRPC status code in its `code` attribute; ckpt::DaemonRestartedError
+//    becomes its subclass ckpt.DaemonRestartedError, with the lost versions in `versions`.
 //  - SharedRegion exports its memory through the buffer protocol (1-D, unsigned bytes,
 //    writable), so memoryview(region), numpy.frombuffer(region, ...) and
 //    torch.frombuffer(region, dtype=...) view the daemon-visible memory without a copy.
@@ -184,9 +185,23 @@ PYBIND11_MODULE(_ckpt, m) {
               py::str("Error reported by libckpt or ckptd. str(e) is the message; e.code is the gRPC "
                       "status code (int) of the failed call."));
   py::setattr(error_type, "code", py::none());
+  // ckpt.DaemonRestartedError: versions lost to a daemon restart (see ckpt/client.h).
+  static PyObject* restarted_type =
+      py::exception<ckpt::DaemonRestartedError>(m, "DaemonRestartedError", error_type).release().ptr();
+  py::setattr(restarted_type, "__doc__",
+              py::str("Versions lost to a restart of ckptd: the call's version, and every other lost version "
+                      "not reported before, were not captured (or not made durable, or not committed). "
+                      "e.versions: those versions (list of int, ascending); e.code: 10 (ABORTED). The client "
+                      "registered again with the restarted daemon: later snapshots work."));
+  py::setattr(restarted_type, "versions", py::none());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const ckpt::DaemonRestartedError& e) {
+      py::object inst = py::reinterpret_borrow<py::object>(restarted_type)(e.what());
+      inst.attr("code") = e.code();
+      inst.attr("versions") = py::cast(e.versions());
+      PyErr_SetObject(restarted_type, inst.ptr());
     } catch (const ckpt::Error& e) {
       py::object inst = py::reinterpret_borrow<py::object>(error_type)(e.what());
       inst.attr("code") = e.code();
@@ -259,18 +274,26 @@ PYBIND11_MODULE(_ckpt, m) {
       "(unregisters on exit). Blocking calls release the GIL.")
       .def_static(
           "connect",
-          [](const std::string& socket) {
+          [](const std::string& socket, std::optional<double> reconnect_budget) {
+            ckpt::ClientOptions options;
+            if (reconnect_budget) {
+              if (!std::isfinite(*reconnect_budget) || *reconnect_budget < 0)
+                throw py::value_error("reconnect_budget must be a number of seconds >= 0");
+              options.reconnect_budget =
+                  std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*reconnect_budget * 1000.0)));
+            }
             std::unique_ptr<ckpt::Client> c;
             {
               py::gil_scoped_release release;
-              c = std::make_unique<ckpt::Client>(ckpt::Client::connect(socket));
+              c = std::make_unique<ckpt::Client>(ckpt::Client::connect(socket, options));
             }
             return ClientHolder(c.release());
           },
-          py::arg("socket") = "",
+          py::arg("socket") = "", py::arg("reconnect_budget") = py::none(),
           "Connects to the daemon at `socket` (default: $CKPTD_SOCKET, else $XDG_RUNTIME_DIR/ckptd.sock, "
           "else /tmp/ckptd-$UID/ckptd.sock). Does not wait for the daemon: the first call fails if none "
-          "serves there.")
+          "serves there. reconnect_budget: seconds a call waits for a daemon that went away (a restart) "
+          "before it fails; None: $CKPT_RECONNECT_BUDGET_S, else 120; 0: one attempt, no waiting.")
       .def(
           "register_items",
           [](ckpt::Client& c, const std::string& job, std::uint32_t rank, std::uint32_t world,
@@ -372,6 +395,10 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           "Ends the registration (in-flight versions still complete).")
       .def_property_readonly("socket_path", &ckpt::Client::socket_path)
+      .def_property_readonly(
+          "reconnect_budget",
+          [](const ckpt::Client& c) { return std::chrono::duration<double>(c.reconnect_budget()).count(); },
+          "Seconds a call waits for a daemon that went away (see connect)")
       .def(
           "__enter__", [](ckpt::Client& c) -> ckpt::Client& { return c; }, py::return_value_policy::reference)
       .def("__exit__", [](ckpt::Client& c, const py::object&, const py::object&, const py::object&) {

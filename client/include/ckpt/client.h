@@ -24,6 +24,27 @@
 // Thread-safety: every Client method may be called from any thread; calls that change the
 // registration are serialised. Errors throw ckpt::Error, whose what() carries the daemon's
 // message and code() its gRPC status code.
+//
+// A daemon restart (a crash and systemd's Restart=on-failure, or a stop and start) does not
+// end the registration. The call that finds the daemon gone (the socket refuses or breaks,
+// or the daemon no longer knows the session and reports another daemon_instance) tries to
+// reach it again, with exponential backoff up to ClientOptions::reconnect_budget, and
+// registers the same descriptor table, regions and, for GPU tensors, CUDA IPC handles and
+// trainer events again, under the same job, rank and world size; nothing of the trainer's
+// state is copied. Then:
+//  - snapshot, restore and register_items simply go on against the new daemon;
+//  - a version snapshotted before the restart and not yet known committed is resolved
+//    against what the new daemon finds on storage (List): a wait at a level the version
+//    had reached before the crash, or that the new daemon's tiers show for this rank,
+//    returns; otherwise it throws DaemonRestartedError, "daemon restarted; version N was
+//    not captured" (or "not made durable", "not committed"), at once, never blocking;
+//  - each such lost version is reported once: the first error about the restart names
+//    every lost version not yet reported, and a snapshot whose client still holds
+//    unreported lost versions throws that report instead of being taken ("reported now;
+//    this snapshot of version N was not taken"), as the daemon does for background
+//    failures. The next snapshot is taken.
+// After the budget, the call fails with code UNAVAILABLE, "ckptd at PATH did not come back
+// within S s"; the next call tries again.
 #pragma once
 
 #include <chrono>
@@ -33,6 +54,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/dtype.h"
@@ -48,6 +70,30 @@ class Error : public std::runtime_error {
 
  private:
   int code_;
+};
+
+// Versions lost to a daemon restart (see above); code() is ABORTED (10).
+class DaemonRestartedError : public Error {
+ public:
+  DaemonRestartedError(const std::string& message, std::vector<std::uint64_t> versions)
+      : Error(kAborted, message), versions_(std::move(versions)) {}
+  // Every version the message names as lost, oldest first.
+  const std::vector<std::uint64_t>& versions() const { return versions_; }
+
+  static constexpr int kAborted = 10;
+
+ private:
+  std::vector<std::uint64_t> versions_;
+};
+
+struct ClientOptions {
+  // How long one call keeps trying to reach a daemon that went away (restarting) before it
+  // fails. Unset: $CKPT_RECONNECT_BUDGET_S (seconds, may be fractional), else 120 s. Zero:
+  // one attempt, no waiting (the call fails at once if the daemon is not back).
+  std::optional<std::chrono::milliseconds> reconnect_budget;
+  // Pause after the first failed attempt; it doubles after each one, up to the maximum.
+  std::chrono::milliseconds reconnect_initial_backoff{50};
+  std::chrono::milliseconds reconnect_max_backoff{2000};
 };
 
 // Shared memory the trainer owns and the daemon may read and write. Created 0600; its
@@ -108,8 +154,10 @@ class Client {
  public:
   // Connects to the daemon at `socket_path` (default: $CKPTD_SOCKET, else
   // $XDG_RUNTIME_DIR/ckptd.sock, else /tmp/ckptd-$UID/ckptd.sock). Does not block; the
-  // first call fails with a clear error if no daemon serves there.
-  static Client connect(const std::string& socket_path = "");
+  // first call fails with a clear error if no daemon serves there (the first registration
+  // does not wait for a daemon: only one that served this client is waited for). Throws if
+  // $CKPT_RECONNECT_BUDGET_S is needed and is not a number of seconds.
+  static Client connect(const std::string& socket_path = "", const ClientOptions& options = {});
   Client(Client&&) noexcept;
   Client& operator=(Client&&) noexcept;
   ~Client();  // unregisters if registered
@@ -151,6 +199,8 @@ class Client {
   void unregister();
 
   const std::string& socket_path() const;
+  // The reconnection budget in force (options, environment or default).
+  std::chrono::milliseconds reconnect_budget() const;
 
  private:
   struct Impl;
