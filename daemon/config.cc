@@ -6,8 +6,10 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "common/socket_path.h"
 
@@ -15,7 +17,11 @@ namespace ckpt {
 
 std::string DefaultSocketPath() { return DefaultClientSocketPath(); }
 
-std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
+namespace {
+
+// Defines every option, lets `parse` feed the app (argv or config-file text), then checks
+// what no single option can.
+std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* exit_code) {
   Config c;
   c.socket_path = DefaultSocketPath();
   CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
@@ -78,9 +84,10 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
       ->capture_default_str();
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
   try {
-    app.parse(argc, argv);
+    parse(app);
   } catch (const CLI::ParseError& e) {
-    *exit_code = app.exit(e);
+    // CLI11's own codes (105, 109, ...) differ by error; a usage error exits 2, as documented.
+    *exit_code = app.exit(e) == 0 ? 0 : 2;
     return std::nullopt;
   }
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
@@ -110,6 +117,21 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   }
   *exit_code = 0;
   return c;
+}
+
+}  // namespace
+
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
+  return Parse([&](CLI::App& app) { app.parse(argc, argv); }, exit_code);
+}
+
+std::optional<Config> ParseConfigText(const std::string& text, int* exit_code) {
+  return Parse(
+      [&](CLI::App& app) {
+        std::istringstream in(text);
+        app.parse_from_stream(in);
+      },
+      exit_code);
 }
 
 }  // namespace ckpt

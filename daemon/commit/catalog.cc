@@ -6,6 +6,7 @@
 #include <ctime>
 
 #include "common/names.h"
+#include "format/markers.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -65,13 +66,14 @@ Status Catalog::RecoverJob(const std::string& job) {
     }
   }
   std::uint64_t newest = ScanLatest(job);
-  std::uint64_t recorded = 0;
+  // A `latest` that holds no version number is repaired like a stale one.
+  std::optional<std::uint64_t> recorded = 0;
   if (auto text = storage_->ReadSmallFile(tree_.LatestFile(job)); text.ok()) {
-    recorded = std::strtoull(text->c_str(), nullptr, 10);
+    recorded = ParseLatest(text.value());
   }
   if (recorded != newest) {
-    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job, recorded,
-                 newest);
+    spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repaired", job,
+                 recorded ? std::to_string(*recorded) : "no version number", newest);
     if (newest == 0) {
       if (Status s = storage_->Remove(tree_.LatestFile(job)); !s.ok()) return s;
     } else if (Status s = WriteLatest(job, newest); !s.ok()) {
@@ -98,7 +100,7 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
 }
 
 Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
-  return storage_->WriteFileAtomic(tree_.LatestFile(job), std::to_string(version) + "\n");
+  return storage_->WriteFileAtomic(tree_.LatestFile(job), RenderLatest(version));
 }
 
 Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version) {
@@ -132,19 +134,19 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   for (std::uint32_t r = 0; r < world_size; ++r) {
     auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, r));
     if (!text.ok()) return Status::Ok();
-    writers[r] = text.value();
+    auto writer = ParseRegistration(text.value());
+    if (!writer) return Status::Ok();
+    writers[r] = *writer;
   }
   for (std::uint32_t r = 0; r < world_size; ++r) {
     auto current = storage_->ReadSmallFile(tree_.RankFile(job, r));
-    if (!current.ok() || current.value() != writers[r]) {
+    if (!current.ok() || ParseRegistration(current.value()) != writers[r]) {
       spdlog::debug("job {} version {}: rank {}'s shard is from an earlier registration; not committed", job,
                     version, r);
       return Status::Ok();
     }
   }
-  std::string content = "{\"job\":\"" + job + "\",\"version\":" + std::to_string(version) +
-                        ",\"world_size\":" + std::to_string(world_size) +
-                        ",\"committed_at\":" + std::to_string(std::time(nullptr)) + "}\n";
+  std::string content = RenderCommitted({job, version, world_size, std::time(nullptr)});
   if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) return s;
   *committed = true;
   if (version >= Latest(job)) {
@@ -216,7 +218,7 @@ Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, s
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                             const std::string& registration) {
   auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, rank));
-  return text.ok() && text.value() == registration;
+  return text.ok() && ParseRegistration(text.value()) == registration;
 }
 
 void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
