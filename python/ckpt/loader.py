@@ -270,8 +270,13 @@ def _resolve(root, job, version):
     world_size = None
     try:
         with open(os.path.join(vdir, "COMMITTED")) as f:
-            world_size = int(json.load(f)["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+            marker = json.load(f)
+        # Only what the daemon writes (format/markers.h): anything else, such as Infinity or
+        # a nesting too deep for json, must not escape as OverflowError or RecursionError.
+        value = marker.get("world_size") if isinstance(marker, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            world_size = value
+    except (OSError, ValueError, RecursionError):
         pass  # an older or unreadable marker: the shards say
     return version, world_size
 
