@@ -32,6 +32,16 @@ for t in "${targets[@]}"; do
 done
 
 export CC="${CC:-clang}" CXX="${CXX:-clang++}"
+# Debian's clang only recommends the runtimes of libFuzzer and the sanitizers.
+probe="$(mktemp -d)"
+trap 'rm -rf "$probe"' EXIT
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe/p.cc"
+if ! "$CXX" -fsanitize=fuzzer,address,undefined "$probe/p.cc" -o "$probe/p" 2>"$probe/err"; then
+  echo "run.sh: $CXX cannot link -fsanitize=fuzzer,address,undefined:" >&2
+  head -3 "$probe/err" >&2
+  echo "run.sh: on Debian 12: apt-get install clang libclang-rt-14-dev" >&2
+  exit 2
+fi
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
   -DCKPT_BUILD_PYTHON=OFF -DCKPT_WITH_CUDA=OFF >/dev/null
 ninja -C "$build" "${targets[@]/%/_fuzz}"
