@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -38,9 +39,9 @@ Result<std::string> ReadConfigFile(const std::string& path) {
   }
 }
 
-}  // namespace
-
-std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
+// Defines every option, lets `parse` feed the app (argv or config-file text), then checks
+// what no single option can.
+std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* exit_code) {
   Config c;
   c.socket_path = DefaultSocketPath();
   CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
@@ -105,7 +106,7 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
       ->capture_default_str();
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
   try {
-    app.parse(argc, argv);
+    parse(app);
     if (!config_file.empty()) {
       auto text = ReadConfigFile(config_file);
       if (!text.ok()) {
@@ -118,7 +119,8 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
       app.parse_from_stream(in);
     }
   } catch (const CLI::ParseError& e) {
-    *exit_code = app.exit(e);
+    // CLI11's own codes (105, 109, ...) differ by error; a usage error exits 2, as documented.
+    *exit_code = app.exit(e) == 0 ? 0 : 2;
     return std::nullopt;
   }
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
@@ -158,6 +160,21 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
   }
   *exit_code = 0;
   return c;
+}
+
+}  // namespace
+
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
+  return Parse([&](CLI::App& app) { app.parse(argc, argv); }, exit_code);
+}
+
+std::optional<Config> ParseConfigText(const std::string& text, int* exit_code) {
+  return Parse(
+      [&](CLI::App& app) {
+        std::istringstream in(text);
+        app.parse_from_stream(in);
+      },
+      exit_code);
 }
 
 }  // namespace ckpt

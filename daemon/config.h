@@ -73,5 +73,8 @@ std::string DefaultSocketPath();
 // Parses argv. On --help or a bad flag prints to stdout/stderr and returns nullopt with
 // *exit_code set (0 for --help, 2 for errors).
 std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code);
+// Parses the text of a config file as --config would read it, without flags. Errors as for
+// ParseConfig. Used by the config fuzzer (tests/fuzz/).
+std::optional<Config> ParseConfigText(const std::string& text, int* exit_code);
 
 }  // namespace ckpt

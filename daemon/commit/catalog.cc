@@ -6,6 +6,7 @@
 #include <ctime>
 
 #include "common/names.h"
+#include "format/markers.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -77,13 +78,14 @@ Status Catalog::RecoverJob(const std::string& job) {
     }
   }
   std::uint64_t newest = ScanLatest(job);
-  std::uint64_t recorded = 0;
+  // A `latest` that holds no version number is repaired like a stale one.
+  std::optional<std::uint64_t> recorded = 0;
   if (auto text = storage_->ReadSmallFile(tree_.LatestFile(job)); text.ok()) {
-    recorded = std::strtoull(text->c_str(), nullptr, 10);
+    recorded = ParseLatest(text.value());
   }
   if (recorded != newest) {
     spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repairing it", job,
-                 recorded, newest);
+                 recorded ? std::to_string(*recorded) : "no version number", newest);
     // Unlike a commit's, a failure here stops the start with its reason: a person is there
     // to read it, and a tree whose `latest` cannot be written (a directory in its place)
     // needs one.
@@ -110,7 +112,7 @@ std::uint64_t Catalog::ScanLatest(const std::string& job) {
 
 Status Catalog::WriteLatest(const std::string& job, std::uint64_t version) {
   if (version == 0) return storage_->Remove(tree_.LatestFile(job));
-  return storage_->WriteFileAtomic(tree_.LatestFile(job), std::to_string(version) + "\n");
+  return storage_->WriteFileAtomic(tree_.LatestFile(job), RenderLatest(version));
 }
 
 void Catalog::PublishLatest(const std::string& job, std::uint64_t version) {
@@ -182,19 +184,19 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   for (std::uint32_t r = 0; r < world_size; ++r) {
     auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, r));
     if (!text.ok()) return Status::Ok();
-    writers[r] = text.value();
+    auto writer = ParseRegistration(text.value());
+    if (!writer) return Status::Ok();
+    writers[r] = *writer;
   }
   for (std::uint32_t r = 0; r < world_size; ++r) {
     auto current = storage_->ReadSmallFile(tree_.RankFile(job, r));
-    if (!current.ok() || current.value() != writers[r]) {
+    if (!current.ok() || ParseRegistration(current.value()) != writers[r]) {
       spdlog::debug("job {} version {}: rank {}'s shard is from an earlier registration; not committed", job,
                     version, r);
       return Status::Ok();
     }
   }
-  std::string content = "{\"job\":\"" + job + "\",\"version\":" + std::to_string(version) +
-                        ",\"world_size\":" + std::to_string(world_size) +
-                        ",\"committed_at\":" + std::to_string(std::time(nullptr)) + "}\n";
+  std::string content = RenderCommitted({job, version, world_size, std::time(nullptr)});
   if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) {
     // The marker may have its name without being known durable (its directory's fsync
     // failed): it is taken back, so that no reader counts a version its ranks are told failed.
@@ -295,7 +297,7 @@ Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, s
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                             const std::string& registration) {
   auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, rank));
-  return text.ok() && text.value() == registration;
+  return text.ok() && ParseRegistration(text.value()) == registration;
 }
 
 void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {

@@ -331,8 +331,13 @@ def _resolve(root, job, version):
                                    f"({_describe(versions)})")
     world_size = None
     try:
-        world_size = int(json.loads(_read_small(os.path.join(vdir, "COMMITTED")))["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        marker = json.loads(_read_small(os.path.join(vdir, "COMMITTED")))
+        # Only what the daemon writes (format/markers.h): anything else, such as Infinity or
+        # a nesting too deep for json, must not escape as OverflowError or RecursionError.
+        value = marker.get("world_size") if isinstance(marker, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            world_size = value
+    except (OSError, ValueError, RecursionError):
         pass  # an older or unreadable marker: the shards say (not a regular file: ckpt.Error)
     return version, world_size
 

@@ -212,6 +212,17 @@ def test_missing_versions_raise_version_not_found(saved, temp_dir):
         ckpt.load_file(temp_dir / "no-such.safetensors")
 
 
+@pytest.mark.parametrize("marker", [b'{"world_size": Infinity}', b"[" * 100000, b'{"world_size": 1e400}',
+                                    b'{"world_size": true}', b'{"world_size": "1"}', b"\xff\xfe", b""])
+def test_a_damaged_committed_marker_leaves_the_world_size_to_the_shards(saved, marker):
+    daemon, _, want = saved
+    with open(os.path.join(daemon.root, JOB, "v%010d" % 2, "COMMITTED"), "wb") as f:
+        f.write(marker)
+    checkpoint = ckpt.load_version(daemon.root, JOB, 2)
+    assert (checkpoint.version, checkpoint.world_size, list(checkpoint.shards)) == (2, 1, [0])
+    assert_same(checkpoint.shards[0].tensors, want[2])
+
+
 def test_load_version_of_every_rank(daemon):
     clients = [daemon.client() for _ in range(2)]
     states = [State(c, rank=r, world_size=2, seed=r) for r, c in enumerate(clients)]

@@ -1,0 +1,65 @@
+#include "format/markers.h"
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace ckpt {
+
+std::string RenderLatest(std::uint64_t version) { return std::to_string(version) + "\n"; }
+
+std::optional<std::uint64_t> ParseLatest(std::string_view text) {
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  if (text.empty() || text.size() > 20 || (text.size() > 1 && text[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+std::string RenderCommitted(const CommittedMarker& marker) {
+  return "{\"job\":" + nlohmann::json(marker.job).dump() + ",\"version\":" + std::to_string(marker.version) +
+         ",\"world_size\":" + std::to_string(marker.world_size) +
+         ",\"committed_at\":" + std::to_string(marker.committed_at) + "}\n";
+}
+
+Result<CommittedMarker> ParseCommitted(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLoss("COMMITTED is not a JSON object");
+  CommittedMarker m;
+  auto job = j.find("job");
+  if (job == j.end() || !job->is_string()) return DataLoss("COMMITTED names no job");
+  m.job = job->get<std::string>();
+  auto version = j.find("version");
+  if (version == j.end() || !version->is_number_unsigned()) return DataLoss("COMMITTED names no version");
+  m.version = version->get<std::uint64_t>();
+  auto world = j.find("world_size");
+  if (world == j.end() || !world->is_number_unsigned() || world->get<std::uint64_t>() == 0 ||
+      world->get<std::uint64_t>() > std::numeric_limits<std::uint32_t>::max()) {
+    return DataLoss("COMMITTED names no world size of 1 to 2^32-1");
+  }
+  m.world_size = static_cast<std::uint32_t>(world->get<std::uint64_t>());
+  auto at = j.find("committed_at");
+  if (at == j.end() || !at->is_number_integer() ||
+      (at->is_number_unsigned() &&
+       at->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))) {
+    return DataLoss("COMMITTED has no commit time");
+  }
+  m.committed_at = at->get<std::int64_t>();
+  return m;
+}
+
+std::optional<std::string> ParseRegistration(std::string_view text) {
+  if (text.empty() || text.size() > kMaxRegistrationBytes) return std::nullopt;
+  for (char c : text) {
+    bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
+              c == '_' || c == '-';
+    if (!ok) return std::nullopt;
+  }
+  return std::string(text);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,50 @@
+// The small files of the commit protocol (format/paths.h draws where they live):
+//
+//   ROOT/JOB/latest                        "42\n": the newest committed version
+//   ROOT/JOB/vNNNNNNNNNN/COMMITTED         {"job":"J","version":42,"world_size":8,"committed_at":T}\n
+//   ROOT/JOB/vNNNNNNNNNN/rank-NNNNN.done   the registration id of the rank that wrote the shard
+//   ROOT/JOB/ranks/rank-NNNNN              the rank's current registration id
+//
+// Each is rendered and parsed here only, so the daemon, the tools and the fuzzers
+// (tests/fuzz/) agree on one spelling. The files lie on a shared file system that anyone with
+// write access may have edited, so the parsers accept exactly what the renderers write (a
+// trailing newline aside, for `latest`) and reject everything else without guessing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+// The longest registration id a done marker or rank file may hold.
+inline constexpr std::size_t kMaxRegistrationBytes = 128;
+
+// `latest`: the version in decimal and a newline.
+std::string RenderLatest(std::uint64_t version);
+// Decimal digits without sign, blanks or leading zeros (a lone "0" aside), optionally
+// followed by one newline, that fit 64 bits; nullopt for anything else.
+std::optional<std::uint64_t> ParseLatest(std::string_view text);
+
+// COMMITTED: written last, once every rank of the version is durable.
+struct CommittedMarker {
+  std::string job;
+  std::uint64_t version = 0;
+  std::uint32_t world_size = 0;
+  std::int64_t committed_at = 0;  // seconds since the epoch
+};
+std::string RenderCommitted(const CommittedMarker& marker);
+// A JSON object with at least these four keys of these types (job: a string; version and
+// world_size: non-negative integers, world_size 1..2^32-1; committed_at: an integer); other keys
+// are ignored. DataLoss saying what is wrong otherwise.
+Result<CommittedMarker> ParseCommitted(std::string_view text);
+
+// Done markers and rank files hold a registration id as it is, without a newline: 1 to
+// kMaxRegistrationBytes bytes of [A-Za-z0-9._-]. nullopt for anything else (an empty or torn
+// file, stray bytes), which never matches a registration.
+std::optional<std::string> ParseRegistration(std::string_view text);
+
+}  // namespace ckpt
