@@ -5,8 +5,9 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  # The lock-annotation check (scripts/check_thread_safety.sh) builds with clang.
-  clang
+  # The lock-annotation check (scripts/check_thread_safety.sh) builds with clang, and so do
+  # the libFuzzer targets (tests/fuzz/run.sh), whose runtimes Debian's clang only recommends.
+  clang libclang-rt-14-dev libfuzzer-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev
