@@ -77,7 +77,11 @@ constexpr const char* kReconnectBudgetEnv = "CKPT_RECONNECT_BUDGET_S";
 constexpr std::size_t kVersionsTracked = 64;
 
 std::chrono::milliseconds ReconnectBudget(const ClientOptions& options) {
-  if (options.reconnect_budget) return std::max(std::chrono::milliseconds(0), *options.reconnect_budget);
+  // Clamped to 1e9 s (the environment's limit too), so that start + budget cannot overflow.
+  constexpr std::chrono::milliseconds kMaxBudget{std::int64_t{1'000'000'000} * 1000};
+  if (options.reconnect_budget) {
+    return std::clamp(*options.reconnect_budget, std::chrono::milliseconds(0), kMaxBudget);
+  }
   const char* env = std::getenv(kReconnectBudgetEnv);
   if (env == nullptr || *env == '\0') return kDefaultReconnectBudget;
   char* end = nullptr;

@@ -171,6 +171,10 @@ Status ShardLayout::PlanInPlace() {
       return AlreadyExists("duplicate item name " + QuoteName(item.name));
     }
     if (Status s = CheckItemShapeImpl(item); !s.ok()) return s;
+    if (item.length > kMaxShardDataBytes - offset) {
+      return InvalidArgument("items of the shard total more than " + std::to_string(kMaxShardDataBytes) +
+                             " bytes (at item " + QuoteName(item.name) + ")");
+    }
     item.offset = offset;
     offset += item.length;
   }

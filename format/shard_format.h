@@ -37,6 +37,10 @@ inline constexpr std::string_view kFormatVersion = "2";
 inline constexpr std::string_view kFormatVersionWithoutHeaderChecksum = "1";
 // Limit of the JSON header, as in the safetensors reference implementation.
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+// Largest data section of one shard (256 TiB): far beyond any rank's state, and small enough
+// that sums of item lengths and file offsets can never wrap 64 bits, nor lose precision in
+// readers that hold JSON numbers as doubles (exact to 2^53).
+inline constexpr std::uint64_t kMaxShardDataBytes = std::uint64_t{1} << 48;
 
 enum class ItemKind : std::uint8_t { kTensor = 1, kBlob = 2 };
 

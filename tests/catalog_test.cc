@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -490,4 +491,86 @@ TEST_CASE("a marker whose directory fsync failed is taken back: no commit counts
   storage->syncdir_errno = 0;
   REQUIRE(catalog.CommitIfComplete("job", 3, 1, &committed).ok());
   CHECK_FALSE(committed);  // rank 0's marker was not written
+}
+
+namespace {
+
+// Real storage whose List fails (EMFILE, as when the daemon runs out of descriptors) while
+// `fail_list` is set.
+class ListFailingStorage : public StorageWrapper {
+ public:
+  explicit ListFailingStorage(std::shared_ptr<Storage> target) : StorageWrapper(std::move(target)) {}
+  Result<std::vector<std::string>> List(const std::string& dir) override {
+    if (fail_list) return IoError("list " + dir, EMFILE);
+    return StorageWrapper::List(dir);
+  }
+  std::atomic<bool> fail_list{false};
+};
+
+}  // namespace
+
+// A scan of the job directory that fails is not "nothing committed": the repair of a stale
+// `latest` used to publish the failed scan's 0, which removed `latest` and told new
+// registrations that nothing was committed (found by review of issue 12's change).
+TEST_CASE("a repair of latest during a failed listing moves nothing backwards", "[catalog][faults]") {
+  TempDir dir("cat");
+  const std::string armed = dir.path() + "/armed";
+  FaultSpec spec;
+  spec.file = FaultSpec::File::kLatest;
+  spec.op = FaultSpec::Op::kRename;
+  spec.err = EIO;
+  spec.while_path = armed;
+  auto storage = std::make_shared<ListFailingStorage>(std::make_shared<FaultStorage>(Posix(), spec));
+  Catalog catalog(storage, dir.path() + "/root", 0, 0, [](const std::string&) {});
+  REQUIRE(catalog.Recover().ok());
+  Committed(catalog, "job", 1);
+  Touch(armed);
+  Committed(catalog, "job", 2);  // `latest` stays "1": stale
+  REQUIRE(catalog.stale_latest() == 1);
+  fs::remove(armed);
+
+  storage->fail_list = true;
+  catalog.RepairLatest();
+  CHECK(catalog.stale_latest() == 1);  // nothing repaired, nothing lost
+  CHECK(LatestText(catalog, "job") == "1\n");
+  CHECK(catalog.Latest("job") == 2);
+  CHECK(catalog.RefreshLatest("job") == 2);
+
+  storage->fail_list = false;
+  catalog.RepairLatest();
+  CHECK(catalog.stale_latest() == 0);
+  CHECK(LatestText(catalog, "job") == "2\n");
+}
+
+// A `latest` that recovery cannot rewrite because the tier is full or read-only no longer
+// stops the daemon's start (every trainer of the node would fail to reconnect): it is
+// reported and repaired later, like a commit's. A directory in its place still stops it.
+TEST_CASE("Recover reports a latest it cannot rewrite and goes on", "[catalog][faults]") {
+  TempDir dir("cat");
+  const std::string root = dir.path() + "/root";
+  {
+    Catalog first(Posix(), root, 0, 0);
+    REQUIRE(first.Recover().ok());
+    Committed(first, "job", 1);
+    Committed(first, "job", 2);
+  }
+  Touch(root + "/job/latest", "1\n");  // a crash between COMMITTED and latest
+  const std::string armed = dir.path() + "/armed";
+  Touch(armed);
+  FaultSpec spec;
+  spec.file = FaultSpec::File::kLatest;
+  spec.op = FaultSpec::Op::kRename;
+  spec.err = EROFS;
+  spec.while_path = armed;
+  std::vector<std::string> reported;
+  Catalog catalog(std::make_shared<FaultStorage>(Posix(), spec), root, 0, 0,
+                  [&](const std::string& m) { reported.push_back(m); });
+  REQUIRE(catalog.Recover().ok());
+  CHECK(catalog.Latest("job") == 2);
+  CHECK(catalog.stale_latest() == 1);
+  REQUIRE(reported.size() == 1);
+  CHECK(reported[0].find("could not be updated to 2") != std::string::npos);
+  fs::remove(armed);
+  catalog.RepairLatest();
+  CHECK(LatestText(catalog, "job") == "2\n");
 }

@@ -77,7 +77,9 @@ Status Catalog::RecoverJob(const std::string& job) {
       }
     }
   }
-  std::uint64_t newest = ScanLatest(job);
+  auto scanned = ScanLatest(job);
+  if (!scanned.ok()) return scanned.status();
+  const std::uint64_t newest = scanned.value();
   // A `latest` that holds no version number is repaired like a stale one.
   std::optional<std::uint64_t> recorded = 0;
   if (auto text = storage_->ReadSmallFile(tree_.LatestFile(job)); text.ok()) {
@@ -86,10 +88,14 @@ Status Catalog::RecoverJob(const std::string& job) {
   if (recorded != newest) {
     spdlog::warn("job {}: 'latest' said {} but the newest committed version is {}; repairing it", job,
                  recorded ? std::to_string(*recorded) : "no version number", newest);
-    // Unlike a commit's, a failure here stops the start with its reason: a person is there
-    // to read it, and a tree whose `latest` cannot be written (a directory in its place)
-    // needs one.
-    if (Status s = WriteLatest(job, newest); !s.ok()) return s;
+    if (Status s = WriteLatest(job, newest); !s.ok()) {
+      // A directory in its place needs a person, and the start stops with the reason. Any
+      // other failure (ENOSPC, EROFS, EIO) is a commit's case: `latest` is only a pointer,
+      // so it is reported and rewritten later, and the daemon serves: a full or read-only
+      // tier must not keep every trainer of the node from reconnecting.
+      if (storage_->List(tree_.LatestFile(job)).ok()) return s;
+      NoteStaleLatest(job, newest, s);
+    }
   }
   if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
   MutexLock lock(latest_mu_);
@@ -97,10 +103,10 @@ Status Catalog::RecoverJob(const std::string& job) {
   return Status::Ok();
 }
 
-std::uint64_t Catalog::ScanLatest(const std::string& job) {
+Result<std::uint64_t> Catalog::ScanLatest(const std::string& job) {
   std::uint64_t newest = 0;
   auto names = storage_->List(JobDir(job));
-  if (!names.ok()) return 0;
+  if (!names.ok()) return names.status();
   for (const auto& name : names.value()) {
     auto v = ParseVersionDirName(name);
     if (v && *v > newest && storage_->Exists(tree_.CommittedMarker(job, *v))) {
@@ -128,6 +134,10 @@ void Catalog::PublishLatest(const std::string& job, std::uint64_t version) {
     }
     return;
   }
+  NoteStaleLatest(job, version, s);
+}
+
+void Catalog::NoteStaleLatest(const std::string& job, std::uint64_t version, const Status& s) {
   if (!stale_latest_.insert(job).second) {
     spdlog::debug("job {}: 'latest' still not rewritten: {}", job, s.message());
     return;  // reported when it first failed
@@ -144,8 +154,19 @@ void Catalog::RepairLatest() {
   if (!any_stale_) return;
   MutexLock lock(commit_mu_);
   const std::set<std::string> stale = stale_latest_;
-  // The truth is on storage: another node's daemon may have committed (or rolled back) since.
-  for (const auto& job : stale) PublishLatest(job, ScanLatest(job));
+  // The truth is on storage: another node's daemon may have committed since. A scan that
+  // fails (the directory cannot be listed now) repairs nothing and the job stays stale; and
+  // a repair never moves the pointer below what this daemon knows is committed.
+  for (const auto& job : stale) {
+    auto scanned = ScanLatest(job);
+    if (!scanned.ok()) continue;
+    std::uint64_t known = 0;
+    {
+      MutexLock cache(latest_mu_);
+      if (auto it = latest_.find(job); it != latest_.end()) known = it->second;
+    }
+    PublishLatest(job, std::max(scanned.value(), known));
+  }
 }
 
 std::size_t Catalog::stale_latest() {
@@ -257,10 +278,10 @@ std::uint64_t Catalog::Latest(const std::string& job) {
     auto it = latest_.find(job);
     if (it != latest_.end()) return it->second;
   }
-  std::uint64_t v = ScanLatest(job);
-  if (v == 0 && !storage_->Exists(JobDir(job))) return 0;  // no such job: nothing to cache
+  auto scanned = ScanLatest(job);
+  if (!scanned.ok()) return 0;  // no such job, or not listable now: nothing to cache
   MutexLock lock(latest_mu_);
-  return latest_.emplace(job, v).first->second;
+  return latest_.emplace(job, scanned.value()).first->second;
 }
 
 std::size_t Catalog::cached_jobs() {
@@ -307,15 +328,19 @@ void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
 }
 
 std::uint64_t Catalog::RefreshLatest(const std::string& job) {
-  std::uint64_t v = ScanLatest(job);
-  if (v == 0 && !storage_->Exists(JobDir(job))) {
+  auto scanned = ScanLatest(job);
+  if (!scanned.ok()) {
     MutexLock lock(latest_mu_);
-    latest_.erase(job);  // gone (or never there): a List of any id must not grow the cache
-    return 0;
+    if (!storage_->Exists(JobDir(job))) {
+      latest_.erase(job);  // gone (or never there): a List of any id must not grow the cache
+      return 0;
+    }
+    auto it = latest_.find(job);
+    return it == latest_.end() ? 0 : it->second;  // not listable now: what was known stands
   }
   MutexLock lock(latest_mu_);
-  latest_[job] = v;
-  return v;
+  latest_[job] = scanned.value();
+  return scanned.value();
 }
 
 bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
@@ -376,22 +401,23 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) {
       // The daemon of another node rolling back the same job moved it first.
       if (!storage_->Exists(VersionDir(job, e.version))) continue;
-      if (moved > 0) PublishLatest(job, ScanLatest(job));  // those moved are gone for readers
+      if (moved > 0) PublishLatest(job, ScanLatest(job).value_or(version));  // the moved are gone
       return s;
     }
     ++moved;
   }
   if (moved == 0) {
     // Another node's daemon set them aside: follow.
-    std::uint64_t v = ScanLatest(job);
+    auto v = ScanLatest(job);
+    if (!v.ok()) return v.status();
     MutexLock cache(latest_mu_);
-    latest_[job] = v;
+    latest_[job] = v.value();
     return moved;
   }
   Status synced = storage_->SyncDir(aside);
   if (synced.ok()) synced = storage_->SyncDir(JobDir(job));
   // The versions are moved: the newest committed one is `version` now, whatever `latest` says.
-  PublishLatest(job, ScanLatest(job));
+  PublishLatest(job, ScanLatest(job).value_or(version));
   if (!synced.ok()) return synced;
   return moved;
 }

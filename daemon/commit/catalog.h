@@ -105,7 +105,12 @@ class Catalog {
 
  private:
   Status RecoverJob(const std::string& job) REQUIRES(commit_mu_);
-  std::uint64_t ScanLatest(const std::string& job);
+  // The newest version with a COMMITTED marker (0: none). An error when the job directory
+  // cannot be listed: a failed scan must never be taken for "nothing committed", or
+  // `latest` and the cache would move backwards.
+  Result<std::uint64_t> ScanLatest(const std::string& job);
+  // Records that `latest` of `job` could not be written (`why`) and reports it once.
+  void NoteStaleLatest(const std::string& job, std::uint64_t version, const Status& why) REQUIRES(commit_mu_);
   // `latest` is written only under commit_mu_ (commits, rollbacks, recovery, repairs).
   Status WriteLatest(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
   // `version` (0: none) is the job's newest committed version: the cache says so at once,

@@ -40,6 +40,12 @@ Status TableLoader::Load(Session& s) {
     if (it.offset > UINT64_MAX - it.length) {
       return InvalidArgument("item " + QuoteName(it.name) + ": offset + length overflows");
     }
+    // Items may overlap and a sparse region may be huge: the sum is bounded before it is
+    // taken, so it can never wrap (2^17 items of 2^47 bytes sum to exactly 2^64).
+    if (it.length > kMaxShardDataBytes - total) {
+      return InvalidArgument("items total more than " + std::to_string(kMaxShardDataBytes) +
+                             " bytes (at item " + QuoteName(it.name) + "): not one rank's state");
+    }
     std::uint64_t& need = needed[it.region];
     need = std::max(need, it.offset + it.length);
     total += it.length;

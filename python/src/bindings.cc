@@ -277,8 +277,8 @@ PYBIND11_MODULE(_ckpt, m) {
           [](const std::string& socket, std::optional<double> reconnect_budget) {
             ckpt::ClientOptions options;
             if (reconnect_budget) {
-              if (!std::isfinite(*reconnect_budget) || *reconnect_budget < 0)
-                throw py::value_error("reconnect_budget must be a number of seconds >= 0");
+              if (!std::isfinite(*reconnect_budget) || *reconnect_budget < 0 || *reconnect_budget > 1e9)
+                throw py::value_error("reconnect_budget must be a number of seconds, 0 to 1e9");
               options.reconnect_budget =
                   std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*reconnect_budget * 1000.0)));
             }
