@@ -105,6 +105,14 @@ Status PosixStorage::Rename(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
+Status PosixStorage::Link(const std::string& from, const std::string& to) {
+  if (::link(from.c_str(), to.c_str()) != 0) {
+    if (errno == EEXIST) return AlreadyExists(to + " exists");
+    return IoError("link " + from + " to " + to, errno);
+  }
+  return Status::Ok();
+}
+
 Status PosixStorage::SyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return IoError("open directory " + dir, errno);
