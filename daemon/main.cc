@@ -46,6 +46,10 @@ int g_signal_pipe[2] = {-1, -1};
 
 // How long running calls may take to finish once SIGTERM came (waiting ones end at once).
 constexpr std::chrono::seconds kShutdownGrace{5};
+// Then the replies of the calls that just ended are still being sent: the server waits this
+// long for them before it cancels what is left and closes the idle connections (which would
+// otherwise hold it up until the client hangs up).
+constexpr std::chrono::milliseconds kReplyFlush{200};
 
 void OnSignal(int) {
   char c = 1;
@@ -243,12 +247,12 @@ int Run(const Config& config) {
   ::unlink(config.socket_path.c_str());
   listener.reset();
   // Waiting calls end now; an idle connection holds nothing up, so once the running calls
-  // are done the server goes at once, closing the connections still open.
+  // are done (and their replies sent) the server goes, closing the connections still open.
   service.gate().BeginShutdown();
   if (std::uint64_t running = service.gate().AwaitIdle(std::chrono::steady_clock::now() + kShutdownGrace)) {
     spdlog::warn("{} call(s) still running after {} s; cancelling them", running, kShutdownGrace.count());
   }
-  server->Shutdown(std::chrono::system_clock::now());
+  server->Shutdown(std::chrono::system_clock::now() + kReplyFlush);
   daemon.value()->Shutdown();
   spdlog::info("stopped");
   return 0;

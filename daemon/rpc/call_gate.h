@@ -5,8 +5,8 @@
 // call says true, so calls that wait (Wait, a Snapshot waiting for room, a Register waiting
 // for a rank to settle, a Restore waiting for versions in flight) end within one wait slice
 // (common/cancellable_wait.h) with UNAVAILABLE; AwaitIdle() returns once none runs. The
-// server can then be shut down with no grace period: only idle connections are left, and
-// they are closed at once. Thread-safe.
+// server can then be shut down with a deadline just long enough for the last replies to be
+// sent: only idle connections are left, and they are closed then. Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
