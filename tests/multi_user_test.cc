@@ -282,6 +282,15 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   CheckRefused(prefetch, job, kOther, "prefetch");
   CHECK(Contains(prefetch.output, "PERMISSION_DENIED"));
 
+  // Status shows another uid nothing of the job (its shards, errors, sessions); the owner
+  // and root see it.
+  auto other_status = RunAs(kOther, Ctl(node1.socket(), {"status", "--json"}));
+  INFO("other uid's status: " << other_status.output);
+  CHECK(other_status.exit_code == 0);
+  CHECK_FALSE(Contains(other_status.output, "\"" + job + "\""));
+  CHECK(Contains(RunAs(kOwner, Ctl(node1.socket(), {"status", "--json"})).output, "\"" + job + "\""));
+  CHECK(Contains(RunProcess(Ctl(node1.socket(), {"status", "--json"})).output, "\"" + job + "\""));
+
   // A second daemon on the same root (another node) enforces the same owner.
   DaemonProcess node2(shared.Options("node2"));
   CheckRefused(RunAs(kOther, Trainer(node2.socket(), job, 6, true)), job, kOther, "register");

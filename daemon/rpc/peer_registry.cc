@@ -63,10 +63,4 @@ std::optional<PeerCredentials> PeerRegistry::Lookup(const std::string& peer) con
   return it->second.creds;
 }
 
-std::map<uid_t, std::uint32_t> PeerRegistry::ConnectionsByUid() {
-  MutexLock lock(mu_);
-  SweepClosed();
-  return per_uid_;
-}
-
 }  // namespace ckpt

@@ -46,8 +46,6 @@ class PeerRegistry {
   Status Add(int fd, PeerCredentials creds) EXCLUDES(mu_);
   // `peer` is grpc::ServerContext::peer(), e.g. "fd:7".
   std::optional<PeerCredentials> Lookup(const std::string& peer) const EXCLUDES(mu_);
-  // Connections open now, after forgetting the closed ones.
-  std::map<uid_t, std::uint32_t> ConnectionsByUid() EXCLUDES(mu_);
 
  private:
   struct Entry {

@@ -151,8 +151,9 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
                                        v1::StatusReply* reply) {
   auto pass = gate_.Enter();
   if (!pass) return CallGate::Refusal();
-  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
-  FillStatusReport(daemon_, reply);
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  FillStatusReport(daemon_, peer.value(), reply);
   return grpc::Status::OK;
 }
 
