@@ -512,6 +512,36 @@ TEST_CASE("one uid's idle connections are capped and another uid's trainer still
   CHECK(Contains(daemon->Log(), "uid 65534 holds 32 connections, the most --max-connections-per-uid (32)"));
 }
 
+TEST_CASE("the connection limit in all, and idle connections closed after --idle-timeout-s", "[multi-user]") {
+  TempDir dir("conns");
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/sock/ckptd.sock";
+  o.extra_args = {"--max-connections", "8", "--max-connections-per-uid", "0", "--idle-timeout-s", "1"};
+  DaemonProcess daemon(o);
+  TrainerState state(2, 4096);
+  Client trainer = Client::connect(daemon.socket());
+  trainer.register_items("idle", 0, 1, state.Items());  // its connection is one of the 8
+  std::vector<int> flood;
+  for (int i = 0; i < 12; ++i) flood.push_back(ConnectIdle(daemon.socket()));
+  REQUIRE(std::count(flood.begin(), flood.end(), -1) == 0);
+  // 7 are held, 5 are closed at once; then the 7 too, once idle for a second.
+  int closed = 0;
+  CHECK(Eventually([&] {
+    closed = 0;
+    for (int fd : flood) closed += ClosedByPeer(fd);
+    return closed == 12;
+  }));
+  INFO("closed " << closed);
+  CHECK(Contains(daemon.Log(), "the daemon holds 8 connections, the most --max-connections (8) allows"));
+  for (int fd : flood) ::close(fd);
+  // The trainer's connection went idle too; its next calls reconnect by themselves.
+  state.Fill(1);
+  trainer.snapshot(1);
+  trainer.wait_durable(1);
+  CHECK(ReadFile(o.root + "/idle/latest") == "1\n");
+}
+
 TEST_CASE("out of descriptors, the daemon refuses connections at once and does not spin", "[multi-user]") {
   TempDir dir("fds");
   DaemonOptions o;
