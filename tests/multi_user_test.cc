@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include "format/job_owner.h"
 #include "format/paths.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
@@ -664,4 +665,17 @@ TEST_CASE("SIGTERM still finishes a shard in flight", "[multi-user]") {
   CHECK(daemon.Stop() == 0);
   CHECK(fs::exists(o.root + "/flight/" + VersionDirName(1) + "/" + std::string(kCommittedMarker)));
   CHECK(Latest(o.root, "flight") == "1\n");
+}
+
+TEST_CASE("owner files parse strictly", "[multi-user]") {
+  CHECK(ParseJobOwner("uid=1000\n") == JobOwner{1000, std::nullopt});
+  CHECK(ParseJobOwner("uid=0\ngroup=2000\n") == JobOwner{0, 2000});
+  CHECK(ParseJobOwner(FormatJobOwner(JobOwner{65534, 4242})) == JobOwner{65534, 4242});
+  for (const std::string& bad : std::vector<std::string>{
+           "", "uid=1000", "uid=\n", "uid=01\n", "uid=-1\n", "uid=4294967295\n", "uid=99999999999\n",
+           "uid=1 \n", "gid=1\n", "group=1\nuid=1\n", "uid=1\ngroup=2\ngroup=3\n", "uid=1\nuid=2\n",
+           "uid=1\n\n", std::string("uid=1\0\n", 7), "uid=1\n" + std::string(100, ' ')}) {
+    INFO("text: '" << bad << "'");
+    CHECK_FALSE(ParseJobOwner(bad).has_value());
+  }
 }
