@@ -99,6 +99,28 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "With --keep-last, also keep every committed version that is a multiple of this (0: none)")
       ->capture_default_str();
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
+  std::int64_t job_group = -1;
+  app.add_option(
+         "--job-group", job_group,
+         "Share the jobs of this group's members with the whole group (default: a job is its owner's only)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{UINT32_MAX - 1}));
+  app.add_option("--max-connections", c.max_connections,
+                 "Connections held at once, in all (0: half the open-file limit, at most 16384)")
+      ->capture_default_str();
+  app.add_option("--max-connections-per-uid", c.max_connections_per_uid,
+                 "Connections one uid may hold at once (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-sessions-per-uid", c.max_sessions_per_uid,
+                 "Sessions (registered trainers) one uid may hold at once (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-registrations-per-uid", c.max_registrations_per_uid,
+                 "Registrations one uid may have in progress at once (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-items-per-uid", c.max_items_per_uid,
+                 "Items one uid may hold over all its sessions (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--idle-timeout-s", c.idle_timeout_s, "Close a connection idle this long (0: never)")
+      ->capture_default_str();
   app.add_option("--max-blob-mib", c.max_blob_mib, "Largest blob total per snapshot in MiB")
       ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn or error")
@@ -124,6 +146,7 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     return std::nullopt;
   }
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
+  if (job_group >= 0) c.job_group = static_cast<gid_t>(job_group);
   if (c.chunk_mib * 4 > c.pool_mib) {
     std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of " << c.chunk_mib
               << " MiB\n";

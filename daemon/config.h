@@ -49,6 +49,20 @@ struct Config {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   // Peers allowed besides the daemon's own uid (SO_PEERCRED check).
   std::vector<uid_t> allow_uids;
+  // A job belongs to the uid that first registers it (ROOT/JOB/owner). If that uid is a
+  // member of this group, the job is shared with the group's members; none: never shared.
+  std::optional<gid_t> job_group;
+  // Per-uid limits, so one uid cannot starve the others (0: no limit). Connections held at
+  // once, in all (0: half the open-file limit, at most 16384) and by one uid; sessions open
+  // at once; registrations in progress at once; items summed over a uid's open sessions.
+  std::uint32_t max_connections = 0;
+  std::uint32_t max_connections_per_uid = 128;
+  std::uint32_t max_sessions_per_uid = 256;
+  std::uint32_t max_registrations_per_uid = 16;
+  std::uint64_t max_items_per_uid = 1u << 20;
+  // A connection with no call for this long is closed (0: never); clients reconnect by
+  // themselves on their next call.
+  std::uint32_t idle_timeout_s = 600;
   // Committed versions kept per job: after each commit, older committed versions beyond the
   // newest `keep_last` are deleted. 0 keeps every version.
   std::uint32_t keep_last = 0;

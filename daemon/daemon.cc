@@ -80,10 +80,14 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers);
 
   // The sessions: import, admission, restore.
-  loader_ = std::make_unique<TableLoader>(*importer_, backend_.get(), no_backend_reason_);
-  sessions_ =
-      std::make_unique<SessionTable>(shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); });
-  registrar_ = std::make_unique<Registrar>(storage_, *catalog_, *loader_, *sessions_, shards_);
+  owners_ = std::make_unique<JobOwners>(storage_, config_.root, config_.job_group);
+  items_ = std::make_unique<ItemBudget>(config_.max_items_per_uid);
+  loader_ = std::make_unique<TableLoader>(*importer_, backend_.get(), no_backend_reason_, *items_);
+  sessions_ = std::make_unique<SessionTable>(
+      shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); }, config_.max_sessions_per_uid,
+      *items_);
+  registrar_ = std::make_unique<Registrar>(*catalog_, *owners_, *loader_, *sessions_, shards_,
+                                           config_.max_registrations_per_uid, *items_);
   admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_,
                                                    shards_, *snapshot_, config_.max_blob_mib << 20);
   restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_,

@@ -35,10 +35,12 @@
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/pipeline/snapshot_engine.h"
 #include "daemon/session/admission.h"
+#include "daemon/session/job_owners.h"
 #include "daemon/session/registrar.h"
 #include "daemon/session/restorer.h"
 #include "daemon/session/session_table.h"
 #include "daemon/session/table_loader.h"
+#include "daemon/session/uid_limits.h"
 #include "daemon/tiers/local_tier.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/tiers/promoter.h"
@@ -72,6 +74,7 @@ class Daemon {
   Registrar& registrar() { return *registrar_; }
   SnapshotAdmission& admission() { return *admission_; }
   Restorer& restorer() { return *restorer_; }
+  JobOwners& owners() { return *owners_; }
   TierSet& tiers() { return *tiers_; }
   Catalog& catalog() { return *catalog_; }
   ShardRegistry& shards() { return shards_; }
@@ -125,6 +128,8 @@ class Daemon {
   std::unique_ptr<FlushEngine> flush_;
   std::unique_ptr<SnapshotEngine> snapshot_;
   std::unique_ptr<RestoreEngine> restore_;
+  std::unique_ptr<JobOwners> owners_;
+  std::unique_ptr<ItemBudget> items_;
   std::unique_ptr<TableLoader> loader_;
   std::unique_ptr<SessionTable> sessions_;
   std::unique_ptr<Registrar> registrar_;

@@ -1,23 +1,28 @@
 // ckptd: the node-local checkpoint daemon.
 //
 // Sets up the socket (its directory 0700, the socket itself --socket-mode), accepts
-// connections itself to record each peer's SO_PEERCRED, and hands them to a gRPC server
-// that runs CheckpointService (daemon/rpc/) over the Daemon's parts (daemon/daemon.h). Picks
-// the implementations: POSIX storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it
-// gracefully: no new calls, in-flight shards finish. Readiness is announced on --ready-fd and to systemd
-// (NOTIFY_SOCKET).
+// connections itself (rpc/acceptor.h: SO_PEERCRED, the connection limits, no spinning when
+// descriptors run out), and hands them to a gRPC server that runs CheckpointService
+// (daemon/rpc/) over the Daemon's parts (daemon/daemon.h). Picks the implementations: POSIX
+// storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it
+// gracefully: no new calls, waiting calls end at once, running ones get up to
+// kShutdownGrace, in-flight shards finish. Readiness is announced on --ready-fd and to
+// systemd (NOTIFY_SOCKET).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -27,6 +32,7 @@
 #include "daemon/daemon.h"
 #include "daemon/io/fault_storage.h"
 #include "daemon/io/shm_importer.h"
+#include "daemon/rpc/acceptor.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/service.h"
 #include "format/paths.h"
@@ -38,6 +44,13 @@ namespace ckpt {
 namespace {
 
 int g_signal_pipe[2] = {-1, -1};
+
+// How long running calls may take to finish once SIGTERM came (waiting ones end at once).
+constexpr std::chrono::seconds kShutdownGrace{5};
+// Then the replies of the calls that just ended are still being sent: the server waits this
+// long for them before it cancels what is left and closes the idle connections (which would
+// otherwise hold it up until the client hangs up).
+constexpr std::chrono::milliseconds kReplyFlush{200};
 
 void OnSignal(int) {
   char c = 1;
@@ -75,7 +88,8 @@ UniqueFd Listen(const Config& config) {
     return {};
   }
   if (!PrepareSocketDir(config.socket_path)) return {};
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  // Non-blocking: the accept loop takes what is pending and returns to poll().
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return {};
   addr.sun_family = AF_UNIX;
   std::strcpy(addr.sun_path, config.socket_path.c_str());
@@ -103,6 +117,44 @@ UniqueFd Listen(const Config& config) {
   return fd;
 }
 
+// Raises the soft open-file limit to the hard one (the default soft limit, 1024, is far too
+// few for a daemon holding a descriptor per connection, region and shard in flight).
+// Returns the soft limit in force.
+rlim_t RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    // An unlimited hard limit cannot be the soft one (the kernel caps it at fs.nr_open).
+    if (raised.rlim_cur == RLIM_INFINITY) raised.rlim_cur = 1 << 20;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      lim = raised;
+    } else {
+      spdlog::warn("cannot raise the open-file limit from {} to {}: {}", lim.rlim_cur, raised.rlim_cur,
+                   std::strerror(errno));
+    }
+  }
+  return lim.rlim_cur;
+}
+
+// The connection limits in force: --max-connections 0 is half the open-file limit (the rest
+// is for regions and shards), at most 16384.
+PeerRegistry::Limits ConnectionLimits(const Config& config, rlim_t open_files) {
+  PeerRegistry::Limits limits;
+  limits.total = config.max_connections != 0
+                     ? config.max_connections
+                     : static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 2, 16, 16384));
+  limits.per_uid = config.max_connections_per_uid;
+  if (limits.total > open_files / 2) {
+    spdlog::warn(
+        "--max-connections {} is more than half the open-file limit ({}): idle connections may use up "
+        "the descriptors the daemon needs for regions and shards",
+        limits.total, open_files);
+  }
+  return limits;
+}
+
 void NotifySystemd(const char* state) {
   const char* path = std::getenv("NOTIFY_SOCKET");
   if (path == nullptr || (path[0] != '/' && path[0] != '@')) return;
@@ -127,7 +179,9 @@ int Run(const Config& config) {
 
   // Temporary files on the shared persistent tier carry this daemon's name.
   SetTmpOwner(config.node_id);
-  PeerRegistry peers;
+  const rlim_t open_files = RaiseOpenFileLimit();
+  const PeerRegistry::Limits connection_limits = ConnectionLimits(config, open_files);
+  PeerRegistry peers(connection_limits);
   std::shared_ptr<DeviceBackend> backend;
   std::string no_backend_reason = "ckptd was built without CUDA";
 #ifdef CKPT_HAVE_CUDA
@@ -158,41 +212,53 @@ int Run(const Config& config) {
       static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
   builder.SetMaxSendMessageSize(
       static_cast<int>(std::min<std::uint64_t>(config.max_blob_mib + 16, 2000) << 20));
+  if (config.idle_timeout_s > 0) {
+    // Applies to the connections handed over from our own accept loop too: gRPC sends
+    // GOAWAY and closes a connection that had no call for this long.
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min<std::uint64_t>(config.idle_timeout_s, 1u << 20) * 1000));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     spdlog::critical("cannot start the gRPC server");
     return 1;
   }
-  spdlog::info("serving on {} (uid {})", config.socket_path, ::geteuid());
+  spdlog::info(
+      "serving on {} (uid {}); open-file limit {}, connections at most {} ({} per uid)", config.socket_path,
+      ::geteuid(), open_files, connection_limits.total,
+      connection_limits.per_uid == 0 ? std::string("no limit") : std::to_string(connection_limits.per_uid));
   if (config.ready_fd >= 0) {
     [[maybe_unused]] ssize_t n = ::write(config.ready_fd, "ready\n", 6);
     ::close(config.ready_fd);
   }
   NotifySystemd("READY=1");
 
+  Acceptor acceptor(listener.get(), peers,
+                    [&server](int fd) { grpc::AddInsecureChannelFromFd(server.get(), fd); });
+  bool back_off = false;
   for (;;) {
-    pollfd fds[2] = {{listener.get(), POLLIN, 0}, {g_signal_pipe[0], POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    // While backing off the listener is left out (a negative fd is ignored by poll).
+    pollfd fds[2] = {{back_off ? -1 : listener.get(), POLLIN, 0}, {g_signal_pipe[0], POLLIN, 0}};
+    const int timeout_ms = back_off ? static_cast<int>(Acceptor::kBackoff.count()) : -1;
+    if (::poll(fds, 2, timeout_ms) < 0) {
       if (errno == EINTR) continue;
       break;
     }
     if (fds[1].revents) break;
-    if (!(fds[0].revents & POLLIN)) continue;
-    int conn = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) continue;
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      ::close(conn);
-      continue;
-    }
-    peers.Add(conn, PeerCredentials{cred.pid, cred.uid, cred.gid});
-    grpc::AddInsecureChannelFromFd(server.get(), conn);
+    back_off = (fds[0].revents & POLLIN) && !acceptor.AcceptPending();
   }
   spdlog::info("stopping: finishing in-flight shards");
   NotifySystemd("STOPPING=1");
   ::unlink(config.socket_path.c_str());
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  listener.reset();
+  // Waiting calls end now; an idle connection holds nothing up, so once the running calls
+  // are done (and their replies sent) the server goes, closing the connections still open.
+  service.gate().BeginShutdown();
+  if (std::uint64_t running = service.gate().AwaitIdle(std::chrono::steady_clock::now() + kShutdownGrace)) {
+    spdlog::warn("{} call(s) still running after {} s; cancelling them", running, kShutdownGrace.count());
+  }
+  server->Shutdown(std::chrono::system_clock::now() + kReplyFlush);
   daemon.value()->Shutdown();
   spdlog::info("stopped");
   return 0;

@@ -96,6 +96,10 @@ std::string CheckpointTree::SetAsideDir(const std::string& job) const {
   return JoinPath(JobDir(job), kSetAsideDir);
 }
 
+std::string CheckpointTree::OwnerFile(const std::string& job) const {
+  return JoinPath(JobDir(job), kOwnerFile);
+}
+
 std::string CheckpointTree::VersionDir(const std::string& job, std::uint64_t version) const {
   return JoinPath(JobDir(job), VersionDirName(version));
 }

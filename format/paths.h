@@ -7,6 +7,7 @@
 //   ROOT/JOB/v0000000042/rank-00003.done          the rank's shard is durable here (holds the
 //                                                 registration that wrote it)
 //   ROOT/JOB/ranks/rank-00003                     the rank's current registration
+//   ROOT/JOB/owner                                the uid the job belongs to (format/job_owner.h)
 //
 // The node-local tier (--local) has the same tree of version directories and shards, without
 // markers, `latest`, ranks/ or set-aside/ (commit happens on the persistent tier only).
@@ -29,6 +30,7 @@ inline constexpr std::string_view kLatestFile = "latest";
 inline constexpr std::string_view kSetAsideDir = "set-aside";
 inline constexpr std::string_view kTmpSuffix = ".tmp";
 inline constexpr std::string_view kRanksDir = "ranks";
+inline constexpr std::string_view kOwnerFile = "owner";
 
 // The suffix of files this process writes before renaming them: ".tmp", or ".OWNER.tmp"
 // once SetTmpOwner(OWNER) was called (once, at daemon start, before any file is written).
@@ -60,6 +62,7 @@ class CheckpointTree {
   std::string RanksDir(const std::string& job) const;                      // ROOT/JOB/ranks
   std::string RankFile(const std::string& job, std::uint32_t rank) const;  // ROOT/JOB/ranks/rank-R
   std::string SetAsideDir(const std::string& job) const;                   // ROOT/JOB/set-aside
+  std::string OwnerFile(const std::string& job) const;                     // ROOT/JOB/owner
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
   std::string DoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank) const;

@@ -342,6 +342,7 @@ TEST_CASE("retention: keep-last deletes older committed versions after each comm
     client.wait_durable(v);
   }
   std::vector<std::string> expect = {"keep/latest",
+                                     "keep/owner",
                                      "keep/ranks/rank-00000",
                                      "keep/v0000000004/COMMITTED",
                                      "keep/v0000000004/rank-00000.done",

@@ -34,7 +34,11 @@ std::unique_ptr<ckpt::v1::Checkpoint::Stub> Connect(const std::string& socket) {
 }
 
 int Fail(const std::string& what, const grpc::Status& s, const std::string& socket) {
-  std::cerr << "ckptctl: " << what << ": " << s.error_message();
+  std::cerr << "ckptctl: " << what << ": ";
+  // The refusals of a daemon shared by many users: say which kind it is.
+  if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) std::cerr << "PERMISSION_DENIED: ";
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) std::cerr << "RESOURCE_EXHAUSTED: ";
+  std::cerr << s.error_message();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
     std::cerr << " (is ckptd running on " << socket << "?)";
   std::cerr << "\n";

@@ -115,6 +115,14 @@ Status PosixStorage::Rename(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
+Status PosixStorage::Link(const std::string& from, const std::string& to) {
+  if (::link(from.c_str(), to.c_str()) != 0) {
+    if (errno == EEXIST) return AlreadyExists(to + " exists");
+    return IoError("link " + from + " to " + to, errno);
+  }
+  return Status::Ok();
+}
+
 Status PosixStorage::SyncDir(const std::string& dir) {
   auto fd = OpenDirectory(dir);
   if (!fd.ok()) return fd.status();

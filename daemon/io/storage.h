@@ -39,6 +39,9 @@ class Storage {
   virtual Status Truncate(int fd, std::uint64_t size, const std::string& what) = 0;
   virtual Status DataSync(int fd, const std::string& what) = 0;
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Hard link `to` to `from`, never replacing `to`: AlreadyExists if it exists. The one
+  // create-once step that works across nodes, parallel file systems included (job owners).
+  virtual Status Link(const std::string& from, const std::string& to) = 0;
   // fsync of a directory, making renames and creations in it durable. Here and in List,
   // `dir` must be a directory, not a symbolic link to one (FailedPrecondition).
   virtual Status SyncDir(const std::string& dir) = 0;
@@ -69,6 +72,7 @@ class PosixStorage : public Storage {
   Status Truncate(int fd, std::uint64_t size, const std::string& what) override;
   Status DataSync(int fd, const std::string& what) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Link(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& dir) override;
   Status MakeDirs(const std::string& dir) override;
   Status Remove(const std::string& path) override;
@@ -93,6 +97,7 @@ class StorageWrapper : public Storage {
   }
   Status DataSync(int fd, const std::string& w) override { return target_->DataSync(fd, w); }
   Status Rename(const std::string& f, const std::string& t) override { return target_->Rename(f, t); }
+  Status Link(const std::string& f, const std::string& t) override { return target_->Link(f, t); }
   Status SyncDir(const std::string& d) override { return target_->SyncDir(d); }
   Status MakeDirs(const std::string& d) override { return target_->MakeDirs(d); }
   Status Remove(const std::string& p) override { return target_->Remove(p); }

@@ -7,10 +7,6 @@ grpc::Status ToGrpc(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(GrpcCodeNumber(s.code())), s.message());
 }
 
-CancelCheck CancelCheckOf(grpc::ServerContext* ctx) {
-  return [ctx] { return ctx->IsCancelled(); };
-}
-
 RegistrationRequest FromProto(const v1::RegisterRequest& req) {
   RegistrationRequest out;
   out.job = req.job();

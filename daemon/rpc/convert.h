@@ -6,7 +6,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
-#include "common/cancellable_wait.h"
 #include "common/status.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/registrar.h"
@@ -16,8 +15,6 @@
 namespace ckpt {
 
 grpc::Status ToGrpc(const Status& s);
-// Asks whether the call's client went away.
-CancelCheck CancelCheckOf(grpc::ServerContext* ctx);
 
 RegistrationRequest FromProto(const v1::RegisterRequest& req);
 // Copies the blobs' bytes (once): the shard keeps them until it is written.

@@ -7,7 +7,7 @@
 namespace ckpt {
 
 Result<PeerCredentials> PeerAuth::Check(const std::string& peer) const {
-  if (registry_ == nullptr) return PeerCredentials{::getpid(), ::geteuid(), ::getegid()};
+  if (registry_ == nullptr) return PeerCredentials{::getpid(), ::geteuid(), ::getegid(), {}};
   auto creds = registry_->Lookup(peer);
   if (!creds) return PermissionDenied("cannot identify the peer " + peer);
   const uid_t self = ::geteuid();

@@ -34,6 +34,8 @@ Result<std::shared_ptr<Session>> CheckpointService::FindSession(grpc::ServerCont
 
 grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
   auto peer = auth_.Check(ctx->peer());
   if (!peer.ok()) return ToGrpc(peer.status());
   if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
@@ -47,13 +49,13 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
   }
   Result<Registered> done = Registered{};
   if (req->session().empty()) {
-    done = daemon_.registrar().Register(FromProto(*req), peer.value(), CancelCheckOf(ctx));
+    done = daemon_.registrar().Register(FromProto(*req), peer.value(), gate_.CancelCheckOf(ctx));
   } else {
     auto s = daemon_.sessions().Find(req->session(), peer->uid);
     if (!s.ok()) return ToGrpc(s.status());
     done = daemon_.registrar().Reregister(s.value(), FromProto(*req));
   }
-  if (!done.ok()) return ToGrpc(done.status());
+  if (!done.ok()) return gate_.Reply(done.status());
   ToProto(done.value(), reply);
   reply->set_daemon_instance(instance_);
   return grpc::Status::OK;
@@ -61,18 +63,22 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
 
 grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
                                          v1::SnapshotReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
   Session& session = *s.value();
   MutexLock lock(session.mu);
-  auto shard = daemon_.admission().Admit(session, FromProto(*req), CancelCheckOf(ctx));
-  if (!shard.ok()) return ToGrpc(shard.status());
+  auto shard = daemon_.admission().Admit(session, FromProto(*req), gate_.CancelCheckOf(ctx));
+  if (!shard.ok()) return gate_.Reply(shard.status());
   reply->set_data_bytes(shard.value()->data_bytes());
   return grpc::Status::OK;
 }
 
 grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req,
                                      v1::WaitReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
   const Level want = LevelFromProto(req->level());
@@ -99,10 +105,12 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   // Stream-ordered waits of host-memory sessions are plain waits.
   const bool ordered = req->stream_ordered() && shard->sync() != nullptr;
   bool ordered_only = false;
-  ckpt::Status st = WaitInSlices(deadline, CancelCheckOf(ctx), [&](auto slice_end) {
+  spdlog::debug("job {} rank {}: waiting for version {} to be {}", s.value()->job, s.value()->rank,
+                req->version(), LevelName(want));
+  ckpt::Status st = WaitInSlices(deadline, gate_.CancelCheckOf(ctx), [&](auto slice_end) {
     return ordered ? shard->WaitOrdered(slice_end, &ordered_only) : shard->WaitFor(want, slice_end);
   });
-  if (st.code() == ckpt::StatusCode::kCancelled) return ToGrpc(st);  // nobody hears a failure now
+  if (st.code() == ckpt::StatusCode::kCancelled) return gate_.Reply(st);  // nobody hears a failure now
   if (!st.ok()) {
     if (shard->failed()) {
       shard->ClaimErrorReport();
@@ -122,20 +130,27 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
 
 grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
                                         v1::RestoreReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
   Session& session = *s.value();
   MutexLock lock(session.mu);
-  auto restored = daemon_.restorer().Restore(session, req->version(), CancelCheckOf(ctx));
-  if (!restored.ok()) return ToGrpc(restored.status());
+  auto restored = daemon_.restorer().Restore(session, req->version(), gate_.CancelCheckOf(ctx));
+  if (!restored.ok()) return gate_.Reply(restored.status());
   ToProto(std::move(restored).value(), reply);
   return grpc::Status::OK;
 }
 
 grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListRequest* req,
                                      v1::ListReply* reply) {
-  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
   if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "list"); !st.ok())
+    return ToGrpc(st);
   auto versions = daemon_.tiers().List(req->job());
   if (!versions.ok()) return ToGrpc(versions.status());
   for (const auto& [version, on_tiers] : versions.value()) ToProto(version, on_tiers, reply->add_versions());
@@ -145,14 +160,19 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
 
 grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                                        v1::StatusReply* reply) {
-  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
-  FillStatusReport(daemon_, reply);
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  FillStatusReport(daemon_, peer.value(), reply);
   reply->set_daemon_instance(instance_);
   return grpc::Status::OK;
 }
 
 grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
                                            v1::UnregisterReply*) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
   daemon_.sessions().Close(s.value(), /*trainer_gone=*/false);
@@ -161,8 +181,14 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
 
 grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
                                          v1::PrefetchReply* reply) {
-  if (auto peer = auth_.Check(ctx->peer()); !peer.ok()) return ToGrpc(peer.status());
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
   if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "prefetch"); !st.ok()) {
+    return ToGrpc(st);
+  }
   std::vector<std::uint32_t> ranks(req->ranks().begin(), req->ranks().end());
   auto done = daemon_.tiers().Prefetch(req->job(), req->version(), std::move(ranks));
   if (!done.ok()) return ToGrpc(done.status());

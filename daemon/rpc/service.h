@@ -1,9 +1,11 @@
-// CheckpointService: the gRPC face of the daemon (ckpt.v1.Checkpoint). Each handler checks
-// the peer, validates what the request alone can tell, delegates to the part that does the
-// work (daemon/session/, daemon/tiers/) and fills the reply; translations live in
-// rpc/convert.h, the status report in rpc/status_report.h. Errors become gRPC statuses
-// whose message says what is wrong; nothing a client sends stops the daemon serving the
-// others. Thread-safe (gRPC calls it from many threads).
+// CheckpointService: the gRPC face of the daemon (ckpt.v1.Checkpoint). Each handler enters
+// the call gate (rpc/call_gate.h: shutdown ends waiting calls at once), checks the peer and
+// whether it may use the job it names (session/job_owners.h), validates what the request
+// alone can tell, delegates to the part that does the work (daemon/session/,
+// daemon/tiers/) and fills the reply; translations live in rpc/convert.h, the status
+// report in rpc/status_report.h. Errors become gRPC statuses whose message says what is
+// wrong; nothing a client sends stops the daemon serving the others. Thread-safe (gRPC
+// calls it from many threads).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +14,7 @@
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "daemon/daemon.h"
+#include "daemon/rpc/call_gate.h"
 #include "daemon/rpc/peer_auth.h"
 
 namespace ckpt {
@@ -34,6 +37,9 @@ class CheckpointService final : public v1::Checkpoint::Service {
   grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest*, v1::UnregisterReply*) override;
   grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
 
+  // Shutdown: BeginShutdown(), then AwaitIdle() before the server is shut down.
+  CallGate& gate() { return gate_; }
+
  private:
   // The caller's session `id`, checked against the caller's uid.
   Result<std::shared_ptr<Session>> FindSession(grpc::ServerContext* ctx, const std::string& id);
@@ -45,6 +51,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   Daemon& daemon_;
   const PeerAuth auth_;
   const std::string instance_;
+  CallGate gate_;
 };
 
 }  // namespace ckpt

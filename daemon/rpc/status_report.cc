@@ -2,13 +2,51 @@
 
 #include <unistd.h>
 
+#include <map>
+
 #include "proto/level_codec.h"
 
 namespace ckpt {
 namespace {
 
-void AddClients(Daemon& daemon, v1::StatusReply* reply) {
+// What one viewer may see of other uids' work.
+class Visibility {
+ public:
+  Visibility(Daemon& daemon, const PeerCredentials& viewer)
+      : daemon_(daemon), viewer_(viewer), all_(viewer.uid == 0 || viewer.uid == ::geteuid()) {}
+
+  bool Session(const ckpt::Session& s) const { return all_ || s.peer.uid == viewer_.uid; }
+  bool Job(const std::string& job) {
+    if (all_) return true;
+    auto [it, fresh] = jobs_.try_emplace(job, false);
+    if (fresh) it->second = daemon_.owners().CheckAccess(job, viewer_, "see").ok();
+    return it->second;
+  }
+  // An error line is shown if it names a job the viewer may use.
+  bool Error(const std::string& line) {
+    if (all_) return true;
+    for (const auto& [job, visible] : jobs_) {
+      if (visible && (line.find("job " + job) != std::string::npos ||
+                      line.find("job '" + job + "'") != std::string::npos ||
+                      line.find("/" + job + "/") != std::string::npos)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  void NoteJob(const std::string& job) { Job(job); }
+
+ private:
+  Daemon& daemon_;
+  const PeerCredentials& viewer_;
+  const bool all_;
+  std::map<std::string, bool> jobs_;  // checked once per report
+};
+
+void AddClients(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   for (const auto& sess : daemon.sessions().All()) {
+    if (!visible.Session(*sess)) continue;
+    visible.NoteJob(sess->job);
     auto* c = reply->add_clients();
     c->set_session(sess->id);
     c->set_job(sess->job);
@@ -26,9 +64,10 @@ void AddClients(Daemon& daemon, v1::StatusReply* reply) {
 }
 
 // The recent shards; their bytes in flight are added to the totals of finished ones.
-void AddShards(Daemon& daemon, v1::StatusReply* reply) {
+void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   std::uint64_t copied = daemon.copied_done_total(), written = daemon.written_done_total();
   for (const auto& shard : daemon.shards().Recent()) {
+    if (!visible.Job(shard->meta().job)) continue;
     auto* sh = reply->add_shards();
     sh->set_job(shard->meta().job);
     sh->set_rank(shard->meta().rank);
@@ -82,7 +121,8 @@ void AddTiers(Daemon& daemon, v1::StatusReply* reply) {
 
 }  // namespace
 
-void FillStatusReport(Daemon& daemon, v1::StatusReply* reply) {
+void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusReply* reply) {
+  Visibility visible(daemon, viewer);
   reply->set_daemon_version(CKPTD_VERSION);
   reply->set_pid(::getpid());
   reply->set_uptime_s(static_cast<std::uint64_t>(
@@ -94,9 +134,11 @@ void FillStatusReport(Daemon& daemon, v1::StatusReply* reply) {
   reply->set_pool_used_bytes(daemon.pool().used_bytes());
   reply->set_chunk_bytes(daemon.pool().chunk_bytes());
   reply->set_device_backend(daemon.DescribeBackend());
-  for (const auto& e : daemon.errors().Recent()) reply->add_errors(e);
-  AddClients(daemon, reply);
-  AddShards(daemon, reply);
+  AddClients(daemon, visible, reply);
+  AddShards(daemon, visible, reply);
+  for (const auto& e : daemon.errors().Recent()) {
+    if (visible.Error(e)) reply->add_errors(e);
+  }
   reply->set_bytes_read_total(daemon.restore_counters().bytes_read);
   reply->set_versions_committed(daemon.commits().committed_total());
   const RestoreCounters& restored = daemon.restore_counters();

@@ -37,6 +37,8 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
       s->table->name() != req.descriptor_table) {
     return InvalidArgument("re-registration must keep the session's job, rank, world size and table");
   }
+  auto ticket = in_flight_.Enter(s->peer.uid);
+  if (!ticket.ok()) return ticket.status();
   MutexLock lock(s->mu);
   if (Status st = loader_.Load(*s); !st.ok()) return st;
   std::vector<std::string> events;
@@ -46,6 +48,9 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
 
 Result<Registered> Registrar::Register(const RegistrationRequest& req, const PeerCredentials& peer,
                                        const CancelCheck& cancelled) {
+  auto ticket = in_flight_.Enter(peer.uid);
+  if (!ticket.ok()) return ticket.status();
+  if (Status st = owners_.CheckAccess(req.job, peer, "register"); !st.ok()) return st;
   auto session = std::make_shared<Session>();
   session->id = NewSessionId();
   session->job = req.job;
@@ -56,15 +61,24 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   auto table = loader_.OpenTable(req.descriptor_table, peer.uid);
   if (!table.ok()) return table.status();
   session->table = std::move(table).value();
+  // Until the session is published (and closing it gives them back), its items count here.
+  struct ReleaseItems {
+    ItemBudget& items;
+    const std::string& id;
+    bool armed = true;
+    ~ReleaseItems() {
+      if (armed) items.Release(id);
+    }
+  } release_items{items_, session->id};
   std::vector<std::string> events;
   {
     MutexLock lock(session->mu);
     if (Status st = loader_.Load(*session); !st.ok()) return st;
     if (Status st = loader_.AttachDevice(*session, req.device, &events); !st.ok()) return st;
   }
-  // The job directory exists (durably) before any shard is written into it.
-  if (Status st = storage_->MakeDirs(catalog_.JobDir(session->job)); !st.ok()) return st;
-  if (Status st = storage_->SyncDir(catalog_.root()); !st.ok()) return st;
+  // A new job becomes the caller's; its directory exists (durably) before any shard is
+  // written into it.
+  if (Status st = owners_.Claim(session->job, peer); !st.ok()) return st;
 
   // A new registration of the rank makes its earlier shards stop counting towards commits
   // (see Catalog); the ones still in flight finish (and commit, if their version is
@@ -72,6 +86,7 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   if (Status st = shards_.WaitRankSettled(session->job, session->rank, cancelled); !st.ok()) return st;
   std::shared_ptr<Session> replaced;
   if (Status st = sessions_.Add(session, &replaced); !st.ok()) return st;
+  release_items.armed = false;
   Registered out;
   {
     MutexLock lock(session->mu);

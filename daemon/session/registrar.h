@@ -1,8 +1,10 @@
-// Registrar: the life of a registration. Register imports a trainer's descriptor table and
-// regions (TableLoader), waits until the rank's shards from an earlier registration have
+// Registrar: the life of a registration. Register checks that the caller may use the job
+// (JobOwners), imports a trainer's descriptor table and regions (TableLoader), makes a new
+// job the caller's, waits until the rank's shards from an earlier registration have
 // settled, publishes the session (SessionTable) and records the rank's new registration id
 // on the persistent tier (so that shards of an earlier run never complete a version of this
-// one: see Catalog). A re-registration (same session) re-reads the table. Thread-safe.
+// one: see Catalog). A re-registration (same session) re-reads the table. Each uid has at
+// most --max-registrations-per-uid of either in progress at once. Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -18,8 +20,10 @@
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/rpc/peer_registry.h"
+#include "daemon/session/job_owners.h"
 #include "daemon/session/session_table.h"
 #include "daemon/session/table_loader.h"
+#include "daemon/session/uid_limits.h"
 
 namespace ckpt {
 
@@ -41,13 +45,15 @@ struct Registered {
 
 class Registrar {
  public:
-  Registrar(std::shared_ptr<Storage> storage, Catalog& catalog, TableLoader& loader, SessionTable& sessions,
-            ShardRegistry& shards)
-      : storage_(std::move(storage)),
-        catalog_(catalog),
+  Registrar(Catalog& catalog, JobOwners& owners, TableLoader& loader, SessionTable& sessions,
+            ShardRegistry& shards, std::uint32_t max_registrations_per_uid, ItemBudget& items)
+      : catalog_(catalog),
+        owners_(owners),
         loader_(loader),
         sessions_(sessions),
-        shards_(shards) {}
+        shards_(shards),
+        in_flight_(max_registrations_per_uid, "--max-registrations-per-uid", "registrations"),
+        items_(items) {}
 
   // A new session for `peer`.
   Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,
@@ -61,11 +67,13 @@ class Registrar {
  private:
   Registered Reply(const std::shared_ptr<Session>& s, std::vector<std::string> daemon_events) REQUIRES(s->mu);
 
-  const std::shared_ptr<Storage> storage_;
   Catalog& catalog_;
+  JobOwners& owners_;
   TableLoader& loader_;
   SessionTable& sessions_;
   ShardRegistry& shards_;
+  InFlightLimit in_flight_;
+  ItemBudget& items_;
 };
 
 }  // namespace ckpt

@@ -4,8 +4,13 @@
 
 namespace ckpt {
 
-SessionTable::SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap)
-    : shards_(shards), backend_(backend), on_reap_(std::move(on_reap)) {}
+SessionTable::SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap,
+                           std::uint32_t max_sessions_per_uid, ItemBudget& items)
+    : shards_(shards),
+      backend_(backend),
+      on_reap_(std::move(on_reap)),
+      max_sessions_per_uid_(max_sessions_per_uid),
+      items_(items) {}
 
 void SessionTable::StartReaper() {
   reaper_ = std::thread([this] { ReapLoop(); });
@@ -26,7 +31,11 @@ Result<std::shared_ptr<Session>> SessionTable::Find(const std::string& id, uid_t
   if (it == by_id_.end() || !it->second->open) {
     return NotFound("unknown or closed session '" + id.substr(0, 64) + "' (register first)");
   }
-  if (it->second->peer.uid != uid) return PermissionDenied("session belongs to another uid");
+  if (it->second->peer.uid != uid) {
+    return PermissionDenied("session of job '" + it->second->job + "' rank " +
+                            std::to_string(it->second->rank) + " belongs to uid " +
+                            std::to_string(it->second->peer.uid) + ", not to uid " + std::to_string(uid));
+  }
   return it->second;
 }
 
@@ -40,15 +49,25 @@ Status SessionTable::Add(const std::shared_ptr<Session>& s, std::shared_ptr<Sess
     }
   }
   auto key = std::make_pair(s->job, s->rank);
+  std::shared_ptr<Session> old;
   if (auto it = rank_owner_.find(key); it != rank_owner_.end()) {
-    auto old = by_id_.at(it->second);
+    old = by_id_.at(it->second);
     if (!old->TrainerExited()) {
       return AlreadyExists("rank " + std::to_string(s->rank) + " of job '" + s->job +
                            "' is already registered by pid " + std::to_string(old->peer.pid) +
                            ", which is still running");
     }
-    *replaced = std::move(old);
   }
+  if (max_sessions_per_uid_ != 0) {
+    std::uint32_t held = 0;
+    for (const auto& [id, other] : by_id_) held += other->peer.uid == s->peer.uid && other != old;
+    if (held >= max_sessions_per_uid_) {
+      return ResourceExhausted("uid " + std::to_string(s->peer.uid) + " has " + std::to_string(held) +
+                               " sessions open, the most --max-sessions-per-uid allows (" +
+                               std::to_string(max_sessions_per_uid_) + "); unregister one first");
+    }
+  }
+  *replaced = std::move(old);
   by_id_[s->id] = s;
   rank_owner_[key] = s->id;
   return Status::Ok();
@@ -56,6 +75,7 @@ Status SessionTable::Add(const std::shared_ptr<Session>& s, std::shared_ptr<Sess
 
 void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
   if (!s->open.exchange(false)) return;
+  items_.Release(s->id);
   {
     MutexLock lock(mu_);
     by_id_.erase(s->id);

@@ -22,13 +22,17 @@
 #include "common/status.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/session/session.h"
+#include "daemon/session/uid_limits.h"
 
 namespace ckpt {
 
 class SessionTable {
  public:
   // `backend` may be null. `on_reap` runs after each pass of the reaper (every 250 ms).
-  SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap);
+  // `max_sessions_per_uid` (0: none) bounds the open sessions of one uid; a closed session
+  // gives its items back to `items`.
+  SessionTable(ShardRegistry& shards, DeviceBackend* backend, std::function<void()> on_reap,
+               std::uint32_t max_sessions_per_uid, ItemBudget& items);
   ~SessionTable() { Stop(); }
 
   void StartReaper();
@@ -37,8 +41,9 @@ class SessionTable {
   // The open session `id`, if it belongs to `uid`.
   Result<std::shared_ptr<Session>> Find(const std::string& id, uid_t uid) const EXCLUDES(mu_);
   // Publishes a new session of (job, rank). Refused while another live trainer holds the
-  // rank or runs the job at another world size. A session of the rank whose trainer exited
-  // is returned in *replaced, for the caller to close.
+  // rank or runs the job at another world size, and when its uid holds
+  // --max-sessions-per-uid sessions (ResourceExhausted). A session of the rank whose trainer
+  // exited is returned in *replaced, for the caller to close (it does not count).
   Status Add(const std::shared_ptr<Session>& s, std::shared_ptr<Session>* replaced) EXCLUDES(mu_);
   // Closes the session (once): Unregister, a failed Register, or its trainer exited
   // (`trainer_gone`: the clean-up above).
@@ -54,6 +59,8 @@ class SessionTable {
   ShardRegistry& shards_;
   DeviceBackend* backend_;
   const std::function<void()> on_reap_;
+  const std::uint32_t max_sessions_per_uid_;
+  ItemBudget& items_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> by_id_ GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::uint32_t>, std::string> rank_owner_

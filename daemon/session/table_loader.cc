@@ -89,6 +89,8 @@ Status TableLoader::Load(Session& s) {
   if (s.events && device >= 0 && device != s.events->device()) {
     return FailedPrecondition("the tensors moved to another GPU than the session's; register again");
   }
+  // The last check: nothing after it can fail, so the budget always matches the table held.
+  if (Status st = items_.Resize(s.peer.uid, s.id, items->size()); !st.ok()) return st;
   s.device = device;
   s.items = std::move(items).value();
   s.item_regions.clear();

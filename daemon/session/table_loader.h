@@ -14,6 +14,7 @@
 #include "backend/region_importer.h"
 #include "common/status.h"
 #include "daemon/session/session.h"
+#include "daemon/session/uid_limits.h"
 
 namespace ckpt {
 
@@ -27,12 +28,18 @@ struct DeviceRegistration {
 class TableLoader {
  public:
   // `backend` may be null; then `no_backend_reason` says why in the error a GPU region gets.
-  TableLoader(RegionImporter& importer, DeviceBackend* backend, std::string no_backend_reason)
-      : importer_(importer), backend_(backend), no_backend_reason_(std::move(no_backend_reason)) {}
+  // Every table loaded is counted against its uid's `items` budget.
+  TableLoader(RegionImporter& importer, DeviceBackend* backend, std::string no_backend_reason,
+              ItemBudget& items)
+      : importer_(importer),
+        backend_(backend),
+        no_backend_reason_(std::move(no_backend_reason)),
+        items_(items) {}
 
   // Imports the descriptor table `name` of a new registration by `uid`.
   Result<std::shared_ptr<ImportedRegion>> OpenTable(const std::string& name, uid_t uid);
-  // (Re-)reads the session's table and imports its regions afresh.
+  // (Re-)reads the session's table and imports its regions afresh. A table that would take
+  // the session's uid past --max-items-per-uid is refused like a bad one.
   Status Load(Session& s) REQUIRES(s.mu);
   // After Load found device regions: opens (or checks) the session's interprocess events
   // and returns the daemon's event handles for the reply.
@@ -43,6 +50,7 @@ class TableLoader {
   RegionImporter& importer_;
   DeviceBackend* backend_;
   const std::string no_backend_reason_;
+  ItemBudget& items_;
 };
 
 }  // namespace ckpt

@@ -1,0 +1,100 @@
+#include "daemon/session/job_owners.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace ckpt {
+namespace {
+
+bool MayUse(const JobOwner& owner, const PeerCredentials& peer) {
+  return peer.uid == 0 || peer.uid == owner.uid || (owner.group && InGroup(peer, *owner.group));
+}
+
+}  // namespace
+
+bool InGroup(const PeerCredentials& peer, gid_t group) {
+  return peer.gid == group || std::find(peer.groups.begin(), peer.groups.end(), group) != peer.groups.end();
+}
+
+Result<std::optional<JobOwner>> JobOwners::Read(const std::string& job) {
+  const std::string path = tree_.OwnerFile(job);
+  auto text = storage_->ReadSmallFile(path);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return std::optional<JobOwner>();
+    return text.status().With("read the owner of job '" + job + "'");
+  }
+  auto owner = ParseJobOwner(text.value());
+  if (!owner) {
+    return FailedPrecondition(path +
+                              " is not an owner file (expected 'uid=N' and an optional 'group=G' line); "
+                              "refusing to serve job '" +
+                              job + "' until it is repaired");
+  }
+  return std::optional<JobOwner>(*owner);
+}
+
+Status JobOwners::CheckAccess(const std::string& job, const PeerCredentials& peer, std::string_view action) {
+  auto owner = Read(job);
+  if (!owner.ok()) return owner.status();
+  if (!owner.value() || MayUse(*owner.value(), peer)) return Status::Ok();
+  return PermissionDenied("job '" + job + "' belongs to " + DescribeJobOwner(*owner.value()) + "; uid " +
+                          std::to_string(peer.uid) + " may not " + std::string(action) + " it");
+}
+
+Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
+  MutexLock lock(claim_mu_);
+  auto found = Read(job);
+  if (!found.ok()) return found.status();
+  if (!found.value()) {
+    JobOwner owner;
+    owner.uid = peer.uid;
+    if (job_group_ && InGroup(peer, *job_group_)) owner.group = *job_group_;
+    const bool existed = storage_->Exists(tree_.JobDir(job));
+    Status created = Create(job, owner);
+    if (created.ok()) {
+      if (existed) {
+        spdlog::warn("job {} had no owner file (made by an older ckptd): adopted by {}, its first registrant",
+                     job, DescribeJobOwner(owner));
+      } else {
+        spdlog::info("job {}: created, owned by {}", job, DescribeJobOwner(owner));
+      }
+      return Status::Ok();
+    }
+    if (created.code() != StatusCode::kAlreadyExists)
+      return created.With("record the owner of job '" + job + "'");
+    found = Read(job);  // another daemon was first: its owner holds
+    if (!found.ok()) return found.status();
+  }
+  if (!found.value() || MayUse(*found.value(), peer)) return Status::Ok();
+  return PermissionDenied("job '" + job + "' belongs to " + DescribeJobOwner(*found.value()) + "; uid " +
+                          std::to_string(peer.uid) + " may not register it");
+}
+
+Status JobOwners::Create(const std::string& job, const JobOwner& owner) {
+  const std::string dir = tree_.JobDir(job);
+  // The job directory is durable before the file in it (and before any shard).
+  if (Status st = storage_->MakeDirs(dir); !st.ok()) return st;
+  if (Status st = storage_->SyncDir(tree_.root()); !st.ok()) return st;
+  const std::string path = tree_.OwnerFile(job);
+  const std::string tmp = path + TmpSuffix();
+  const std::string content = FormatJobOwner(owner);
+  {
+    auto fd = storage_->CreateFile(tmp, /*direct=*/false);
+    if (!fd.ok()) return fd.status();
+    Status st = storage_->WriteAt(fd->get(), content.data(), content.size(), 0, tmp);
+    if (st.ok()) st = storage_->DataSync(fd->get(), tmp);
+    if (!st.ok()) {
+      fd->reset();
+      storage_->Remove(tmp);
+      return st;
+    }
+  }
+  // link() never replaces: of several daemons creating the file, one wins.
+  Status linked = storage_->Link(tmp, path);
+  storage_->Remove(tmp);
+  if (!linked.ok()) return linked;
+  return storage_->SyncDir(dir);
+}
+
+}  // namespace ckpt
