@@ -138,6 +138,13 @@ std::unique_ptr<DaemonProcess> StartFaulty(Armed& a, const std::string& file, co
   return daemon;
 }
 
+// SIGTERM, and the daemon must exit 0 (a sanitizer's report makes it fail): its log if not.
+void StopCleanly(DaemonProcess& daemon) {
+  const int rc = daemon.Stop();
+  INFO(daemon.Log());
+  CHECK(rc == 0);
+}
+
 void Arm(const Armed& a) { std::ofstream(a.armed) << "armed"; }
 void Disarm(const Armed& a) { fs::remove(a.armed); }
 
@@ -193,7 +200,7 @@ void VersionFails(const std::string& file, const Fault& f, bool promotion = fals
   CheckTree(a.options.root);
   CheckVersion1(a.options.root, state);
   c.reset();  // disconnected: the daemon stops at once
-  CHECK(daemon->Stop() == 0);
+  StopCleanly(*daemon);
   Record(promotion ? "data (promotion from --local)" : file, f, saw, status,
          "version 2 failed; 1 kept; 3 committed after the fault");
 }
@@ -235,7 +242,7 @@ void RegistrationFails(const Fault& f) {
   CheckTree(a.options.root);
   CheckVersion1(a.options.root, state);
   c.reset();
-  CHECK(daemon->Stop() == 0);
+  StopCleanly(*daemon);
   Record("ranks", f, saw, status, "registration failed; 1 kept; registered and 2 committed after the fault");
 }
 
@@ -283,7 +290,7 @@ void LatestStale(const Fault& f) {
   CheckTree(a.options.root);
   CheckVersion1(a.options.root, state);
   c.reset();
-  CHECK(daemon->Stop() == 0);
+  StopCleanly(*daemon);
   Record(
       "latest", f, saw + " (version 2 committed)", status,
       "2 committed, `latest` said 1 until the fault went, then repaired to 2 without a commit; 3 committed");
@@ -348,7 +355,7 @@ TEST_CASE("fault matrix: slow storage", "[faults]") {
     CheckTree(a.options.root);
     CheckVersion1(a.options.root, state);
     c.reset();
-    CHECK(daemon->Stop() == 0);
+    StopCleanly(*daemon);
     Record("committed", f, "wait_durable(200 ms): " + saw + "; then OK", "no error",
            "1 committed 1.5 s late; 2 committed");
   }
@@ -378,7 +385,7 @@ TEST_CASE("fault matrix: slow storage", "[faults]") {
     CheckTree(a.options.root);
     CheckVersion1(a.options.root, state);
     c.reset();
-    CHECK(daemon->Stop() == 0);
+    StopCleanly(*daemon);
     Record("data", f, "OK (waits longer)", "no error", "2, 3, 4 committed");
   }
 }

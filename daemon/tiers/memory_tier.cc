@@ -217,7 +217,7 @@ void MemoryTier::WarnNotKept(const ShardMeta& meta, std::uint64_t file_bytes) {
           (holders.empty() ? std::string("none") : holders) + ")";
     if (accounted > held) {
       why += " and " + std::to_string((accounted - held) >> 20) +
-             " MiB by images still read by restores or promotions";
+             " MiB by images still in use (shards being written, restores, promotions)";
     }
     why += "; size --memory-mib for --memory-versions + 1 versions of every rank running at once";
   }
