@@ -1,5 +1,8 @@
 #include "daemon/daemon.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include <spdlog/spdlog.h>
 
 namespace ckpt {
@@ -16,6 +19,36 @@ Result<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, std::shared
   }
   return d;
 }
+
+namespace {
+
+// The local tier's retention deletes whole version directories, COMMITTED included: were it
+// the persistent tier under another name (a link in a path that did not exist yet when the
+// flags were parsed, a bind mount) or inside it, or the other way round, it would delete
+// committed checkpoints. So the two are compared once both exist, by device and inode, and
+// by their resolved paths for nesting.
+Status CheckTiersApart(Storage& storage, const std::string& root, const std::string& local) {
+  if (Status s = storage.MakeDirs(local); !s.ok()) return s.With("local tier " + local);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path r = fs::canonical(root, ec);
+  if (ec) return IoError("resolve " + root, ec.value());
+  const fs::path l = fs::canonical(local, ec);
+  if (ec) return IoError("resolve " + local, ec.value());
+  const bool same = fs::equivalent(r, l, ec);
+  auto inside = [](const fs::path& outer, const fs::path& inner) {
+    auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+    return o == outer.end();
+  };
+  if (same || inside(r, l) || inside(l, r)) {
+    return FailedPrecondition("--local " + local + " (" + l.string() + ") and --root " + root + " (" + r.string() +
+                              ") are the same directory or one holds the other; the local tier's retention "
+                              "would delete committed versions: give two separate directories");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImporter> importer,
                      std::shared_ptr<DeviceBackend> backend, std::string no_backend_reason) {
@@ -34,6 +67,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   }
   persistent_direct_io_ = config_.direct_io != DirectIoMode::kOff && direct_ok;
   if (!config_.local_dir.empty()) {
+    if (Status s = CheckTiersApart(*storage_, config_.root, config_.local_dir); !s.ok()) return s;
     auto local =
         LocalTier::Open(storage_, config_.local_dir, config_.direct_io, config_.local_keep, *catalog_);
     if (!local.ok()) return local.status().With("local tier " + config_.local_dir);

@@ -54,3 +54,18 @@ TEST_CASE("a job whose latest is a directory stops the start with the reason", "
   fs::create_directories(job + "/latest");
   CheckRefused(RunDaemon(dir, {"--root", dir.path() + "/root"}), "recover job job");
 }
+
+// The flags' check sees through links only where the paths exist: a local tier reached
+// through a link to the root's parent, in a directory made at start, was the persistent tier
+// itself, and the local tier's retention deleted committed versions (found by review).
+TEST_CASE("a local tier that is the root through a link, or inside it, is refused", "[startup]") {
+  TempDir dir("start");
+  fs::create_directories(dir.path() + "/pfs");
+  fs::create_symlink(dir.path() + "/pfs", dir.path() + "/scratch");
+  CheckRefused(RunDaemon(dir, {"--root", dir.path() + "/pfs/ckpt", "--local", dir.path() + "/scratch/ckpt"}),
+               "are the same directory or one holds the other");
+  CheckRefused(RunDaemon(dir, {"--root", dir.path() + "/pfs/ckpt", "--local", dir.path() + "/pfs/ckpt/local"}),
+               "are the same directory or one holds the other");
+  CheckRefused(RunDaemon(dir, {"--root", dir.path() + "/pfs/ckpt/inner", "--local", dir.path() + "/pfs/ckpt"}),
+               "are the same directory or one holds the other");
+}
