@@ -608,7 +608,10 @@ TEST_CASE("SIGTERM with idle clients and a waiting call exits at once and cleanl
   Client idle = Client::connect(daemon.socket());
   idle.register_items("idle", 0, 1, state.Items());
   // A wait that cannot end by itself: rank 1 of 2 never snapshots, version 1 never commits.
-  Client waiter = Client::connect(daemon.socket());
+  // Budget 0: no daemon comes back here, so the client must not wait for one to.
+  ClientOptions no_reconnect;
+  no_reconnect.reconnect_budget = std::chrono::milliseconds(0);
+  Client waiter = Client::connect(daemon.socket(), no_reconnect);
   waiter.register_items("half", 0, 2, state.Items());
   state.Fill(1);
   waiter.snapshot(1);
@@ -636,8 +639,11 @@ TEST_CASE("SIGTERM with idle clients and a waiting call exits at once and cleanl
   INFO("exit after " << took << " s; the wait got: " << wait_error);
   CHECK(rc == 0);
   CHECK(took < 4.0);
+  // The daemon's answer ends the wait, and the client, finding no daemon to register with
+  // again, says both.
   CHECK(wait_code == static_cast<int>(grpc::StatusCode::UNAVAILABLE));
   CHECK(Contains(wait_error, "ckptd is shutting down"));
+  CHECK(Contains(wait_error, "is not back, and the reconnect budget is 0"));
 }
 
 TEST_CASE("SIGTERM still finishes a shard in flight", "[multi-user]") {
