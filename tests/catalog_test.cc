@@ -66,6 +66,16 @@ bool HasMarker(const Catalog& catalog, const std::string& job, std::uint64_t ver
 
 std::shared_ptr<Storage> Posix() { return std::make_shared<PosixStorage>(); }
 
+// Real storage on which every rename into `latest` fails with `err` while `armed` exists.
+std::shared_ptr<Storage> LatestFailsWhile(const std::string& armed, int err) {
+  FaultSpec spec;
+  spec.file = FaultSpec::File::kLatest;
+  spec.op = FaultSpec::Op::kRename;
+  spec.err = err;
+  spec.while_path = armed;
+  return std::make_shared<FaultStorage>(Posix(), spec);
+}
+
 }  // namespace
 
 TEST_CASE("catalog paths follow the tree layout", "[catalog]") {
@@ -425,13 +435,8 @@ TEST_CASE("a failed write of latest after COMMITTED: committed, reported, cached
           "[catalog][faults]") {
   TempDir dir("cat");
   const std::string armed = dir.path() + "/armed";
-  FaultSpec spec;
-  spec.file = FaultSpec::File::kLatest;
-  spec.op = FaultSpec::Op::kRename;
-  spec.err = EIO;
-  spec.while_path = armed;
   std::vector<std::string> reported;
-  Catalog catalog(std::make_shared<FaultStorage>(Posix(), spec), dir.path() + "/root", 0, 0,
+  Catalog catalog(LatestFailsWhile(armed, EIO), dir.path() + "/root", 0, 0,
                   [&](const std::string& m) { reported.push_back(m); });
   REQUIRE(catalog.Recover().ok());
   Committed(catalog, "job", 1);
@@ -515,12 +520,7 @@ class ListFailingStorage : public StorageWrapper {
 TEST_CASE("a repair of latest during a failed listing moves nothing backwards", "[catalog][faults]") {
   TempDir dir("cat");
   const std::string armed = dir.path() + "/armed";
-  FaultSpec spec;
-  spec.file = FaultSpec::File::kLatest;
-  spec.op = FaultSpec::Op::kRename;
-  spec.err = EIO;
-  spec.while_path = armed;
-  auto storage = std::make_shared<ListFailingStorage>(std::make_shared<FaultStorage>(Posix(), spec));
+  auto storage = std::make_shared<ListFailingStorage>(LatestFailsWhile(armed, EIO));
   Catalog catalog(storage, dir.path() + "/root", 0, 0, [](const std::string&) {});
   REQUIRE(catalog.Recover().ok());
   Committed(catalog, "job", 1);
@@ -557,13 +557,8 @@ TEST_CASE("Recover reports a latest it cannot rewrite and goes on", "[catalog][f
   Touch(root + "/job/latest", "1\n");  // a crash between COMMITTED and latest
   const std::string armed = dir.path() + "/armed";
   Touch(armed);
-  FaultSpec spec;
-  spec.file = FaultSpec::File::kLatest;
-  spec.op = FaultSpec::Op::kRename;
-  spec.err = EROFS;
-  spec.while_path = armed;
   std::vector<std::string> reported;
-  Catalog catalog(std::make_shared<FaultStorage>(Posix(), spec), root, 0, 0,
+  Catalog catalog(LatestFailsWhile(armed, EROFS), root, 0, 0,
                   [&](const std::string& m) { reported.push_back(m); });
   REQUIRE(catalog.Recover().ok());
   CHECK(catalog.Latest("job") == 2);
