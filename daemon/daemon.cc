@@ -234,6 +234,7 @@ void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
 }
 
 void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
+  if (!shard->ClaimFailureHandling()) return;
   const ShardMeta& m = shard->meta();
   if (local_ && shard->ReleaseLocalPin()) local_->Unpin(m.job, m.version);
   memory_->Drop(shard->image);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains a small byte-level GPT on CPU and checkpoints every iteration through ckptd.
+"""Trains a small byte-level GPT (on CPU, or a GPU with --device cuda) and checkpoints every iteration through ckptd.
 
 The text is the licence collection every Debian machine has (/usr/share/common-licenses).
 The whole run is deterministic (seeds, one thread, deterministic algorithms, a data order
@@ -10,7 +10,7 @@ data position (pickled per save). So a run killed at any step and resumed with -
 continues with the losses an uninterrupted run has, bit for bit.
 
   PYTHONPATH=build/python python3 examples/train_gpt.py --socket S --job J --steps 40 \\
-      [--resume] [--log FILE] [--seed N] [--crash-at K]
+      [--resume] [--log FILE] [--seed N] [--crash-at K] [--device cuda]
   examples/train_gpt.py --bench [torch_compare options]     # runs bench/torch_compare.py
 
 --log FILE appends one line per step: "STEP LOSS_HEX LOSS_REPR" (the float's exact value),
@@ -52,11 +52,13 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def attention(self, q, k, v):
-        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
+        # On a GPU the fused kernels' backward passes are not all deterministic; the plain
+        # one is, and the run must repeat bit for bit.
+        if hasattr(F, "scaled_dot_product_attention") and not q.is_cuda:  # torch >= 2.0
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         t = q.shape[-2]
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
         return att.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
 
     def forward(self, x):
@@ -80,7 +82,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(d, 256, bias=False)
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln_f(x))
@@ -147,7 +149,10 @@ def warmup_cosine(total: int, warmup: int):
     return f
 
 
-def deterministic(seed: int) -> None:
+def deterministic(seed: int, device: str = "cpu") -> None:
+    if device.startswith("cuda"):
+        # cuBLAS is deterministic only with a fixed workspace, set before CUDA starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)
@@ -175,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--quiet", action="store_true", help="no per-step output")
+    ap.add_argument("--device", default="cpu",
+                    help="where the model trains: cpu (default) or cuda[:N] (state stays in GPU memory; "
+                         "the daemon copies it through CUDA IPC)")
     argv = sys.argv[1:] if argv is None else argv
     if "--bench" in argv:
         bench = REPO / "bench" / "torch_compare.py"
@@ -182,9 +190,9 @@ def main(argv=None) -> int:
         os.execv(sys.executable, [sys.executable, str(bench), *rest])
     args = ap.parse_args(argv)
 
-    deterministic(args.seed)
+    deterministic(args.seed, args.device)
     data = load_text()
-    model = GPT(args.d_model, args.layers, args.heads, args.seq, args.dropout)
+    model = GPT(args.d_model, args.layers, args.heads, args.seq, args.dropout).to(args.device)
     opt = make_optimizer(model, args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps, max(1, args.steps // 10)))
     position: dict = {}
@@ -218,6 +226,7 @@ def main(argv=None) -> int:
     loss_value = float("nan")
     while step < args.steps:
         x, y = batches.next()
+        x, y = x.to(args.device), y.to(args.device)
         loss = F.cross_entropy(model(x).view(-1, 256), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -203,8 +205,12 @@ struct Exporter {
     posix_spawn_file_actions_addclose(&actions, to_child[1]);
     posix_spawn_file_actions_addclose(&actions, from_child[0]);
     std::string size = std::to_string(bytes);
-    char* argv[] = {const_cast<char*>(CUDA_IPC_EXPORTER_BINARY), size.data(), nullptr};
-    int rc = posix_spawn(&pid, CUDA_IPC_EXPORTER_BINARY, &actions, nullptr, argv, environ);
+    // $CUDA_IPC_EXPORTER_BINARY: where a bundle of tests/gpu/bundle.sh put it on a GPU
+    // machine (the build path compiled in does not exist there).
+    const char* env = std::getenv("CUDA_IPC_EXPORTER_BINARY");
+    std::string binary = env != nullptr && *env != '\0' ? env : CUDA_IPC_EXPORTER_BINARY;
+    char* argv[] = {binary.data(), size.data(), nullptr};
+    int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv, environ);
     posix_spawn_file_actions_destroy(&actions);
     ::close(to_child[0]);
     ::close(from_child[1]);

@@ -108,6 +108,10 @@ class ShardJob {
   // the one caller that must unpin it.
   void MarkLocalPinned() { local_pinned_ = true; }
   bool ReleaseLocalPin() { return local_pinned_.exchange(false); }
+  // True to the first caller only: a failure is handled (image dropped, error recorded,
+  // session told) once, although two threads can see it: the flush thread checks for a
+  // failure after handing the shard to the promoter, which may already have failed it.
+  bool ClaimFailureHandling() { return !failure_handled_.exchange(true); }
 
   // The memory tier's copy of the shard's file image, filled by the writers as they write
   // (null when the memory tier does not keep this version).
@@ -160,6 +164,7 @@ class ShardJob {
   std::atomic<bool> persisted_{false};
   std::atomic<bool> error_reported_{false};
   std::atomic<bool> local_pinned_{false};
+  std::atomic<bool> failure_handled_{false};
   UniqueFd file_;
   std::once_flag open_once_;
   Status open_status_;

@@ -8,8 +8,18 @@
 # next to plain cudaMemcpy into pinned memory, flush and restore throughput next to the
 # storage's (dd, O_DIRECT).
 #
+# Then the checks of issue 13 (tests/gpu/checks.py, with PyTorch): small allocations, a
+# trainer killed with an event pending, the daemon killed during a stream-ordered wait,
+# memory returned after unregister, the PyTorch path next to DCP async_save, two trainers,
+# capture under load, restore rates, a throughput matrix, a thread with no context, and the
+# pool's pin time; written to tests/gpu/out/gpu_checks.json.
+#
 # Usage: tests/gpu/run.sh [--dir DIR] [--state-gib S] [--iters I] [--compute-ms C]
-#                         [--build DIR] [--jobs N]
+#                         [--build DIR | --prebuilt BUNDLE] [--jobs N] [--skip-proof]
+#   --prebuilt    binaries made here by tests/gpu/bundle.sh, for a GPU machine without
+#                 gRPC's development files (the Python module is linked there, against
+#                 that machine's interpreter, from the bundle's objects)
+#   --skip-proof  only the checks of issue 13, not the two 20-iteration runs
 #   --dir         checkpoint storage (default: the fastest local file system with room)
 #   --compute-ms  compute phase per iteration (default: the time the storage needs to
 #                 absorb one checkpoint plus 20 %, between 200 and 4000 ms)
@@ -27,6 +37,8 @@ compute_ms=""
 tensors=16
 pool_mib=8192
 chunk_mib=32
+prebuilt=""
+skip_proof=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir="$2"; shift 2 ;;
@@ -34,6 +46,8 @@ while [ $# -gt 0 ]; do
     --iters) iters="$2"; shift 2 ;;
     --compute-ms) compute_ms="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
+    --prebuilt) prebuilt="$(cd "$2" && pwd)"; shift 2 ;;
+    --skip-proof) skip_proof=1; shift ;;
     --jobs) jobs="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -62,30 +76,66 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- build and preflight
 t_start=$(date +%s)
-step "configure $build (CUDA on)"
-cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_WITH_CUDA=ON \
-  >"$out_dir/configure.log" 2>&1 || { tail -30 "$out_dir/configure.log"; fail "cmake configure"; }
-grep -q "ckptd: CUDA toolkit .* found: ON" "$out_dir/configure.log" ||
-  fail "the CUDA toolkit was not found (headers and libcudart are needed to build the GPU path); see $out_dir/configure.log"
 cuda_tests=()
 for src in "$here"/cuda/tests/*_test.cc; do cuda_tests+=("$(basename "$src" .cc)"); done
-step "build ckptd ckptctl ckpt-gpu-trainer and the cuda_ tests (-j$jobs)"
-cmake --build "$build" -j "$jobs" --target ckptd ckptctl ckpt-gpu-trainer cuda_ipc_exporter "${cuda_tests[@]}" \
-  >"$out_dir/build.log" 2>&1 || { tail -60 "$out_dir/build.log"; fail "build"; }
-echo "   built in $(( $(date +%s) - t_start )) s"
-
-step "preflight: ctest -R cuda_"
-ctest --test-dir "$build" -R cuda_ --no-tests=error --output-on-failure -j "$jobs" >"$out_dir/ctest-cuda.log" 2>&1 ||
-  { tail -60 "$out_dir/ctest-cuda.log"; fail "ctest -R cuda_"; }
-grep -E "tests passed|tests failed" "$out_dir/ctest-cuda.log" | sed 's/^/   /'
-"$build/ckpt-gpu-trainer" --help >"$out_dir/trainer-help.txt" || fail "ckpt-gpu-trainer --help"
+pydir=""  # where `import ckpt` finds the module built for this machine's python3
+if [ -n "$prebuilt" ]; then
+  step "prebuilt binaries from $prebuilt (commit $(cat "$prebuilt/COMMIT" 2>/dev/null || echo unknown))"
+  [ -x "$prebuilt/bin/ckptd" ] || fail "$prebuilt is not a bundle of tests/gpu/bundle.sh"
+  bin="$prebuilt/bin"
+  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "$bin/ckptd" --help >/dev/null 2>"$out_dir/ckptd-help.log" ||
+    { cat "$out_dir/ckptd-help.log"; fail "the bundled ckptd does not start here (libraries?)"; }
+  step "preflight: the cuda_ tests"
+  for t in "${cuda_tests[@]}"; do
+    CUDA_IPC_EXPORTER_BINARY="$bin/cuda_ipc_exporter" "$bin/$t" >"$out_dir/$t.log" 2>&1 ||
+      { tail -40 "$out_dir/$t.log"; fail "$t"; }
+    echo "   $t: $(tail -1 "$out_dir/$t.log")"
+  done
+  # The Python module, linked here against this machine's interpreter (pybind11 from pip
+  # or the system) and the bundle's libckpt; skipped, and said, where that cannot be done.
+  pydir="$out_dir/py"
+  rm -rf "$pydir"; mkdir -p "$pydir"
+  cp -r "$prebuilt/py/ckpt" "$pydir/"
+  pyinc="$(python3 -m pybind11 --includes 2>/dev/null || true)"
+  ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+  if [ -n "$pyinc" ] && c++ -O2 -std=c++20 -shared -fPIC $pyinc -I"$here/client/include" -I"$here" \
+       -I"$here/python/src" -I"$prebuilt/py" "$here/python/src/bindings.cc" "$prebuilt/py/shard_reader.o" \
+       "$prebuilt/py/libckpt_format.a" "$prebuilt/py/libckpt_common.a" -L"$prebuilt/lib" -lckpt \
+       -l:libxxhash.so.0 -Wl,-rpath,"$prebuilt/lib" -o "$pydir/ckpt/_ckpt$ext" >"$out_dir/ext-build.log" 2>&1; then
+    echo "   the Python module, linked for $(python3 --version): ok"
+  else
+    tail -20 "$out_dir/ext-build.log" 2>/dev/null || true
+    echo "   the Python module could not be linked for $(python3 --version) (pybind11 missing?): the PyTorch checks will be skipped"
+    pydir=""
+  fi
+else
+  step "configure $build (CUDA on)"
+  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_WITH_CUDA=ON \
+      -DPython3_EXECUTABLE="$(command -v python3)" \
+    >"$out_dir/configure.log" 2>&1 || { tail -30 "$out_dir/configure.log"; fail "cmake configure"; }
+  grep -q "ckptd: CUDA toolkit .* found: ON" "$out_dir/configure.log" ||
+    fail "the CUDA toolkit was not found (headers and libcudart are needed to build the GPU path); see $out_dir/configure.log"
+  py_target=()
+  if grep -q "ckptd: Python module for" "$out_dir/configure.log"; then py_target=(_ckpt); pydir="$build/python"; fi
+  step "build ckptd ckptctl ckpt-gpu-trainer and the cuda_ tests (-j$jobs)"
+  cmake --build "$build" -j "$jobs" --target ckptd ckptctl ckpt-gpu-trainer cuda_ipc_exporter "${cuda_tests[@]}" \
+      "${py_target[@]}" >"$out_dir/build.log" 2>&1 || { tail -60 "$out_dir/build.log"; fail "build"; }
+  echo "   built in $(( $(date +%s) - t_start )) s"
+  bin="$build"
+  step "preflight: ctest -R cuda_"
+  ctest --test-dir "$build" -R cuda_ --no-tests=error --output-on-failure -j "$jobs" >"$out_dir/ctest-cuda.log" 2>&1 ||
+    { tail -60 "$out_dir/ctest-cuda.log"; fail "ctest -R cuda_"; }
+  grep -E "tests passed|tests failed" "$out_dir/ctest-cuda.log" | sed 's/^/   /'
+fi
+"$bin/ckpt-gpu-trainer" --help >"$out_dir/trainer-help.txt" || fail "ckpt-gpu-trainer --help"
 echo "   ckpt-gpu-trainer --help: ok"
 
 # A GPU is there when the trainer can use one: it measures plain cudaMemcpy to and from
 # pinned memory (1 GiB) and exits 0, or exits 4 saying "no CUDA device".
 smi="$(nvidia-smi -L 2>/dev/null | head -1 || true)"
 probe_rc=0
-"$build/ckpt-gpu-trainer" --iters 0 --measure-d2h --summary "$out_dir/plain_copy.json" \
+"$bin/ckpt-gpu-trainer" --iters 0 --measure-d2h --summary "$out_dir/plain_copy.json" \
   >"$out_dir/plain_copy.log" 2>&1 || probe_rc=$?
 if [ "$probe_rc" = 4 ] && [ -z "$smi" ]; then
   echo "   the trainer starts without a GPU and says: $(cat "$out_dir/plain_copy.log")"
@@ -161,7 +211,7 @@ run_mode() {  # $1 stream|host
   local job="gpu-$mode"
   mkdir -p "$d"
   mkfifo "$d/ready"
-  "$build/ckptd" --socket "$d/ckptd.sock" --root "$d/root" --pool-mib "$pool_mib" --chunk-mib "$chunk_mib" \
+  "$bin/ckptd" --socket "$d/ckptd.sock" --root "$d/root" --pool-mib "$pool_mib" --chunk-mib "$chunk_mib" \
     --keep-last 2 --ready-fd 3 3>"$d/ready" >"$out_dir/ckptd-$mode.log" 2>&1 &
   daemon=$!
   if ! read -r -t 120 line <"$d/ready" || [ "$line" != ready ]; then
@@ -170,7 +220,7 @@ run_mode() {  # $1 stream|host
   fi
   step "$mode mode: $state_gib GiB in $tensors GPU tensors, $iters iterations, a checkpoint every iteration, compute $compute_ms ms"
   rc=0
-  timeout 300 "$build/ckpt-gpu-trainer" --socket "$d/ckptd.sock" --job "$job" --state-gib "$state_gib" \
+  timeout 300 "$bin/ckpt-gpu-trainer" --socket "$d/ckptd.sock" --job "$job" --state-gib "$state_gib" \
     --tensors "$tensors" --iters "$iters" --every 1 --compute-ms "$compute_ms" --mode "$mode" \
     --summary "$out_dir/train-$mode.json" >"$out_dir/train-$mode.log" 2>&1 || rc=$?
   if [ "$rc" != 0 ]; then
@@ -178,10 +228,10 @@ run_mode() {  # $1 stream|host
     fail "trainer ($mode mode) exited $rc"
   fi
   grep '^summary:' "$out_dir/train-$mode.log" | sed 's/^/   /'
-  "$build/ckptctl" --socket "$d/ckptd.sock" status --json >"$out_dir/status-$mode.json" || fail "ckptctl status"
+  "$bin/ckptctl" --socket "$d/ckptd.sock" status --json >"$out_dir/status-$mode.json" || fail "ckptctl status"
   step "$mode mode: a new trainer restores the newest version into fresh GPU buffers and checks every byte"
   rc=0
-  timeout 300 "$build/ckpt-gpu-trainer" --socket "$d/ckptd.sock" --job "$job" --state-gib "$state_gib" \
+  timeout 300 "$bin/ckpt-gpu-trainer" --socket "$d/ckptd.sock" --job "$job" --state-gib "$state_gib" \
     --tensors "$tensors" --iters "$iters" --mode "$mode" --resume \
     --summary "$out_dir/resume-$mode.json" >"$out_dir/resume-$mode.log" 2>&1 || rc=$?
   if [ "$rc" != 0 ]; then
@@ -191,7 +241,7 @@ run_mode() {  # $1 stream|host
   grep '^restored' "$out_dir/resume-$mode.log" | sed 's/^/   /'
   local shard
   shard="$d/root/$job/$(printf 'v%010d' "$iters")/rank-00000.safetensors"
-  "$build/ckptctl" verify "$shard" >"$out_dir/verify-$mode.log" 2>&1 ||
+  "$bin/ckptctl" verify "$shard" >"$out_dir/verify-$mode.log" 2>&1 ||
     { cat "$out_dir/verify-$mode.log"; fail "ckptctl verify $shard"; }
   echo "   ckptctl verify $(basename "$(dirname "$shard")")/$(basename "$shard"): every checksum matches"
   awk '/VmHWM/ {print $2}' "/proc/$daemon/status" >"$d/rss_kib"
