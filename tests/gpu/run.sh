@@ -140,7 +140,12 @@ probe_rc=0
 if [ "$probe_rc" = 4 ] && [ -z "$smi" ]; then
   echo "   the trainer starts without a GPU and says: $(cat "$out_dir/plain_copy.log")"
   step "no GPU: preflight only"
-  echo "   build, ctest -R cuda_ and the trainer's --help passed; nothing was measured on a GPU ($out not written)."
+  step "preflight: checks.py without a GPU (its harness, and the checks that need no GPU)"
+  PYTHONPATH="${pydir:+$pydir:}${PYTHONPATH:-}" python3 "$here/tests/gpu/checks.py" --bin "$bin" \
+      --out "$out_dir/gpu_checks_cpu.json" >"$out_dir/checks-cpu.log" 2>&1 ||
+    { cat "$out_dir/checks-cpu.log"; fail "checks.py without a GPU"; }
+  sed 's/^/   /' "$out_dir/checks-cpu.log"
+  echo "   build, the cuda_ tests, the trainer's --help and checks.py's harness passed; nothing was measured on a GPU ($out not written)."
   exit 0
 fi
 [ "$probe_rc" = 0 ] || { cat "$out_dir/plain_copy.log"; fail "nvidia-smi sees '${smi:-no GPU}' but the trainer cannot use it (exit $probe_rc)"; }
@@ -249,12 +254,27 @@ run_mode() {  # $1 stream|host
   stop_daemon || fail "ckptd ($mode) did not exit cleanly on SIGTERM; see $out_dir/ckptd-$mode.log"
   rm -rf "$d"
 }
+checks_rc=0
+run_checks() {  # the checks of issue 13 (tests/gpu/checks.py), with this machine's PyTorch
+  if [ -z "$pydir" ]; then
+    echo "FAIL: no Python module for $(python3 --version) was built: the PyTorch checks cannot run" >&2
+    checks_rc=1
+    return
+  fi
+  step "the checks of issue 13 (tests/gpu/checks.py)"
+  PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python3 "$here/tests/gpu/checks.py" \
+      --bin "$bin" --out "$out_dir/gpu_checks.json" --work "$work/checks" 2>&1 | tee "$out_dir/checks.log" |
+      sed 's/^/   /' || checks_rc=1
+  rm -rf "$work/checks"
+}
+if [ "$skip_proof" = 1 ]; then
+  run_checks
+  exit "$checks_rc"
+fi
 run_mode stream
 run_mode host
+run_checks
 
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  step "PyTorch with CUDA is installed; this script proves the C++ path only"
-fi
 
 # ---------------------------------------------------------------- figures and checks
 python3 - "$out_dir" "$out" "$iters" "$compute_ms" "$best" "$best_write" "$best_read" "$pool_mib" "$chunk_mib" \
@@ -343,3 +363,4 @@ if failed:
     sys.exit(1)
 print(f"== all checks passed in {elapsed_s} s")
 PY
+exit "$checks_rc"
