@@ -90,14 +90,15 @@ if [ -n "$prebuilt" ]; then
   for t in "${cuda_tests[@]}"; do
     CUDA_IPC_EXPORTER_BINARY="$bin/cuda_ipc_exporter" "$bin/$t" >"$out_dir/$t.log" 2>&1 ||
       { tail -40 "$out_dir/$t.log"; fail "$t"; }
-    echo "   $t: $(tail -1 "$out_dir/$t.log")"
+    echo "   $t: $(grep -E "test cases|No tests ran" "$out_dir/$t.log" | tail -1)"
   done
   # The Python module, linked here against this machine's interpreter (pybind11 from pip
   # or the system) and the bundle's libckpt; skipped, and said, where that cannot be done.
   pydir="$out_dir/py"
   rm -rf "$pydir"; mkdir -p "$pydir"
   cp -r "$prebuilt/py/ckpt" "$pydir/"
-  pyinc="$(python3 -m pybind11 --includes 2>/dev/null || true)"
+  pyinc="$(python3 -m pybind11 --includes 2>/dev/null ||
+           python3 -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])')"
   ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
   if [ -n "$pyinc" ] && c++ -O2 -std=c++20 -shared -fPIC $pyinc -I"$here/client/include" -I"$here" \
        -I"$here/python/src" -I"$prebuilt/py" "$here/python/src/bindings.cc" "$prebuilt/py/shard_reader.o" \
@@ -106,7 +107,7 @@ if [ -n "$prebuilt" ]; then
     echo "   the Python module, linked for $(python3 --version): ok"
   else
     tail -20 "$out_dir/ext-build.log" 2>/dev/null || true
-    echo "   the Python module could not be linked for $(python3 --version) (pybind11 missing?): the PyTorch checks will be skipped"
+    echo "   the Python module could not be linked for $(python3 --version) (pybind11 or Python.h missing? see $out_dir/ext-build.log)"
     pydir=""
   fi
 else
