@@ -20,6 +20,14 @@
 #                 gRPC's development files (the Python module is linked there, against
 #                 that machine's interpreter, from the bundle's objects)
 #   --skip-proof  only the checks of issue 13, not the two 20-iteration runs
+#
+# On a lent GPU machine (the device tool: one command of at most 10 minutes, files back
+# only from $OUT): run `bash tests/gpu/bundle.sh` here first, then there, carrying
+# .gpu-bundle:
+#   timeout -s TERM 540 bash tests/gpu/run.sh --prebuilt .gpu-bundle --skip-proof;
+#   cp tests/gpu/out/gpu_checks.json tests/gpu/out/checks.log "$OUT"/
+# (checks.py rewrites its JSON after every check, so a run cut short keeps what it did),
+# and the proof alone, if time is left, with --iters 10.
 #   --dir         checkpoint storage (default: the fastest local file system with room)
 #   --compute-ms  compute phase per iteration (default: the time the storage needs to
 #                 absorb one checkpoint plus 20 %, between 200 and 4000 ms)
@@ -82,8 +90,15 @@ pydir=""  # where `import ckpt` finds the module built for this machine's python
 if [ -n "$prebuilt" ]; then
   step "prebuilt binaries from $prebuilt (commit $(cat "$prebuilt/COMMIT" 2>/dev/null || echo unknown))"
   [ -x "$prebuilt/bin/ckptd" ] || fail "$prebuilt is not a bundle of tests/gpu/bundle.sh"
-  bin="$prebuilt/bin"
-  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The bundle's programs find its libraries through wrappers that set LD_LIBRARY_PATH
+  # for them alone (exec: the pid is the program's), so python and torch keep their own.
+  bin="$out_dir/bin"
+  rm -rf "$bin"; mkdir -p "$bin"
+  for f in "$prebuilt"/bin/*; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' \
+      "$prebuilt/lib" "$f" >"$bin/$(basename "$f")"
+    chmod +x "$bin/$(basename "$f")"
+  done
   "$bin/ckptd" --help >/dev/null 2>"$out_dir/ckptd-help.log" ||
     { cat "$out_dir/ckptd-help.log"; fail "the bundled ckptd does not start here (libraries?)"; }
   step "preflight: the cuda_ tests"
@@ -92,23 +107,23 @@ if [ -n "$prebuilt" ]; then
       { tail -40 "$out_dir/$t.log"; fail "$t"; }
     echo "   $t: $(grep -E "test cases|No tests ran" "$out_dir/$t.log" | tail -1)"
   done
-  # The Python module, linked here against this machine's interpreter (pybind11 from pip
-  # or the system) and the bundle's libckpt; skipped, and said, where that cannot be done.
-  pydir="$out_dir/py"
-  rm -rf "$pydir"; mkdir -p "$pydir"
-  cp -r "$prebuilt/py/ckpt" "$pydir/"
-  pyinc="$(python3 -m pybind11 --includes 2>/dev/null ||
-           python3 -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])')"
+  # The Python module: the bundle's, where it was prebuilt for this interpreter, else
+  # built here from the sources with the bundle's headers (or this machine's Python.h).
+  pydir="$prebuilt/py"
   ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-  if [ -n "$pyinc" ] && c++ -O2 -std=c++20 -shared -fPIC $pyinc -I"$here/client/include" -I"$here" \
-       -I"$here/python/src" -I"$prebuilt/py" "$here/python/src/bindings.cc" "$prebuilt/py/shard_reader.o" \
-       "$prebuilt/py/libckpt_format.a" "$prebuilt/py/libckpt_common.a" -L"$prebuilt/lib" -lckpt \
-       -l:libxxhash.so.0 -Wl,-rpath,"$prebuilt/lib" -o "$pydir/ckpt/_ckpt$ext" >"$out_dir/ext-build.log" 2>&1; then
-    echo "   the Python module, linked for $(python3 --version): ok"
+  pyver="$(python3 -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')"
+  if [ -e "$pydir/ckpt/_ckpt$ext" ]; then
+    echo "   the Python module prebuilt for $pyver: in the bundle"
   else
-    tail -20 "$out_dir/ext-build.log" 2>/dev/null || true
-    echo "   the Python module could not be linked for $(python3 --version) (pybind11 or Python.h missing? see $out_dir/ext-build.log)"
-    pydir=""
+    pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    [ -f "$pyinc/Python.h" ] || pyinc="$prebuilt/py/include/$pyver"
+    if bash "$here/tests/gpu/build_module.sh" "$prebuilt" python3 "$pyinc" >"$out_dir/ext-build.log" 2>&1; then
+      echo "   the Python module, built here for $(python3 --version): ok"
+    else
+      tail -20 "$out_dir/ext-build.log"
+      echo "   the Python module could not be built for $(python3 --version) (see $out_dir/ext-build.log)"
+      pydir=""
+    fi
   fi
 else
   step "configure $build (CUDA on)"
@@ -156,7 +171,8 @@ sed 's/^/   /' "$out_dir/plain_copy.log"
 # ---------------------------------------------------------------- storage
 # Each mode runs against its own daemon and root, removed afterwards: at most the two
 # versions kept plus two in flight (the pool holds two) at a time.
-need_gib=$(python3 -c "import math; print(math.ceil($state_gib * 4 + 3))")
+# The checks need about 20 GiB at their peak (each removes its files before the next).
+need_gib=$(python3 -c "import math; print(max(24, math.ceil($state_gib * 4 + 3)))")
 dd_gbps() {  # $1 write|read, $2 file: 1 GiB in 16 MiB blocks, O_DIRECT where the file system takes it
   local t0 t1
   t0=$(date +%s.%N)
