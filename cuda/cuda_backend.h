@@ -21,6 +21,7 @@
 // Thread-safety: everything is thread-safe, except that one CopyLane is used by one thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +38,11 @@ inline constexpr std::uint32_t kDaemonEventSlots = 64;
 Result<std::shared_ptr<DeviceBackend>> MakeCudaBackend();
 
 // The session-event logic on any event factory (CUDA in production, fakes in tests).
-// `device` is the daemon's ordinal of the session's device.
-Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEventFactory> factory, int device,
-                                                         const std::vector<std::string>& trainer_handles,
-                                                         std::uint32_t daemon_slots = kDaemonEventSlots);
+// `device` is the daemon's ordinal of the session's device; `trainer_gone` (made if null)
+// is the flag the backend sets when the trainer exits.
+Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(
+    std::unique_ptr<IpcEventFactory> factory, int device, const std::vector<std::string>& trainer_handles,
+    std::uint32_t daemon_slots = kDaemonEventSlots,
+    std::shared_ptr<std::atomic<bool>> trainer_gone = nullptr);
 
 }  // namespace ckpt::cuda

@@ -125,7 +125,8 @@ class FakeBackend : public DeviceBackend {
     return Internal("not used");
   }
   void ReleaseClient(pid_t) override {}
-  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&,
+  Status AwaitReleases(std::chrono::steady_clock::time_point) override { return Status::Ok(); }
+  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t, const std::string&,
                                                      const std::vector<std::string>&) override {
     return Internal("not used");
   }
