@@ -138,8 +138,10 @@ class DeviceBackend {
       pid_t pid, const std::string& device_uuid, const std::vector<std::string>& trainer_events) = 0;
   // `count` lanes copying out of regions on device `device`.
   virtual Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) = 0;
-  // Page-locks the host pool so device copies run at full speed; Unpin undoes it.
-  virtual Status Pin(void* base, std::size_t bytes) = 0;
+  // Page-locks the host pool so device copies run at full speed (as portable memory, for
+  // every device); Unpin undoes it. `numa_node` is the node holding the pool (-1: several or
+  // unknown): the registration's context is made on a device near it.
+  virtual Status Pin(void* base, std::size_t bytes, int numa_node) = 0;
   virtual void Unpin(void* base) = 0;
 };
 

@@ -334,20 +334,30 @@ class CudaBackend final : public DeviceBackend {
     return lanes;
   }
 
-  Status Pin(void* base, std::size_t bytes) override {
-    // Registration needs a context. It is made on device 0 on purpose, not on whatever the
-    // thread had current: portable memory is pinned for every context, and the daemon
-    // holds device 0's context from its startup on (its description probed every device).
-    if (Status s = CudaStatus(::cudaSetDevice(0), "cudaSetDevice (host pool)"); !s.ok()) return s;
-    return CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable),
-                      "cudaHostRegister (host pool)");
+  Status Pin(void* base, std::size_t bytes, int numa_node) override {
+    // The registration needs a context, and creates the primary context of the thread's
+    // current device. That device is chosen here, not left to whatever the thread had (or
+    // GPU 0 by default): the first GPU whose nearest host node holds the pool. Portable
+    // memory is pinned for every context, so the choice only decides where that context is.
+    const int device = PinDevice(numa_node);
+    if (Status s = CudaStatus(::cudaSetDevice(device), "cudaSetDevice (host pool)"); !s.ok()) return s;
+    if (Status s = CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable),
+                              "cudaHostRegister (host pool)");
+        !s.ok()) {
+      return s;
+    }
+    pin_device_ = device;
+    spdlog::info(
+        "host pool page-locked (portable) through GPU {}{}", device,
+        numa_node >= 0 ? " (nearest NUMA node " + std::to_string(numa_node) + " searched)" : std::string());
+    return Status::Ok();
   }
 
   void Unpin(void* base) override {
     // On the releaser: cudaHostUnregister may synchronise behind a stuck stream, and is put
     // off (left to the process exit) while a lane waits on a dead trainer's event.
-    releaser_->Post(-1, [base] {
-      if (::cudaSetDevice(0) == cudaSuccess) (void)::cudaHostUnregister(base);
+    releaser_->Post(-1, [base, device = pin_device_] {
+      if (::cudaSetDevice(device) == cudaSuccess) (void)::cudaHostUnregister(base);
     });
     if (Status s = releaser_->AwaitPosted(std::chrono::steady_clock::now() + DeviceReleaser::kStopGrace);
         !s.ok()) {
@@ -356,7 +366,20 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  // The first device whose nearest host NUMA node is `numa_node`; 0 if none is (or unknown).
+  static int PinDevice(int numa_node) {
+    const auto& driver = Driver();
+    if (numa_node < 0 || !driver.ok()) return 0;
+    for (int d = 0; d < driver->device_count; ++d) {
+      int node = -1;
+      if (::cudaDeviceGetAttribute(&node, cudaDevAttrHostNumaId, d) == cudaSuccess && node == numa_node)
+        return d;
+    }
+    return 0;
+  }
+
   std::string description_;
+  int pin_device_ = 0;  // set by Pin, before any thread could Unpin
   std::shared_ptr<LaneWatch> watch_;
   std::shared_ptr<DeviceReleaser> releaser_;
   std::shared_ptr<IpcHandleCache> cache_;

@@ -242,7 +242,7 @@ class TestDeviceBackend final : public DeviceBackend {
     for (std::uint32_t i = 0; i < count; ++i) lanes.push_back(std::make_unique<TestLane>(sticky_copy_));
     return lanes;
   }
-  Status Pin(void*, std::size_t) override { return Status::Ok(); }
+  Status Pin(void*, std::size_t, int) override { return Status::Ok(); }
   void Unpin(void*) override {}
 
  private:

@@ -131,7 +131,7 @@ class FakeBackend : public DeviceBackend {
     return Internal("not used");
   }
   Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override;
-  Status Pin(void*, std::size_t) override { return Status::Ok(); }
+  Status Pin(void*, std::size_t, int) override { return Status::Ok(); }
   void Unpin(void*) override {}
   FakeDevice fake;
 };
