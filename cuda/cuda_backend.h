@@ -15,6 +15,10 @@
 // newest snapshot). Slots are assigned by a per-session sequence, so a rollback that
 // repeats version numbers does not disturb the ring.
 //
+// Device memory is given back on a thread of its own (cuda/device_releaser.h): every close
+// of an IPC mapping and the pool's unpin, put off while a lane waits on the event of a
+// trainer that exited (cuda/lane_watch.h). Every lane call sets the lane's device first.
+//
 // MakeCudaBackend fails with "no CUDA driver/device: ..." on machines without a GPU; the
 // daemon then runs without a device backend.
 //
