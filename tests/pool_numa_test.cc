@@ -44,7 +44,7 @@ TEST_CASE("the host pool is bound to the NUMA node asked for, and status says wh
   CHECK(ctl.output.find("NUMA node " + node + ": node " + node) != std::string::npos);
 }
 
-TEST_CASE("an interleaved pool lies on the nodes the daemon may use; local is the default") {
+TEST_CASE("an interleaved pool lies on the nodes the daemon may use, and local is the default") {
   TempDir dir{"numa"};
   {
     DaemonProcess daemon(Options(dir, "interleave"));
