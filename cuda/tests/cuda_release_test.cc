@@ -2,8 +2,6 @@
 // (closes and unpins off the caller's thread, put off while a lane is abandoned, a stop that
 // never waits for ever), the LaneWatch that says which lanes are abandoned, the IPC handle
 // cache closing through it, and which CUDA errors count as sticky.
-#include "cuda/device_releaser.h"
-
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
@@ -12,6 +10,7 @@
 #include <thread>
 
 #include "cuda/cuda_error.h"
+#include "cuda/device_releaser.h"
 #include "cuda/ipc_handle_cache.h"
 #include "cuda/lane_watch.h"
 #include "support/eventually.h"
