@@ -22,6 +22,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -121,15 +122,26 @@ class DeviceBackend {
   // opened once per (pid, allocation) and shared by every region naming it.
   virtual Result<std::shared_ptr<ImportedRegion>> Import(const std::string& name, pid_t pid,
                                                          std::uint64_t min_size) = 0;
-  // The client process exited: closes its allocations (at once, or when running copies end).
+  // The client process exited: closes its allocations (once no copy uses them), and marks
+  // the copies waiting on its events as abandoned (closes and unpins on their device are
+  // put off while they are pending: see AwaitReleases).
   virtual void ReleaseClient(pid_t pid) = 0;
-  // Opens a session's events on the device with `device_uuid` (32 hex digits).
+  // Device memory is closed and unpinned on a thread of the backend's own, never on the
+  // caller's (the calls may synchronise behind a stuck stream). Blocks until what was dropped
+  // before the call is closed, or `deadline`: Ok; FailedPrecondition when some closes are put
+  // off (a copy on their device waits on the event of a trainer that exited);
+  // DeadlineExceeded when a close has not returned.
+  virtual Status AwaitReleases(std::chrono::steady_clock::time_point deadline) = 0;
+  // Opens the events of a session of client process `pid` on the device with `device_uuid`
+  // (32 hex digits).
   virtual Result<std::unique_ptr<SessionEvents>> OpenSession(
-      const std::string& device_uuid, const std::vector<std::string>& trainer_events) = 0;
+      pid_t pid, const std::string& device_uuid, const std::vector<std::string>& trainer_events) = 0;
   // `count` lanes copying out of regions on device `device`.
   virtual Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) = 0;
-  // Page-locks the host pool so device copies run at full speed; Unpin undoes it.
-  virtual Status Pin(void* base, std::size_t bytes) = 0;
+  // Page-locks the host pool so device copies run at full speed (as portable memory, for
+  // every device); Unpin undoes it. `numa_node` is the node holding the pool (-1: several or
+  // unknown): the registration's context is made on a device near it.
+  virtual Status Pin(void* base, std::size_t bytes, int numa_node) = 0;
   virtual void Unpin(void* base) = 0;
 };
 

@@ -1,12 +1,14 @@
 #include "cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -14,7 +16,9 @@
 #include "common/mutex.h"
 #include "cuda/cuda_error.h"
 #include "cuda/cuda_importer.h"
+#include "cuda/device_releaser.h"
 #include "cuda/driver_api.h"
+#include "cuda/lane_watch.h"
 #include "cuda/region_name.h"
 
 namespace ckpt::cuda {
@@ -24,13 +28,21 @@ namespace {
 
 // One daemon stream. Each chunk ends with an event; waiting for a chunk synchronises on
 // it. The device spans of queued copies are held until their chunk is waited for, so an
-// allocation cannot be closed under a running copy.
+// allocation cannot be closed under a running copy. Every call sets the lane's device
+// first: the engine's threads serve many devices, and the current device is per thread.
+// The lane tells the LaneWatch when it is gated on a trainer's event and when that event
+// has fired, so that closes on its device are put off while it waits on a dead trainer.
 class CudaCopyLane final : public CopyLane {
  public:
-  CudaCopyLane(CopyStreamPool::Lease lease, int device) : lease_(std::move(lease)), device_(device) {}
+  CudaCopyLane(CopyStreamPool::Lease lease, int device, std::shared_ptr<LaneWatch> watch)
+      : lease_(std::move(lease)), device_(device), watch_(std::move(watch)) {
+    cudaStream_t stream = lease_.stream();
+    watch_id_ = watch_->Add(device_, [stream] { return ::cudaStreamQuery(stream) != cudaErrorNotReady; });
+  }
   // The engine destroys a lane once it is idle, or drained (everything waited for, so only
   // the completion event's record may still be queued).
   ~CudaCopyLane() override {
+    watch_->Remove(watch_id_);
     if (::cudaSetDevice(device_) != cudaSuccess) return;
     (void)::cudaStreamSynchronize(lease_.stream());
     for (auto& p : pending_) free_.push_back(p.event);
@@ -41,6 +53,11 @@ class CudaCopyLane final : public CopyLane {
 
   bool synchronous() const override { return false; }
   void* native() const override { return lease_.stream(); }
+
+  // The lane's next copies wait on an event of the trainer whose exit sets `trainer_gone`.
+  void Gated(std::shared_ptr<const std::atomic<bool>> trainer_gone) {
+    watch_->Gated(watch_id_, std::move(trainer_gone));
+  }
 
   Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
     // A host region in a device shard is copied at once on this thread.
@@ -53,6 +70,7 @@ class CudaCopyLane final : public CopyLane {
     auto span = region.DeviceAt(offset, len);
     if (!span.ok()) return span.status();
     if (len == 0) return Status::Ok();
+    if (Status s = SetDevice(); !s.ok()) return s;
     if (Status s = CudaStatus(::cudaMemcpyAsync(dst, span->ptr, len, cudaMemcpyDeviceToHost, lease_.stream()),
                               "cudaMemcpyAsync device to host");
         !s.ok()) {
@@ -63,6 +81,7 @@ class CudaCopyLane final : public CopyLane {
   }
 
   Result<std::uint64_t> EndChunk() override {
+    if (Status s = SetDevice(); !s.ok()) return s;
     cudaEvent_t event = nullptr;
     if (!free_.empty()) {
       event = free_.back();
@@ -82,6 +101,7 @@ class CudaCopyLane final : public CopyLane {
   }
 
   Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) override {
+    if (Status s = SetDevice(); !s.ok()) return s;
     Status out;
     while (!pending_.empty() && pending_.front().ticket <= ticket) {
       Pending& p = pending_.front();
@@ -104,6 +124,8 @@ class CudaCopyLane final : public CopyLane {
       }
       free_.push_back(p.event);
       pending_.pop_front();
+      // Copies queued after the gate ran: the trainer's event fired.
+      if (out.ok()) watch_->Flowing(watch_id_);
     }
     return out;
   }
@@ -113,6 +135,8 @@ class CudaCopyLane final : public CopyLane {
   Status After(CopyLane& other) override {
     auto* other_stream = static_cast<cudaStream_t>(other.native());
     if (other_stream == nullptr || other_stream == lease_.stream()) return Status::Ok();
+    // Both streams are on this lane's device (one shard's lanes share it).
+    if (Status s = SetDevice(); !s.ok()) return s;
     cudaEvent_t event = nullptr;
     if (Status s = CudaStatus(::cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
         !s.ok()) {
@@ -130,8 +154,12 @@ class CudaCopyLane final : public CopyLane {
     cudaEvent_t event;
     std::vector<std::shared_ptr<const void>> keeps;
   };
+  Status SetDevice() const { return CudaStatus(::cudaSetDevice(device_), "cudaSetDevice"); }
+
   CopyStreamPool::Lease lease_;
   int device_;
+  std::shared_ptr<LaneWatch> watch_;
+  LaneWatch::Id watch_id_ = 0;
   std::uint64_t tickets_ = 0;
   std::vector<std::shared_ptr<const void>> keeps_;  // of the chunk being queued
   std::deque<Pending> pending_;
@@ -145,6 +173,9 @@ struct EventState {
   std::unique_ptr<EventRing> trainer;
   std::unique_ptr<EventRing> daemon;
   int device = -1;
+  // Set when the trainer exits (DeviceBackend::ReleaseClient): lanes gated on its events
+  // may never run again.
+  std::shared_ptr<std::atomic<bool>> trainer_gone = std::make_shared<std::atomic<bool>>(false);
   Mutex mu;
   std::uint64_t sequence = 0;  // versions begun, the daemon ring's assignment order
 };
@@ -159,10 +190,19 @@ class CudaVersionSync final : public VersionSync {
         daemon_slot_(daemon_slot) {}
   ~CudaVersionSync() override { Release(); }
 
-  Status Gate(CopyLane& lane) override { return state_->trainer->WaitSlot(trainer_slot_, lane.native()); }
+  Status Gate(CopyLane& lane) override {
+    if (auto* cuda_lane = dynamic_cast<CudaCopyLane*>(&lane)) {
+      if (Status s = CudaStatus(::cudaSetDevice(state_->device), "cudaSetDevice"); !s.ok()) return s;
+      cuda_lane->Gated(state_->trainer_gone);
+    }
+    return state_->trainer->WaitSlot(trainer_slot_, lane.native());
+  }
 
   Status Signal(const std::vector<CopyLane*>& lanes) override {
     if (lanes.empty()) return InvalidArgument("no copy lane to record the completion event on");
+    if (dynamic_cast<CudaCopyLane*>(lanes[0]) != nullptr) {
+      if (Status s = CudaStatus(::cudaSetDevice(state_->device), "cudaSetDevice"); !s.ok()) return s;
+    }
     for (std::size_t i = 1; i < lanes.size(); ++i) {
       if (Status s = lanes[0]->After(*lanes[i]); !s.ok()) return s;
     }
@@ -226,8 +266,19 @@ class CudaBackend final : public DeviceBackend {
  public:
   explicit CudaBackend(std::string description)
       : description_(std::move(description)),
-        cache_(std::make_shared<IpcHandleCache>(std::make_shared<CudaIpcOpener>())),
+        watch_(std::make_shared<LaneWatch>()),
+        releaser_(std::make_shared<DeviceReleaser>(
+            [watch = watch_](int device) { return watch->Abandoned(device); })),
+        cache_(std::make_shared<IpcHandleCache>(
+            std::make_shared<ReleasingOpener>(std::make_shared<CudaIpcOpener>(), releaser_))),
         streams_(std::make_shared<CopyStreamPool>()) {}
+
+  // The mappings go first (their closes are posted), then the releaser runs what it can in
+  // its grace period; the streams are destroyed last.
+  ~CudaBackend() override {
+    cache_.reset();
+    releaser_->Stop(std::chrono::steady_clock::now() + DeviceReleaser::kStopGrace);
+  }
 
   std::string Describe() const override { return description_; }
 
@@ -238,15 +289,39 @@ class CudaBackend final : public DeviceBackend {
     return CudaIpcImporter(cache_, streams_, pid).Import(name, 0, min_size);
   }
 
-  void ReleaseClient(pid_t pid) override { cache_->ReleaseClient(pid); }
+  void ReleaseClient(pid_t pid) override {
+    {
+      MutexLock lock(mu_);
+      auto [first, last] = trainer_gone_.equal_range(pid);
+      for (auto it = first; it != last; ++it) {
+        if (auto gone = it->second.lock()) *gone = true;
+      }
+      trainer_gone_.erase(first, last);
+    }
+    // After the flags: a close this posts is put off if a lane waits on this trainer.
+    cache_->ReleaseClient(pid);
+  }
+
+  Status AwaitReleases(std::chrono::steady_clock::time_point deadline) override {
+    return releaser_->AwaitPosted(deadline);
+  }
 
   Result<std::unique_ptr<SessionEvents>> OpenSession(
-      const std::string& device_uuid, const std::vector<std::string>& trainer_events) override {
+      pid_t pid, const std::string& device_uuid, const std::vector<std::string>& trainer_events) override {
     auto uuid = DeviceUuid::Parse(device_uuid);
     if (!uuid.ok()) return uuid.status();
     auto device = DeviceOrdinalForUuid(uuid.value());
     if (!device.ok()) return device.status();
-    return MakeSessionEvents(MakeCudaEventFactory(device.value()), device.value(), trainer_events);
+    auto gone = std::make_shared<std::atomic<bool>>(false);
+    auto events = MakeSessionEvents(MakeCudaEventFactory(device.value()), device.value(), trainer_events,
+                                    kDaemonEventSlots, gone);
+    if (!events.ok()) return events.status();
+    MutexLock lock(mu_);
+    for (auto it = trainer_gone_.begin(); it != trainer_gone_.end();) {
+      it = it->second.expired() ? trainer_gone_.erase(it) : std::next(it);
+    }
+    trainer_gone_.emplace(pid, gone);
+    return events;
   }
 
   Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override {
@@ -254,29 +329,72 @@ class CudaBackend final : public DeviceBackend {
     for (std::uint32_t i = 0; i < count; ++i) {
       auto lease = streams_->Borrow(device);
       if (!lease.ok()) return lease.status();
-      lanes.push_back(std::make_unique<CudaCopyLane>(std::move(lease).value(), device));
+      lanes.push_back(std::make_unique<CudaCopyLane>(std::move(lease).value(), device, watch_));
     }
     return lanes;
   }
 
-  Status Pin(void* base, std::size_t bytes) override {
-    return CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable),
-                      "cudaHostRegister (host pool)");
+  Status Pin(void* base, std::size_t bytes, int numa_node) override {
+    // The registration needs a context, and creates the primary context of the thread's
+    // current device. That device is chosen here, not left to whatever the thread had (or
+    // GPU 0 by default): the first GPU whose nearest host node holds the pool. Portable
+    // memory is pinned for every context, so the choice only decides where that context is.
+    const int device = PinDevice(numa_node);
+    if (Status s = CudaStatus(::cudaSetDevice(device), "cudaSetDevice (host pool)"); !s.ok()) return s;
+    if (Status s = CudaStatus(::cudaHostRegister(base, bytes, cudaHostRegisterPortable),
+                              "cudaHostRegister (host pool)");
+        !s.ok()) {
+      return s;
+    }
+    pin_device_ = device;
+    spdlog::info(
+        "host pool page-locked (portable) through GPU {}{}", device,
+        numa_node >= 0 ? " (nearest NUMA node " + std::to_string(numa_node) + " searched)" : std::string());
+    return Status::Ok();
   }
 
-  void Unpin(void* base) override { (void)::cudaHostUnregister(base); }
+  void Unpin(void* base) override {
+    // On the releaser: cudaHostUnregister may synchronise behind a stuck stream, and is put
+    // off (left to the process exit) while a lane waits on a dead trainer's event.
+    releaser_->Post(-1, [base, device = pin_device_] {
+      if (::cudaSetDevice(device) == cudaSuccess) (void)::cudaHostUnregister(base);
+    });
+    if (Status s = releaser_->AwaitPosted(std::chrono::steady_clock::now() + DeviceReleaser::kStopGrace);
+        !s.ok()) {
+      spdlog::warn("host pool not unpinned at shutdown: {}", s.message());
+    }
+  }
 
  private:
+  // The first device whose nearest host NUMA node is `numa_node`; 0 if none is (or unknown).
+  static int PinDevice(int numa_node) {
+    const auto& driver = Driver();
+    if (numa_node < 0 || !driver.ok()) return 0;
+    for (int d = 0; d < driver->device_count; ++d) {
+      int node = -1;
+      if (::cudaDeviceGetAttribute(&node, cudaDevAttrHostNumaId, d) == cudaSuccess && node == numa_node)
+        return d;
+    }
+    return 0;
+  }
+
   std::string description_;
+  int pin_device_ = 0;  // set by Pin, before any thread could Unpin
+  std::shared_ptr<LaneWatch> watch_;
+  std::shared_ptr<DeviceReleaser> releaser_;
   std::shared_ptr<IpcHandleCache> cache_;
   std::shared_ptr<CopyStreamPool> streams_;
+  Mutex mu_;
+  // The trainer-exit flag of each session's events, by client pid.
+  std::multimap<pid_t, std::weak_ptr<std::atomic<bool>>> trainer_gone_ GUARDED_BY(mu_);
 };
 
 }  // namespace
 
 Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEventFactory> factory, int device,
                                                          const std::vector<std::string>& trainer_handles,
-                                                         std::uint32_t daemon_slots) {
+                                                         std::uint32_t daemon_slots,
+                                                         std::shared_ptr<std::atomic<bool>> trainer_gone) {
   if (trainer_handles.empty()) return InvalidArgument("the trainer sent no event handles");
   std::vector<IpcHandle> handles;
   for (std::size_t i = 0; i < trainer_handles.size(); ++i) {
@@ -291,6 +409,7 @@ Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEven
   }
   auto state = std::make_shared<EventState>();
   state->device = device;
+  if (trainer_gone) state->trainer_gone = std::move(trainer_gone);
   state->factory = std::move(factory);
   auto trainer = EventRing::Open(handles, *state->factory);
   if (!trainer.ok()) return trainer.status().With("trainer event ring");

@@ -15,12 +15,17 @@
 // newest snapshot). Slots are assigned by a per-session sequence, so a rollback that
 // repeats version numbers does not disturb the ring.
 //
+// Device memory is given back on a thread of its own (cuda/device_releaser.h): every close
+// of an IPC mapping and the pool's unpin, put off while a lane waits on the event of a
+// trainer that exited (cuda/lane_watch.h). Every lane call sets the lane's device first.
+//
 // MakeCudaBackend fails with "no CUDA driver/device: ..." on machines without a GPU; the
 // daemon then runs without a device backend.
 //
 // Thread-safety: everything is thread-safe, except that one CopyLane is used by one thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +42,11 @@ inline constexpr std::uint32_t kDaemonEventSlots = 64;
 Result<std::shared_ptr<DeviceBackend>> MakeCudaBackend();
 
 // The session-event logic on any event factory (CUDA in production, fakes in tests).
-// `device` is the daemon's ordinal of the session's device.
-Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEventFactory> factory, int device,
-                                                         const std::vector<std::string>& trainer_handles,
-                                                         std::uint32_t daemon_slots = kDaemonEventSlots);
+// `device` is the daemon's ordinal of the session's device; `trainer_gone` (made if null)
+// is the flag the backend sets when the trainer exits.
+Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(
+    std::unique_ptr<IpcEventFactory> factory, int device, const std::vector<std::string>& trainer_handles,
+    std::uint32_t daemon_slots = kDaemonEventSlots,
+    std::shared_ptr<std::atomic<bool>> trainer_gone = nullptr);
 
 }  // namespace ckpt::cuda

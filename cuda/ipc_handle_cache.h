@@ -13,7 +13,8 @@
 // the handle is closed, exactly once, when the entry is dropped and no copy is running.
 // After ReleaseClient(pid), that pid's outstanding Registrations count for nothing and
 // their Lock() returns null. Opening and closing go through an IpcOpener, so tests use a
-// fake that counts calls.
+// fake that counts calls; the daemon's opener posts each close to its DeviceReleaser
+// (cuda/device_releaser.h), so a close never runs on the thread that let go.
 //
 // Thread-safety: all members are thread-safe. Opens happen under the cache's lock (they
 // are rare: once per allocation per client); closes never do. A Registration may outlive

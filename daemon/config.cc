@@ -78,6 +78,11 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
       ->check(CLI::Range(16, 1 << 22))
       ->capture_default_str();
+  std::string pool_numa = "local";
+  app.add_option("--pool-numa", pool_numa,
+                 "NUMA placement of the host pool: local (first touch), interleave (over every node "
+                 "allowed), or a node number")
+      ->capture_default_str();
   app.add_option("--chunk-mib", c.chunk_mib, "Pool chunk size in MiB")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -147,6 +152,13 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   }
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
   if (job_group >= 0) c.job_group = static_cast<gid_t>(job_group);
+  if (auto numa = NumaPlacement::Parse(pool_numa); numa.ok()) {
+    c.pool_numa = numa.value();
+  } else {
+    std::cerr << "ckptd: " << numa.status().message() << "\n";
+    *exit_code = 2;
+    return std::nullopt;
+  }
   if (c.chunk_mib * 4 > c.pool_mib) {
     std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of " << c.chunk_mib
               << " MiB\n";

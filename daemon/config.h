@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/pipeline/numa.h"
+
 namespace ckpt {
 
 enum class DirectIoMode { kAuto, kOn, kOff };
@@ -37,6 +39,8 @@ struct Config {
   std::uint64_t memory_mib = 4096;
   // Host pool size: the daemon's memory for data in flight, allocated once at start.
   std::uint64_t pool_mib = 1024;
+  // Where the pool's pages live (--pool-numa local|interleave|N: daemon/pipeline/numa.h).
+  NumaPlacement pool_numa;
   // Pool chunk size: the unit of copy and of write.
   std::uint64_t chunk_mib = 16;
   // Threads writing chunks to storage (writes in flight).

@@ -85,7 +85,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                                          });
 
   // The data path: pool, copier between tiers, commit, promotion, writers, copiers.
-  auto pool = HostPool::Create(config_.pool_bytes(), config_.chunk_bytes());
+  auto pool = HostPool::Create(config_.pool_bytes(), config_.chunk_bytes(), config_.pool_numa);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(pool).value();
   PinPool();
@@ -131,9 +131,10 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   commits_->Start();
   if (promoter_) promoter_->Start();
   sessions_->StartReaper();
-  spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks, {} writers, {} copiers", config_.root,
-               persistent_direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync", config_.pool_mib,
-               config_.chunk_mib, config_.writers, config_.copiers);
+  spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks (NUMA {}: {}), {} writers, {} copiers",
+               config_.root, persistent_direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync",
+               config_.pool_mib, config_.chunk_mib, config_.pool_numa.Name(), pool_->numa_nodes(),
+               config_.writers, config_.copiers);
   LogTiers();
   if (backend_) {
     spdlog::info("device backend: {}; {} copy streams per shard", backend_->Describe(), config_.copy_streams);
@@ -147,7 +148,7 @@ void Daemon::PinPool() {
   if (!backend_) return;
   // Device copies into pageable memory go through a staging buffer at a fraction of the
   // speed; the pool is page-locked once, here, never per checkpoint.
-  if (Status s = backend_->Pin(pool_->base(), pool_->pool_bytes()); !s.ok()) {
+  if (Status s = backend_->Pin(pool_->base(), pool_->pool_bytes(), pool_->numa_node()); !s.ok()) {
     spdlog::warn("host pool not page-locked, device copies will be slower: {}", s.message());
     return;
   }

@@ -38,12 +38,18 @@
 #include "format/paths.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_error.h"
+#include "cuda/test_device_backend.h"
 #endif
 
 namespace ckpt {
 namespace {
 
 int g_signal_pipe[2] = {-1, -1};
+// Set when a sticky CUDA error made the process's context unusable: the daemon stops and
+// exits with kStickyErrorExit, for systemd (Restart=on-failure) to start a fresh one.
+std::atomic<bool> g_sticky_error{false};
+constexpr int kStickyErrorExit = 70;  // EX_SOFTWARE
 
 // How long running calls may take to finish once SIGTERM came (waiting ones end at once).
 constexpr std::chrono::seconds kShutdownGrace{5};
@@ -185,7 +191,23 @@ int Run(const Config& config) {
   std::shared_ptr<DeviceBackend> backend;
   std::string no_backend_reason = "ckptd was built without CUDA";
 #ifdef CKPT_HAVE_CUDA
-  if (auto made = cuda::MakeCudaBackend(); made.ok()) {
+  cuda::SetStickyErrorHandler([](const std::string& text) {
+    if (g_sticky_error.exchange(true)) return;
+    spdlog::critical(
+        "the CUDA context of ckptd is unusable ({}): every further GPU copy would fail; stopping, to exit "
+        "with status {} for a restart",
+        text, kStickyErrorExit);
+    char c = 2;
+    [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+  });
+  auto test_backend = cuda::MakeTestDeviceBackend();  // tests only (cuda/test_device_backend.h)
+  if (!test_backend.ok()) {
+    spdlog::critical("cannot start: {}", test_backend.status().message());
+    return 1;
+  }
+  if (test_backend.value()) {
+    backend = std::move(test_backend).value();
+  } else if (auto made = cuda::MakeCudaBackend(); made.ok()) {
     backend = std::move(made).value();
   } else {
     no_backend_reason = made.status().message();
@@ -260,6 +282,10 @@ int Run(const Config& config) {
   }
   server->Shutdown(std::chrono::system_clock::now() + kReplyFlush);
   daemon.value()->Shutdown();
+  if (g_sticky_error) {
+    spdlog::critical("stopped after a sticky CUDA error; exit status {}", kStickyErrorExit);
+    return kStickyErrorExit;
+  }
   spdlog::info("stopped");
   return 0;
 }

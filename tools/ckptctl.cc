@@ -69,8 +69,8 @@ int Status(const std::string& socket, bool json) {
   std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(),
               r.uptime_s(), socket.c_str());
   std::printf("root %s (%s)\n", r.root().c_str(), r.direct_io() ? "O_DIRECT" : "buffered + fdatasync");
-  std::printf("pool %s used of %s (%s chunks)\n", Human(r.pool_used_bytes()).c_str(),
-              Human(r.pool_bytes()).c_str(), Human(r.chunk_bytes()).c_str());
+  std::printf("pool %s used of %s (%s chunks; NUMA %s)\n", Human(r.pool_used_bytes()).c_str(),
+              Human(r.pool_bytes()).c_str(), Human(r.chunk_bytes()).c_str(), r.pool_numa().c_str());
   std::printf("gpu: %s\n", r.device_backend().c_str());
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),

@@ -1,12 +1,15 @@
 #include "daemon/pipeline/host_pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace ckpt {
 
-Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes) {
+Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes,
+                                                   const NumaPlacement& numa) {
   if (chunk_bytes == 0 || chunk_bytes % 4096 != 0 || pool_bytes < chunk_bytes) {
     return InvalidArgument("pool of " + std::to_string(pool_bytes) + " bytes cannot hold chunks of " +
                            std::to_string(chunk_bytes));
@@ -15,11 +18,26 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(std::uint64_t pool_bytes, std
   pool->chunk_bytes_ = chunk_bytes;
   pool->chunk_count_ = static_cast<std::uint32_t>(pool_bytes / chunk_bytes);
   std::uint64_t bytes = chunk_bytes * pool->chunk_count_;
-  // MAP_POPULATE faults every page now, so the pool's memory is claimed at start and a
-  // daemon that starts cannot later fail for lack of it.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  // Every page is faulted in now, so the pool's memory is claimed at start and a daemon
+  // that starts cannot later fail for lack of it: by MAP_POPULATE, or, when a NUMA policy
+  // must be set first, by touching each page once it is.
+  const bool local = numa.mode == NumaPlacement::Mode::kLocal;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (local ? MAP_POPULATE : 0), -1, 0);
   if (p == MAP_FAILED) return IoError("allocate host pool of " + std::to_string(bytes) + " bytes", errno);
   pool->base_ = static_cast<char*>(p);
+  if (!local) {
+    if (Status s = ApplyNumaPlacement(p, bytes, numa); !s.ok()) return s;
+    const long page = ::sysconf(_SC_PAGESIZE);
+    for (std::uint64_t off = 0; off < bytes; off += static_cast<std::uint64_t>(page)) {
+      static_cast<volatile char*>(p)[off] = 0;
+    }
+  }
+  // One sample per chunk, at most ~4096 samples.
+  const std::uint64_t stride = std::max<std::uint64_t>(chunk_bytes, bytes / 4096 / 4096 * 4096);
+  const auto nodes = SampleNumaNodes(p, bytes, stride);
+  pool->numa_nodes_ = DescribeNumaNodes(nodes);
+  if (nodes.size() == 1) pool->numa_node_ = nodes.begin()->first;
   MutexLock lock(pool->mu_);
   for (std::uint32_t i = pool->chunk_count_; i-- > 0;) pool->free_.push_back(i);
   return pool;

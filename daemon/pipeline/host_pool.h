@@ -9,11 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "daemon/pipeline/numa.h"
 
 namespace ckpt {
 
@@ -25,7 +28,9 @@ class HostPool {
     char* data = nullptr;
   };
 
-  static Result<std::unique_ptr<HostPool>> Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes);
+  // The pool's pages are placed by `numa` (daemon/pipeline/numa.h) before they are touched.
+  static Result<std::unique_ptr<HostPool>> Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes,
+                                                  const NumaPlacement& numa = {});
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
@@ -44,6 +49,10 @@ class HostPool {
   std::uint64_t used_bytes() const;
   // The pool's memory (pool_bytes() long), e.g. to page-lock it for device copies.
   void* base() const { return base_; }
+  // Where its pages are, e.g. "node 0" (DescribeNumaNodes), and the one node holding them
+  // all (-1: several, or unknown).
+  const std::string& numa_nodes() const { return numa_nodes_; }
+  int numa_node() const { return numa_node_; }
   // Runs `f` in the destructor before the memory is unmapped (e.g. to unpin it).
   void OnDestroy(std::function<void()> f) { on_destroy_ = std::move(f); }
 
@@ -51,6 +60,8 @@ class HostPool {
   HostPool() = default;
 
   char* base_ = nullptr;
+  std::string numa_nodes_ = "unknown";
+  int numa_node_ = -1;
   std::function<void()> on_destroy_;
   std::uint64_t chunk_bytes_ = 0;
   std::uint32_t chunk_count_ = 0;

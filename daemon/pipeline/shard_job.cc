@@ -45,6 +45,11 @@ Status ShardJob::Prepare() {
   return layout_.planned() ? Status::Ok() : layout_.PlanInPlace();
 }
 
+void ShardJob::ReleaseSources() {
+  std::vector<ItemSource>().swap(sources_);
+  tensors_.reset();
+}
+
 void ShardJob::Reach(Level level) {
   {
     MutexLock lock(mu_);

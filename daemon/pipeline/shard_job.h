@@ -78,6 +78,12 @@ class ShardJob {
   // Bytes of item data (tensors and blobs), known before the layout is planned.
   std::uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<ItemSource>& sources() const { return sources_; }
+  // Drops the shard's hold on trainer memory (its item sources, and the TensorSet they come
+  // from): the copy thread calls it once the shard is captured or failed. A shard is kept
+  // long after (for waiters, commits and status), and a source it kept would keep the
+  // trainer's GPU allocation mapped in the daemon after the trainer unregistered or freed it.
+  // Copies still queued on a device hold their own reference (DeviceSpan::keep).
+  void ReleaseSources();
   // Directory of the version and the final and temporary paths of the shard.
   const std::string& dir() const { return placement_.dir; }
   const std::string& final_path() const { return final_path_; }

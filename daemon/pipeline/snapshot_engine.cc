@@ -146,6 +146,11 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       if (sync != nullptr) sync->Release();
     }
   } release_sync{shard->sync().get()};
+  // Captured or failed, the shard no longer needs the trainer's memory (ShardJob::ReleaseSources).
+  struct ReleaseSources {
+    ShardJob& shard;
+    ~ReleaseSources() { shard.ReleaseSources(); }
+  } release_sources{*shard};
 
   // Planning (offsets, header size) happens here rather than in the Snapshot call, which
   // must return at once even for thousands of items.

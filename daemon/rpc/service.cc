@@ -53,7 +53,7 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
   } else {
     auto s = daemon_.sessions().Find(req->session(), peer->uid);
     if (!s.ok()) return ToGrpc(s.status());
-    done = daemon_.registrar().Reregister(s.value(), FromProto(*req));
+    done = daemon_.registrar().Reregister(s.value(), FromProto(*req), gate_.CancelCheckOf(ctx));
   }
   if (!done.ok()) return gate_.Reply(done.status());
   ToProto(done.value(), reply);
@@ -175,7 +175,7 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
-  daemon_.sessions().Close(s.value(), /*trainer_gone=*/false);
+  daemon_.sessions().Unregister(s.value(), gate_.CancelCheckOf(ctx));
   return grpc::Status::OK;
 }
 

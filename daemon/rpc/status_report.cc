@@ -133,6 +133,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_pool_bytes(daemon.pool().pool_bytes());
   reply->set_pool_used_bytes(daemon.pool().used_bytes());
   reply->set_chunk_bytes(daemon.pool().chunk_bytes());
+  reply->set_pool_numa(daemon.config().pool_numa.Name() + ": " + daemon.pool().numa_nodes());
   reply->set_device_backend(daemon.DescribeBackend());
   AddClients(daemon, visible, reply);
   AddShards(daemon, visible, reply);

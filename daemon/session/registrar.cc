@@ -32,7 +32,8 @@ Registered Registrar::Reply(const std::shared_ptr<Session>& s, std::vector<std::
   return out;
 }
 
-Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req) {
+Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req,
+                                         const CancelCheck& cancelled) {
   if (s->job != req.job || s->rank != req.rank || s->world_size != req.world_size ||
       s->table->name() != req.descriptor_table) {
     return InvalidArgument("re-registration must keep the session's job, rank, world size and table");
@@ -40,9 +41,15 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
   auto ticket = in_flight_.Enter(s->peer.uid);
   if (!ticket.ok()) return ticket.status();
   MutexLock lock(s->mu);
+  const bool device = s->device >= 0;
+  if (device) {
+    if (Status st = sessions_.AwaitCaptured(*s, cancelled); !st.ok()) return st;
+  }
   if (Status st = loader_.Load(*s); !st.ok()) return st;
   std::vector<std::string> events;
   if (Status st = loader_.AttachDevice(*s, req.device, &events); !st.ok()) return st;
+  // Load let go of the regions the new table no longer names.
+  if (device || s->device >= 0) sessions_.AwaitReleases(*s, "re-registration");
   return Reply(s, std::move(events));
 }
 

@@ -58,8 +58,12 @@ class Registrar {
   // A new session for `peer`.
   Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,
                               const CancelCheck& cancelled);
-  // The session `s` registers again (its tensors were reallocated, its table changed).
-  Result<Registered> Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req);
+  // The session `s` registers again (its tensors were reallocated, its table changed). A GPU
+  // session first lets its versions in flight be copied (they read the old tensors), and
+  // the reply comes once the allocations the new table no longer names are closed: the
+  // trainer may free them when it returns.
+  Result<Registered> Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req,
+                                const CancelCheck& cancelled);
   // Writes a new registration id for the session's rank: what it published before belongs
   // to a timeline it left (a restore starts a new one).
   Status NewRegistration(Session& s) REQUIRES(s.mu);

@@ -109,6 +109,47 @@ void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
   spdlog::info("job {} rank {}: trainer pid {} exited; session closed", s->job, s->rank, s->peer.pid);
 }
 
+void SessionTable::Unregister(const std::shared_ptr<Session>& s, const CancelCheck& cancelled) {
+  Close(s, /*trainer_gone=*/false);
+  if (s->device < 0) return;  // shared memory: the descriptors go with the session
+  if (Status st = AwaitCaptured(*s, cancelled); !st.ok()) {
+    // The caller is gone; the copies keep what they use, and let go of it when they end.
+    spdlog::warn("job {} rank {}: unregistered while versions were still being copied: {}", s->job, s->rank,
+                 st.message());
+  }
+  {
+    // After any call of the session still running (it may be using the regions).
+    MutexLock lock(s->mu);
+    s->items.clear();
+    s->item_regions.clear();
+    s->tensors.reset();
+    s->item_names.clear();
+    s->tensor_bytes = 0;
+  }
+  {
+    MutexLock lock(s->regions_mu);
+    s->regions.clear();
+  }
+  AwaitReleases(*s, "unregister");
+}
+
+Status SessionTable::AwaitCaptured(const Session& s, const CancelCheck& cancelled) const {
+  for (const auto& shard : shards_.Uncaptured(s.job, s.id)) {
+    Status st = WaitInSlices(std::chrono::steady_clock::time_point::max(), cancelled,
+                             [&](auto slice_end) { return shard->WaitFor(Level::kCaptured, slice_end); });
+    if (st.code() == StatusCode::kCancelled) return st;  // a failed version is settled too
+  }
+  return Status::Ok();
+}
+
+void SessionTable::AwaitReleases(const Session& s, const char* why) const {
+  if (!backend_) return;
+  if (Status st = backend_->AwaitReleases(std::chrono::steady_clock::now() + kReleaseWait); !st.ok()) {
+    spdlog::warn("job {} rank {} ({}): GPU memory of the trainer may still be mapped: {}", s.job, s.rank, why,
+                 st.message());
+  }
+}
+
 void SessionTable::NoteFailure(const std::string& job, std::uint32_t rank, std::uint64_t version) {
   std::shared_ptr<Session> owner;
   {

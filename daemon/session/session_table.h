@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/device_copier.h"
+#include "common/cancellable_wait.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/pipeline/shard_registry.h"
@@ -48,6 +49,18 @@ class SessionTable {
   // Closes the session (once): Unregister, a failed Register, or its trainer exited
   // (`trainer_gone`: the clean-up above).
   void Close(const std::shared_ptr<Session>& s, bool trainer_gone) EXCLUDES(mu_);
+  // The trainer unregisters: closes the session, waits until none of its GPU versions is
+  // still being copied, lets go of every region it imported and waits (at most
+  // kReleaseWait) for the device backend to close them. On return the trainer may free its
+  // tensors: the daemon maps none of them, except where a close had to be put off (logged).
+  void Unregister(const std::shared_ptr<Session>& s, const CancelCheck& cancelled) EXCLUDES(mu_);
+  // Blocks until no GPU version of `s` is still being copied out of its trainer's memory
+  // (each is captured or failed); kCancelled if `cancelled` turns true first.
+  Status AwaitCaptured(const Session& s, const CancelCheck& cancelled) const;
+  // Waits (at most kReleaseWait) until the device backend has closed what the daemon let go
+  // of; a close that is put off or does not return is logged, not an error of the call.
+  void AwaitReleases(const Session& s, const char* why) const;
+  static constexpr std::chrono::seconds kReleaseWait{2};
   // Version `version` of (job, rank) failed: its current session reports it on its next
   // Snapshot call.
   void NoteFailure(const std::string& job, std::uint32_t rank, std::uint64_t version) EXCLUDES(mu_);

@@ -122,7 +122,7 @@ Status TableLoader::AttachDevice(Session& s, const DeviceRegistration& device,
         "GPU tensors need the registration's CUDA session (device UUID and trainer events)");
   }
   if (!s.events) {
-    auto events = backend_->OpenSession(device.device_uuid, device.trainer_events);
+    auto events = backend_->OpenSession(s.peer.pid, device.device_uuid, device.trainer_events);
     if (!events.ok()) return events.status().With("open the trainer's CUDA events");
     if (events.value()->device() != s.device) {
       return InvalidArgument("the registration names GPU " + device.device_uuid +

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "support/test_dirs.h"
 
@@ -147,6 +148,20 @@ v1::StatusReply DaemonProcess::Status() const {
   grpc::Status s = Stub()->Status(&ctx, v1::StatusRequest(), &reply);
   if (!s.ok()) throw std::runtime_error("Status failed: " + s.error_message());
   return reply;
+}
+
+int DaemonProcess::WaitExit(std::chrono::milliseconds limit) {
+  if (pid_ <= 0) return -1;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return ExitCode(status);
+    }
+    if (std::chrono::steady_clock::now() >= until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 ProcessResult RunProcess(const std::vector<std::string>& argv) {

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ class DaemonProcess {
   void Kill9();
   // SIGTERM, then reap; returns the exit status (or 128+signal).
   int Stop();
+  // Waits up to `limit` for the daemon to exit on its own; returns its exit status (or
+  // 128+signal), or -1 if it is still running.
+  int WaitExit(std::chrono::milliseconds limit);
   // VmHWM (peak resident set) of the running daemon, in bytes.
   std::uint64_t PeakRssBytes() const;
   // What the daemon logged so far.

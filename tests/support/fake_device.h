@@ -125,12 +125,13 @@ class FakeBackend : public DeviceBackend {
     return Internal("not used");
   }
   void ReleaseClient(pid_t) override {}
-  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&,
+  Status AwaitReleases(std::chrono::steady_clock::time_point) override { return Status::Ok(); }
+  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t, const std::string&,
                                                      const std::vector<std::string>&) override {
     return Internal("not used");
   }
   Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override;
-  Status Pin(void*, std::size_t) override { return Status::Ok(); }
+  Status Pin(void*, std::size_t, int) override { return Status::Ok(); }
   void Unpin(void*) override {}
   FakeDevice fake;
 };
