@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <string>
 
 #include "common/status.h"
 
@@ -50,14 +51,29 @@ struct DriverApi {
 struct DriverProbe {
   std::function<cudaError_t(int*)> driver_version = [](int* v) { return ::cudaDriverGetVersion(v); };
   std::function<cudaError_t(int*)> device_count = [](int* n) { return ::cudaGetDeviceCount(n); };
+  std::function<cudaError_t(int*)> runtime_version = [](int* v) { return ::cudaRuntimeGetVersion(v); };
   std::function<cudaError_t(const char*, void**, cudaDriverEntryPointQueryResult*)> entry_point =
       [](const char* symbol, void** fn, cudaDriverEntryPointQueryResult* q) {
         return ::cudaGetDriverEntryPointByVersion(symbol, fn, kDriverAbiVersion, cudaEnableDefault, q);
       };
 };
 
+// The minimum NVIDIA driver for a CUDA runtime: the static CUDA 13 runtime these binaries
+// link needs a driver that supports CUDA 13.0, branch R580 or newer (CUDA 13.0 release
+// notes: 580.65.06 on Linux); within CUDA 13, minor-version compatibility makes any R580
+// driver enough. `runtime_version` as cudaRuntimeGetVersion reports it (13000).
+std::string MinimumDriverFor(int runtime_version);
+
+// The message for a driver too old for this binary's runtime (cudaErrorInsufficientDriver):
+// names the driver's CUDA version (`driver_version` from cudaDriverGetVersion, 0 if
+// unknown), the runtime's and the driver branch needed, e.g. "the NVIDIA driver supports
+// CUDA 12.4 (cudaDriverGetVersion: 12040), older than this binary's CUDA 13.0 runtime,
+// which needs NVIDIA driver R580 or newer (...): upgrade the driver".
+std::string DriverTooOldMessage(int driver_version, int runtime_version);
+
 // Loads the table through `probe`. Fails with "no CUDA driver/device: ..." when the driver
-// is missing or sees no device, and with a message naming the symbol when an entry point
+// is missing or sees no device (with DriverTooOldMessage when the driver is older than the
+// runtime), and with a message naming the symbol when an entry point
 // cannot be found.
 Result<DriverApi> LoadDriverApi(const DriverProbe& probe = DriverProbe());
 

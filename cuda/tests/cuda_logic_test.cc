@@ -119,11 +119,26 @@ TEST_CASE("driver loader with a fake probe") {
     CHECK(api.status().message().find("no CUDA driver/device") == 0);
   }
   SECTION("driver too old for the runtime") {
+    // An R550 node: its driver supports CUDA 12.4, the binary's static runtime is 13.0.
+    probe.driver_version = [](int* v) {
+      *v = 12040;
+      return cudaSuccess;
+    };
+    probe.runtime_version = [](int* v) {
+      *v = 13000;
+      return cudaSuccess;
+    };
     probe.device_count = [](int*) { return cudaErrorInsufficientDriver; };
     auto api = LoadDriverApi(probe);
     REQUIRE_FALSE(api.ok());
-    CHECK(api.status().message().find("no CUDA driver/device") == 0);
-    CHECK(api.status().message().find("cudaGetDeviceCount") != std::string::npos);
+    const std::string& m = api.status().message();
+    INFO(m);
+    CHECK(api.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(m.find("no CUDA driver/device") == 0);
+    CHECK(m.find("the NVIDIA driver supports CUDA 12.4 (cudaDriverGetVersion: 12040)") != std::string::npos);
+    CHECK(m.find("CUDA 13.0 runtime, which needs NVIDIA driver R580 or newer") != std::string::npos);
+    CHECK(m.find("upgrade the driver") != std::string::npos);
+    CHECK(m.find("cudaGetDeviceCount: cudaErrorInsufficientDriver") != std::string::npos);
   }
   SECTION("no device") {
     probe.device_count = [](int* n) {
@@ -155,6 +170,22 @@ TEST_CASE("driver loader with a fake probe") {
     REQUIRE_FALSE(api.ok());
     CHECK(api.status().message().find("older than version") != std::string::npos);
   }
+}
+
+TEST_CASE("the driver a runtime needs, and the message for one too old") {
+  CHECK(MinimumDriverFor(13000).find("R580 or newer") == 0);
+  CHECK(MinimumDriverFor(13020).find("R580 or newer") == 0);  // minor-version compatibility
+  CHECK(MinimumDriverFor(12080).find("R525 or newer") == 0);
+  CHECK(MinimumDriverFor(14000) == "one that supports CUDA 14.0");
+  CHECK(DriverTooOldMessage(12080, 13000) ==
+        "the NVIDIA driver supports CUDA 12.8 (cudaDriverGetVersion: 12080), older than this binary's CUDA "
+        "13.0 runtime, which needs NVIDIA driver R580 or newer (580.65.06 or later on Linux): upgrade the "
+        "driver on this node (see README, GPU requirements)");
+  CHECK(DriverTooOldMessage(0, 13000).find("the NVIDIA driver's CUDA version is unknown, older than") == 0);
+  // The runtime these binaries link is the one the README's minimum is written for.
+  int runtime = 0;
+  REQUIRE(cudaRuntimeGetVersion(&runtime) == cudaSuccess);
+  CHECK(runtime / 1000 == 13);
 }
 
 TEST_CASE("CUDA errors become statuses") {
