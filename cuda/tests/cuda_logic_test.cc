@@ -3,6 +3,8 @@
 // machines without a GPU (where the loader must report "no CUDA driver/device"). One test
 // imports a real allocation from a helper process (cuda_ipc_exporter) and is skipped,
 // passing, where no device exists.
+#include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include "cuda/driver_api.h"
 #include "cuda/event_ring.h"
 #include "cuda/ipc_handle_cache.h"
+#include "cuda/pid_namespace.h"
 #include "shm/descriptor_table.h"
 
 using namespace ckpt;
@@ -186,6 +189,69 @@ TEST_CASE("the driver a runtime needs, and the message for one too old") {
   int runtime = 0;
   REQUIRE(cudaRuntimeGetVersion(&runtime) == cudaSuccess);
   CHECK(runtime / 1000 == 13);
+}
+
+TEST_CASE("a failed CUDA IPC open names a trainer in another PID namespace") {
+  const Result<std::string> host = std::string("pid:[4026531836]");
+  const Result<std::string> container = std::string("pid:[4026532178]");
+  CHECK(PidNamespaceNote(42, host, host).empty());
+  const std::string other = PidNamespaceNote(42, container, host);
+  CHECK(other.find("the trainer (pid 42) runs in PID namespace pid:[4026532178], ckptd in pid:[4026531836]: "
+                   "legacy CUDA IPC does not work across PID namespaces") == 0);
+  CHECK(other.find("hostPID: true") != std::string::npos);
+  const std::string unreadable =
+      PidNamespaceNote(42, Internal("readlink /proc/42/ns/pid: Permission denied"), host);
+  CHECK(unreadable.find("if the trainer (pid 42) runs in another PID namespace than ckptd (pid:[4026531836]; "
+                        "readlink /proc/42/ns/pid: Permission denied), that is the cause") == 0);
+  CHECK(PidNamespaceNote(0, Internal("no pid"), host).find("outside ckptd's (pid:[4026531836])") !=
+        std::string::npos);
+
+  // The real reads: this process, and a child in a PID namespace of its own.
+  auto self = PidNamespaceOf(0);
+  REQUIRE(self.ok());
+  CHECK(self.value().rfind("pid:[", 0) == 0);
+  CHECK(PidNamespaceNoteFor(getpid()).empty());
+  int ready[2], hold[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(hold) == 0);
+  const pid_t middle = fork();
+  REQUIRE(middle >= 0);
+  if (middle == 0) {
+    // The child enters new user and PID namespaces; its own child is the first process of
+    // the new PID namespace and waits until the test closes `hold`.
+    close(ready[0]);
+    close(hold[1]);
+    pid_t inner = -1;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWPID) == 0) {
+      inner = fork();
+      if (inner == 0) {
+        char c;
+        (void)!read(hold[0], &c, 1);
+        _exit(0);
+      }
+    }
+    (void)!write(ready[1], &inner, sizeof inner);
+    if (inner > 0) waitpid(inner, nullptr, 0);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  pid_t inner = -1;
+  REQUIRE(read(ready[0], &inner, sizeof inner) == static_cast<ssize_t>(sizeof inner));
+  close(ready[0]);
+  if (inner <= 0) {
+    WARN("unshare(CLONE_NEWUSER | CLONE_NEWPID) is not allowed here; the real read is not checked");
+  } else {
+    auto theirs = PidNamespaceOf(inner);
+    REQUIRE(theirs.ok());
+    CHECK(theirs.value() != self.value());
+    const std::string note = PidNamespaceNoteFor(inner);
+    INFO(note);
+    CHECK(note.find("the trainer (pid " + std::to_string(inner) + ") runs in PID namespace " +
+                    theirs.value()) == 0);
+  }
+  close(hold[1]);
+  REQUIRE(waitpid(middle, nullptr, 0) == middle);
 }
 
 TEST_CASE("CUDA errors become statuses") {
