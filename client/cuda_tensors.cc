@@ -139,6 +139,44 @@ class CudaTensorsImpl : public CudaTensors {
     return cuda::CudaStatus(::cudaDeviceSynchronize(), "cudaDeviceSynchronize before restore");
   }
 
+  Result<std::shared_ptr<const void>> MapReleaseWords(void* words, std::size_t bytes) override {
+    const auto& driver = cuda::Driver();
+    if (!driver.ok()) return driver.status();
+    if (driver->cuStreamWaitValue32 == nullptr) {
+      return FailedPrecondition("the CUDA driver provides no cuStreamWaitValue32");
+    }
+    CurrentDeviceGuard guard;
+    if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
+    if (Status s = cuda::CudaStatus(
+            ::cudaHostRegister(words, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+            "cudaHostRegister (release words)");
+        !s.ok()) {
+      return s;
+    }
+    return std::shared_ptr<const void>(words, [](void* p) { (void)::cudaHostUnregister(p); });
+  }
+
+  Result<bool> WaitReleaseWord(const void* word, std::uint32_t value, void* stream) override {
+    const auto& driver = cuda::Driver();
+    if (!driver.ok()) return driver.status();
+    CurrentDeviceGuard guard;
+    if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
+    void* address = nullptr;
+    if (Status s = cuda::CudaStatus(::cudaHostGetDevicePointer(&address, const_cast<void*>(word), 0),
+                                    "cudaHostGetDevicePointer (release word)");
+        !s.ok()) {
+      return s;
+    }
+    const CUresult r =
+        driver->cuStreamWaitValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
+                                    value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) return false;
+    if (Status s = driver->Check(r, "cuStreamWaitValue32 (release word)"); !s.ok()) {
+      return s.With("make the stream wait on the release word (a stream of device " + Device() + "?)");
+    }
+    return true;
+  }
+
   Status WaitDaemonEvent(std::uint32_t slot, void* stream) override {
     if (!daemon_ring_) {
       return FailedPrecondition("the daemon answered with its CUDA event " + std::to_string(slot) +

@@ -105,6 +105,16 @@ Result<DriverApi> LoadDriverApi(const DriverProbe& probe) {
   for (auto& s : symbols) {
     if (Status st = LoadSymbol(probe, s.name, s.slot); !st.ok()) return st;
   }
+  struct {
+    const char* name;
+    void** slot;
+  } optional[] = {
+      {"cuStreamWriteValue32", reinterpret_cast<void**>(&api.cuStreamWriteValue32)},
+      {"cuStreamWaitValue32", reinterpret_cast<void**>(&api.cuStreamWaitValue32)},
+  };
+  for (auto& s : optional) {
+    if (!LoadSymbol(probe, s.name, s.slot).ok()) *s.slot = nullptr;
+  }
   return api;
 }
 

@@ -39,6 +39,13 @@ struct DriverApi {
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
   PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
   PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent = nullptr;
+  // Stream memory operations (the release words, client/release_words.h). Optional: null
+  // when the driver does not provide them; callers then use interprocess events. The
+  // 32-bit operations of this ABI (the "v2" memops of CUDA 11.7+) need no device attribute:
+  // CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 is deprecated in the CUDA 13 header, and
+  // a platform that cannot still answers CUDA_ERROR_NOT_SUPPORTED at the call.
+  PFN_cuStreamWriteValue32_v11070 cuStreamWriteValue32 = nullptr;
+  PFN_cuStreamWaitValue32_v11070 cuStreamWaitValue32 = nullptr;
   int driver_version = 0;  // as cudaDriverGetVersion reports it, e.g. 13000
   int device_count = 0;    // devices visible to this process (at least 1 when loaded)
 

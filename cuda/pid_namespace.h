@@ -16,13 +16,10 @@
 
 #include <string>
 
+#include "common/pid_namespace.h"
 #include "common/status.h"
 
 namespace ckpt::cuda {
-
-// The PID namespace of process `pid` (0: this process), "pid:[INODE]"; fails when the
-// process is gone or /proc refuses (another uid, without ptrace rights over it).
-Result<std::string> PidNamespaceOf(pid_t pid);
 
 // The note for a failed CUDA IPC open of trainer `trainer_pid`, from the namespaces read
 // (or the errors reading them). Empty when both are known and equal.

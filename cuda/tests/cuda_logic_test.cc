@@ -24,6 +24,7 @@
 #include "cuda/event_ring.h"
 #include "cuda/ipc_handle_cache.h"
 #include "cuda/pid_namespace.h"
+#include "cuda/release_word_writer.h"
 #include "shm/descriptor_table.h"
 
 using namespace ckpt;
@@ -791,6 +792,103 @@ TEST_CASE("session events reuse a daemon slot only when released and superseded,
   auto again = events.Begin(2, 1);
   REQUIRE(again.ok());
   CHECK(again.value()->daemon_slot() == 1);
+}
+
+namespace {
+
+// Records each release-word write into the event log's order, as (1000 + slot, stream), and
+// the value written per slot.
+class FakeWordWriter : public ReleaseWordWriter {
+ public:
+  FakeWordWriter(EventLog* log, std::uint32_t count, std::uint32_t base)
+      : log_(log), count_(count), base_(base) {}
+  std::uint32_t count() const override { return count_; }
+  std::uint32_t base() const override { return base_; }
+  Status Write(void* stream, std::uint32_t slot, std::uint32_t value) override {
+    log_->records.emplace_back(1000 + static_cast<int>(slot), stream);
+    values[slot] = value;
+    return Status::Ok();
+  }
+  std::map<std::uint32_t, std::uint32_t> values;
+
+ private:
+  EventLog* log_;
+  std::uint32_t count_;
+  std::uint32_t base_;
+};
+
+}  // namespace
+
+TEST_CASE("session events write each version's release word, after the copies and before the event") {
+  EventLog log;
+  auto writer = std::make_unique<FakeWordWriter>(&log, 64, 500);
+  FakeWordWriter* words = writer.get();
+  auto made =
+      MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 2, std::move(writer));
+  REQUIRE(made.ok());
+  SessionEvents& events = *made.value();
+  CHECK(events.writes_release_words());
+
+  // The session's n-th version gets base + n, in the word of its daemon slot.
+  auto v1 = events.Begin(7, 0);
+  REQUIRE(v1.ok());
+  CHECK(v1.value()->release_value() == std::optional<std::uint32_t>(501));
+  RecordingLane a, b;
+  REQUIRE(v1.value()->Signal({&a, &b}).ok());
+  CHECK(a.after == std::vector<ckpt::CopyLane*>{&b});  // both lanes' copies come first
+  // The word on lane a, then daemon event slot 0 on the same lane.
+  CHECK(log.records == std::vector<std::pair<int, void*>>{{1000, &a}, {0, &a}});
+  CHECK(words->values.at(0) == 501);
+
+  auto v2 = events.Begin(8, 1);
+  REQUIRE(v2.ok());
+  CHECK(v2.value()->daemon_slot() == 1);
+  CHECK(v2.value()->release_value() == std::optional<std::uint32_t>(502));
+  REQUIRE(v2.value()->Signal({&a}).ok());
+  CHECK(words->values.at(1) == 502);
+
+  // A slot's word is written again only with a higher value: the slot is reused only once
+  // its version is released (and superseded).
+  v1.value()->Release();
+  auto v3 = events.Begin(9, 0);
+  REQUIRE(v3.ok());
+  CHECK(v3.value()->daemon_slot() == 0);
+  REQUIRE(v3.value()->Signal({&b}).ok());
+  CHECK(words->values.at(0) == 503);
+}
+
+TEST_CASE("session events without usable release words signal with events only") {
+  EventLog log;
+  SECTION("no words") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4);
+    REQUIRE(made.ok());
+    CHECK_FALSE(made.value()->writes_release_words());
+    auto v = made.value()->Begin(1, 0);
+    REQUIRE(v.ok());
+    CHECK(v.value()->release_value() == std::nullopt);
+  }
+  SECTION("fewer words than daemon slots") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4,
+                                  std::make_unique<FakeWordWriter>(&log, 3, 0));
+    REQUIRE(made.ok());
+    CHECK_FALSE(made.value()->writes_release_words());
+    auto v = made.value()->Begin(1, 0);
+    REQUIRE(v.ok());
+    RecordingLane a;
+    REQUIRE(v.value()->Signal({&a}).ok());
+    CHECK(log.records == std::vector<std::pair<int, void*>>{{0, &a}});
+  }
+  SECTION("values wrap modulo 2^32 and skip 0, the words' initial value") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4,
+                                  std::make_unique<FakeWordWriter>(&log, 64, 0xfffffffeu));
+    REQUIRE(made.ok());
+    auto v1 = made.value()->Begin(1, 0);
+    auto v2 = made.value()->Begin(2, 1);
+    auto v3 = made.value()->Begin(3, 0);
+    CHECK(v1.value()->release_value() == std::optional<std::uint32_t>(0xffffffffu));
+    CHECK(v2.value()->release_value() == std::optional<std::uint32_t>(1));
+    CHECK(v3.value()->release_value() == std::optional<std::uint32_t>(1));
+  }
 }
 
 TEST_CASE("session events refuse bad trainer slots and handles") {

@@ -125,8 +125,8 @@ class FakeBackend : public DeviceBackend {
     return Internal("not used");
   }
   void ReleaseClient(pid_t) override {}
-  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&,
-                                                     const std::vector<std::string>&) override {
+  Result<std::unique_ptr<SessionEvents>> OpenSession(const std::string&, const std::vector<std::string>&,
+                                                     const TrainerReleaseWords*) override {
     return Internal("not used");
   }
   Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override;
