@@ -197,6 +197,14 @@ class FakeDaemon final : public v1::Checkpoint::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// A real ckptd on a socket of its own, standing for the fake daemon's process.
+DaemonOptions ProcessOptions(const TempDir& dir, const std::string& name) {
+  DaemonOptions o;
+  o.root = dir.path() + "/root-" + name;
+  o.socket = dir.path() + "/" + name + ".sock";
+  return o;
+}
+
 // Installs the fake CUDA side for one test.
 struct FakeCudaSeam {
   std::shared_ptr<CudaLog> log = std::make_shared<CudaLog>();
@@ -282,7 +290,7 @@ TEST_CASE("a stream waiting on a daemon that dies is released by the client, and
   FakeCudaSeam seam;
   // The daemons' processes: real ckptd processes (on sockets of their own), which the
   // client is told to watch, as a ckptd reports its own pid.
-  auto process_a = std::make_unique<DaemonProcess>(DaemonOptions{dir.path() + "/ra", dir.path() + "/a.sock"});
+  auto process_a = std::make_unique<DaemonProcess>(ProcessOptions(dir, "a"));
   auto a = std::make_unique<FakeDaemon>(socket, "instance-a");
   a->words_pid = process_a->pid();
   ClientOptions options;
@@ -300,7 +308,8 @@ TEST_CASE("a stream waiting on a daemon that dies is released by the client, and
   client.snapshot(1, {}, stream);
   client.wait_snapshot_on_stream(1, stream);
   REQUIRE(seam.log->word_waits.size() == 1);
-  const auto [word, value] = seam.log->word_waits[0];
+  const std::atomic<std::uint32_t>* word = seam.log->word_waits[0].first;
+  const std::uint32_t value = seam.log->word_waits[0].second;
   CHECK(value == 1);
   CHECK(seam.log->waited.empty());  // no wait on the daemon's event
   // The daemon never wrote the word (its copies did not run): the stream would wait.
@@ -314,7 +323,7 @@ TEST_CASE("a stream waiting on a daemon that dies is released by the client, and
   // The next call finds the daemon gone, registers with the restarted one, and reports
   // version 1 lost (its stream-ordered wait never learnt that it was captured).
   a->Crash();
-  auto process_b = std::make_unique<DaemonProcess>(DaemonOptions{dir.path() + "/rb", dir.path() + "/b.sock"});
+  auto process_b = std::make_unique<DaemonProcess>(ProcessOptions(dir, "b"));
   auto b = std::make_unique<FakeDaemon>(socket, "instance-b");
   b->words_pid = process_b->pid();
   CHECK_THROWS_WITH(client.snapshot(2, {}, stream),
