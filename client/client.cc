@@ -432,8 +432,7 @@ struct Client::Impl {
       // CANCELLED: the daemon reached was shutting down (a restart's first half), which
       // cancels the calls it still has; the restarted one is what the budget waits for.
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-          s.error_code() != grpc::StatusCode::CANCELLED) {
+          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && s.error_code() != grpc::StatusCode::CANCELLED) {
         Throw(s, cause + ": registering again with the restarted ckptd at " + socket_path);
       }
       const auto now = std::chrono::steady_clock::now();
