@@ -249,8 +249,10 @@ struct Client::Impl {
     watch.reset();
     if (!words) return;
     // A stream may still have a wait on a word queued: end it, and keep the page mapped and
-    // registered until the process exits (4 KiB per client), never unmapped under a wait.
+    // registered until the process exits (4 KiB per client), never unmapped under a wait;
+    // its name goes now.
     words->ReleaseAll();
+    words->Unlink();
     static Mutex retired_mu;
     static auto* retired = new std::vector<std::shared_ptr<const void>>();
     MutexLock hold(retired_mu);

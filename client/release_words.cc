@@ -52,6 +52,8 @@ ReleaseWords::~ReleaseWords() {
   ::shm_unlink(name_.c_str());
 }
 
+void ReleaseWords::Unlink() { ::shm_unlink(name_.c_str()); }
+
 void ReleaseWords::ReleaseAll() {
   const std::uint32_t value = floor();
   // Sequentially consistent stores: the device reads the words over PCIe, coherently with

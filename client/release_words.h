@@ -64,6 +64,9 @@ class ReleaseWords {
   void NoteSnapshotSent() { floor_.fetch_add(1, std::memory_order_acq_rel); }
   std::uint32_t floor() const { return floor_.load(std::memory_order_acquire); }
 
+  // Removes the name (no daemon opens the words again); the mapping stays valid.
+  void Unlink();
+
   // Stores the floor into every word (from the host), ending every wait on them.
   void ReleaseAll();
   // How many times ReleaseAll ran.

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <string>
 
 #include "common/pid_namespace.h"
@@ -80,6 +81,15 @@ TEST_CASE("release words: the floor covers every value handed out, and a release
   CHECK(daemon.words[0].load() == 3);
   // The next session starts above anything a word holds.
   CHECK(w.SessionBase() == 3);
+
+  // A client that goes away removes the name; what is mapped stays.
+  const std::string name = w.name();
+  w.Unlink();
+  CHECK(::shm_open(name.c_str(), O_RDWR, 0) < 0);
+  CHECK(errno == ENOENT);
+  w.NoteSnapshotSent();
+  w.ReleaseAll();
+  CHECK(daemon.words[7].load() == 4);
 }
 
 TEST_CASE("release words are released when the real daemon process is killed") {
