@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,19 @@ class VersionSync {
   virtual void Release() = 0;
   // The slot of the daemon's ring that Signal records.
   virtual std::uint32_t daemon_slot() const = 0;
+  // When the session's release words are written: the value Signal writes into the word of
+  // daemon_slot() (never 0); nullopt otherwise.
+  virtual std::optional<std::uint32_t> release_value() const { return std::nullopt; }
+};
+
+// A trainer's release words as the daemon mapped them (client/release_words.h): `bytes` of
+// shared memory at `host`, valid while `keep` is held; the daemon's CPU never touches them,
+// only its streams write them. `base` is CudaSession.release_base.
+struct TrainerReleaseWords {
+  void* host = nullptr;
+  std::size_t bytes = 0;
+  std::uint32_t base = 0;
+  std::shared_ptr<const void> keep;
 };
 
 // The interprocess events of one CUDA registration: the trainer's ring (opened) and the
@@ -109,6 +123,8 @@ class SessionEvents {
   // its newest snapshot. Fails if the trainer slot is outside its ring or the daemon's
   // next slot still belongs to a version whose copies are being queued.
   virtual Result<std::shared_ptr<VersionSync>> Begin(std::uint64_t version, std::uint32_t trainer_slot) = 0;
+  // Whether the versions' completion is also written into the trainer's release words.
+  virtual bool writes_release_words() const { return false; }
 };
 
 class DeviceBackend {
@@ -133,9 +149,12 @@ class DeviceBackend {
   // DeadlineExceeded when a close has not returned.
   virtual Status AwaitReleases(std::chrono::steady_clock::time_point deadline) = 0;
   // Opens the events of a session of client process `pid` on the device with `device_uuid`
-  // (32 hex digits).
-  virtual Result<std::unique_ptr<SessionEvents>> OpenSession(
-      pid_t pid, const std::string& device_uuid, const std::vector<std::string>& trainer_events) = 0;
+  // (32 hex digits). With `release_words` (may be null), the session also writes them where
+  // the device can; where it cannot, the session works with events only
+  // (writes_release_words() false).
+  virtual Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t pid, const std::string& device_uuid,
+                                                             const std::vector<std::string>& trainer_events,
+                                                             const TrainerReleaseWords* release_words) = 0;
   // `count` lanes copying out of regions on device `device`.
   virtual Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) = 0;
   // Page-locks the host pool so device copies run at full speed (as portable memory, for

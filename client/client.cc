@@ -29,6 +29,7 @@
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "client/cuda_tensors.h"
+#include "client/release_words.h"
 #include "common/mutex.h"
 #include "common/socket_path.h"
 #include "format/dtype.h"
@@ -234,6 +235,76 @@ struct Client::Impl {
   TrainerSlotBook trainer_slots GUARDED_BY(mu);
   std::uint64_t last_snapshot GUARDED_BY(mu) = 0;  // newest version passed to snapshot() in this session
 
+  // The release words (client/release_words.h), made at the first GPU registration and kept
+  // for the client's life: their floor must only grow across sessions and daemons.
+  std::shared_ptr<ReleaseWords> words GUARDED_BY(mu);
+  std::shared_ptr<const void> words_mapping GUARDED_BY(mu);  // their CUDA registration; null: not made
+  std::string words_unused GUARDED_BY(mu);                   // why the session waits on events instead
+  bool words_in_use GUARDED_BY(mu) = false;                  // this session's stream waits use them
+  // Releases the words when the daemon process of the session exits.
+  std::unique_ptr<DaemonWatch> watch GUARDED_BY(mu);
+
+  ~Impl() {
+    MutexLock lock(mu);
+    watch.reset();
+    if (!words) return;
+    // A stream may still have a wait on a word queued: end it, and keep the page mapped and
+    // registered until the process exits (4 KiB per client), never unmapped under a wait;
+    // its name goes now.
+    words->ReleaseAll();
+    words->Unlink();
+    static Mutex retired_mu;
+    static auto* retired = new std::vector<std::shared_ptr<const void>>();
+    MutexLock hold(retired_mu);
+    retired->push_back(words);
+    if (words_mapping) retired->push_back(words_mapping);
+  }
+
+  // Before a GPU registration: makes the release words and maps them for the device once;
+  // on failure the registration goes on with events only (words_unused says why).
+  void PrepareReleaseWordsLocked(CudaTensors& gpu) REQUIRES(mu) {
+    if (words_mapping) return;
+    if (!words) {
+      auto made = ReleaseWords::Create();
+      if (!made.ok()) {
+        words_unused = made.status().message();
+        return;
+      }
+      words = std::move(made).value();
+    }
+    auto mapped = gpu.MapReleaseWords(words->data(), kReleaseWordsBytes);
+    if (!mapped.ok()) {
+      words_unused = mapped.status().message();
+      return;
+    }
+    words_mapping = std::move(mapped).value();
+    if (!watch) watch = std::make_unique<DaemonWatch>([w = words] { w->ReleaseAll(); });
+  }
+
+  // The release words of a new or renewed registration.
+  void AddReleaseWordsLocked(v1::CudaSession* c) REQUIRES(mu) {
+    if (!words_mapping) return;
+    c->set_release_words(words->name());
+    c->set_release_base(words->SessionBase());
+  }
+
+  // A daemon accepted a GPU registration: its stream-ordered waits use the release words
+  // only if it writes them and its process can be watched from here.
+  void UseReleaseWordsLocked(const v1::RegisterReply& rep) REQUIRES(mu) {
+    words_in_use = false;
+    if (!words_mapping) return;
+    if (!rep.release_words()) {
+      words_unused = "ckptd does not write them (see its log)";
+      return;
+    }
+    if (Status st = watch->Watch(static_cast<pid_t>(rep.daemon_pid()), rep.daemon_pid_namespace());
+        !st.ok()) {
+      words_unused = "ckptd's process cannot be watched: " + st.message();
+      return;
+    }
+    words_in_use = true;
+  }
+
   // What a call outside the lock uses: read together under it.
   struct Call {
     std::shared_ptr<v1::Checkpoint::Stub> stub;
@@ -242,9 +313,12 @@ struct Client::Impl {
     std::uint64_t epoch = 0;
     std::shared_ptr<CudaTensors> cuda;
     std::uint64_t last_snapshot = 0;
+    std::shared_ptr<ReleaseWords> words;  // set when the session's stream waits use them
   };
 
-  Call CallLocked() REQUIRES(mu) { return Call{stub, session, instance, epoch, cuda, last_snapshot}; }
+  Call CallLocked() REQUIRES(mu) {
+    return Call{stub, session, instance, epoch, cuda, last_snapshot, words_in_use ? words : nullptr};
+  }
 
   // Before a GPU session ends: the daemon may still be about to wait on the trainer's
   // events or copy from the tensors of its newest version (and so, in order, of every older
@@ -269,6 +343,7 @@ struct Client::Impl {
     last_snapshot = 0;
     versions.clear();
     daemon_lost = false;
+    words_in_use = false;
   }
 
   // Whether the call that returned `s` on `c` found the daemon gone: the socket refused or
@@ -297,6 +372,7 @@ struct Client::Impl {
     trainer_slots = cuda ? TrainerSlotBook(kTrainerEventSlots) : TrainerSlotBook();
     last_snapshot = 0;
     daemon_lost = true;
+    words_in_use = false;  // the watch stays: the daemon's exit still releases its waits
   }
 
   v1::RegisterRequest RequestLocked() REQUIRES(mu) {
@@ -309,6 +385,7 @@ struct Client::Impl {
       v1::CudaSession* c = req.mutable_cuda();
       c->set_device_uuid(cuda->device_uuid());
       for (std::string& h : cuda->trainer_event_handles()) c->add_trainer_events(std::move(h));
+      AddReleaseWordsLocked(c);
     }
     return req;
   }
@@ -384,6 +461,7 @@ struct Client::Impl {
         UnregisterQuietly(*fresh, rep.session());
         ThrowWithCode(st.With("register again after a daemon restart"));
       }
+      UseReleaseWordsLocked(rep);
     }
     stub = fresh;
     session = rep.session();
@@ -391,6 +469,14 @@ struct Client::Impl {
     ++epoch;
     daemon_lost = false;
     served = true;
+  }
+
+  // The device of session `c` cannot wait on memory: its waits use the daemon's events.
+  void ReleaseWordsUnsupported(const Call& c) {
+    MutexLock lock(mu);
+    if (c.epoch != epoch) return;
+    words_in_use = false;
+    words_unused = "the device cannot wait on memory (cuStreamWaitValue32: CUDA_ERROR_NOT_SUPPORTED)";
   }
 
   // The session, reconnected first if the daemon went away; throws if not registered.
@@ -571,6 +657,13 @@ const std::string& Client::socket_path() const { return impl_->socket_path; }
 
 std::chrono::milliseconds Client::reconnect_budget() const { return impl_->reconnect_budget; }
 
+std::string Client::stream_wait() const {
+  MutexLock lock(impl_->mu);
+  if (!impl_->cuda || impl_->session.empty()) return "none: no GPU registration with a daemon";
+  if (impl_->words_in_use) return "release words";
+  return "daemon events: " + impl_->words_unused;
+}
+
 Registration Client::register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
                                     const std::vector<TensorItem>& items) {
   MutexLock lock(impl_->mu);
@@ -636,6 +729,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     auto kept = gpu->PrepareEvents(previous);
     if (!kept.ok()) ThrowWithCode(kept.status().With("register"));
     kept_events = kept.value();
+    impl_->PrepareReleaseWordsLocked(*gpu);
   }
   // A session keeps the CUDA side it registered with (device, trainer events): the daemon
   // may still be waiting on those events. When that side changes, a new session starts.
@@ -673,6 +767,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
       v1::CudaSession* cuda = req.mutable_cuda();
       cuda->set_device_uuid(gpu->device_uuid());
       for (std::string& h : gpu->trainer_event_handles()) cuda->add_trainer_events(std::move(h));
+      impl_->AddReleaseWordsLocked(cuda);
     }
     grpc::Status s = impl_->stub->Register(&ctx, req, &rep);
     const bool reregister = !impl_->session.empty();
@@ -699,6 +794,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
           impl_->EndSessionLocked();
           ThrowWithCode(st.With("register"));
         }
+        impl_->UseReleaseWordsLocked(rep);
       }
     }
   }
@@ -783,6 +879,9 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
         impl_->trainer_slots.Take(version);
         req.set_trainer_event_slot(slot);
       }
+      // The daemon may give this version the next release value: the floor covers it before
+      // the request leaves (client/release_words.h).
+      if (impl_->cuda && impl_->words) impl_->words->NoteSnapshotSent();
       // From now on wait_snapshot_on_stream of older versions waits on the host (the daemon
       // may record their event slots again). After a rollback versions restart lower.
       impl_->last_snapshot = version;
@@ -835,6 +934,15 @@ std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, 
       impl_->Wait(version, Level::kCaptured, std::chrono::milliseconds(0), true, what, &used, &ordered, &rep);
   // Without an event the copies had finished when the daemon answered.
   if (by_daemon && ordered && rep.has_daemon_event()) {
+    // The release word, which this client can satisfy itself should the daemon die before
+    // its copies run; the daemon's event where the words are not in use.
+    if (used.words && rep.release_value() != 0) {
+      auto waited = used.cuda->WaitReleaseWord(&used.words->word(rep.daemon_event_slot()),
+                                               rep.release_value(), cuda_stream);
+      if (!waited.ok()) ThrowWithCode(waited.status().With(what));
+      if (waited.value()) return std::chrono::steady_clock::now() - start;
+      impl_->ReleaseWordsUnsupported(used);
+    }
     if (Status st = used.cuda->WaitDaemonEvent(rep.daemon_event_slot(), cuda_stream); !st.ok()) {
       ThrowWithCode(st.With(what));
     }

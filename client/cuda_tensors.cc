@@ -6,13 +6,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
-#include <iterator>
 #include <utility>
 
 #include "cuda/cuda_error.h"
 #include "cuda/cuda_pointer.h"
 #include "cuda/driver_api.h"
 #include "cuda/event_ring.h"
+#include "cuda/pointer_query.h"
 #include "cuda/region_name.h"
 
 namespace ckpt {
@@ -44,44 +44,6 @@ class CurrentDeviceGuard {
   const cuda::DriverApi* driver_ = nullptr;
   CUcontext context_ = nullptr;
 };
-
-// What the driver says about `address`. An address CUDA does not know gives default
-// attributes (memory type unknown), as cuPointerGetAttributes documents; some drivers
-// report such an address as an invalid value or context instead, which means the same.
-Result<cuda::PointerAttributes> QueryPointer(const cuda::DriverApi& driver, std::uint64_t address) {
-  unsigned memory_type = 0;
-  // Boolean attributes: the driver writes at most this many bytes, zero-extended here.
-  unsigned long long managed = 0;
-  unsigned long long ipc_capable = 0;
-  int ordinal = -1;
-  CUdeviceptr start = 0;
-  std::size_t size = 0;
-  unsigned long long buffer_id = 0;
-  CUpointer_attribute attributes[] = {
-      CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-      CU_POINTER_ATTRIBUTE_IS_MANAGED,
-      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-      CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-      CU_POINTER_ATTRIBUTE_BUFFER_ID,
-  };
-  void* data[] = {&memory_type, &managed, &ipc_capable, &ordinal, &start, &size, &buffer_id};
-  static_assert(std::size(attributes) == std::size(data));
-  CUresult r = driver.cuPointerGetAttributes(static_cast<unsigned>(std::size(attributes)), attributes, data,
-                                             static_cast<CUdeviceptr>(address));
-  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_CONTEXT) return cuda::PointerAttributes{};
-  if (Status s = driver.Check(r, "cuPointerGetAttributes"); !s.ok()) return s;
-  cuda::PointerAttributes a;
-  a.memory_type = memory_type;
-  a.managed = managed != 0;
-  a.legacy_ipc_capable = ipc_capable != 0;
-  a.device_ordinal = ordinal;
-  a.range_start = static_cast<std::uint64_t>(start);
-  a.range_size = static_cast<std::uint64_t>(size);
-  a.buffer_id = static_cast<std::uint64_t>(buffer_id);
-  return a;
-}
 
 Result<cuda::IpcHandle> ParseEventHandle(const std::string& bytes, std::size_t index) {
   if (bytes.size() != cuda::IpcHandle::kBytes) {
@@ -157,7 +119,7 @@ class CudaTensorsImpl : public CudaTensors {
     const auto& driver = cuda::Driver();
     if (!driver.ok()) return driver.status();
     for (const cuda::Allocation& a : plan_.allocations) {
-      auto now = QueryPointer(driver.value(), a.base);
+      auto now = cuda::QueryPointerAttributes(driver.value(), a.base);
       if (!now.ok()) return now.status().With("check tensor '" + a.first_tensor + "'");
       if (Status s = cuda::CheckAllocationUnchanged(a, plan_.device, now.value()); !s.ok()) return s;
     }
@@ -175,6 +137,44 @@ class CudaTensorsImpl : public CudaTensors {
     CurrentDeviceGuard guard;
     if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
     return cuda::CudaStatus(::cudaDeviceSynchronize(), "cudaDeviceSynchronize before restore");
+  }
+
+  Result<std::shared_ptr<const void>> MapReleaseWords(void* words, std::size_t bytes) override {
+    const auto& driver = cuda::Driver();
+    if (!driver.ok()) return driver.status();
+    if (driver->cuStreamWaitValue32 == nullptr) {
+      return FailedPrecondition("the CUDA driver provides no cuStreamWaitValue32");
+    }
+    CurrentDeviceGuard guard;
+    if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
+    if (Status s = cuda::CudaStatus(
+            ::cudaHostRegister(words, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+            "cudaHostRegister (release words)");
+        !s.ok()) {
+      return s;
+    }
+    return std::shared_ptr<const void>(words, [](void* p) { (void)::cudaHostUnregister(p); });
+  }
+
+  Result<bool> WaitReleaseWord(const void* word, std::uint32_t value, void* stream) override {
+    const auto& driver = cuda::Driver();
+    if (!driver.ok()) return driver.status();
+    CurrentDeviceGuard guard;
+    if (Status s = cuda::CudaStatus(::cudaSetDevice(plan_.device), "cudaSetDevice"); !s.ok()) return s;
+    void* address = nullptr;
+    if (Status s = cuda::CudaStatus(::cudaHostGetDevicePointer(&address, const_cast<void*>(word), 0),
+                                    "cudaHostGetDevicePointer (release word)");
+        !s.ok()) {
+      return s;
+    }
+    const CUresult r =
+        driver->cuStreamWaitValue32(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
+                                    value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) return false;
+    if (Status s = driver->Check(r, "cuStreamWaitValue32 (release word)"); !s.ok()) {
+      return s.With("make the stream wait on the release word (a stream of device " + Device() + "?)");
+    }
+    return true;
   }
 
   Status WaitDaemonEvent(std::uint32_t slot, void* stream) override {
@@ -210,7 +210,7 @@ Result<std::shared_ptr<CudaTensors>> ResolveCudaTensors(const std::vector<CudaTe
   pointers.reserve(tensors.size());
   for (const CudaTensorSpec& t : tensors) {
     const auto address = reinterpret_cast<std::uint64_t>(t.ptr);
-    auto attributes = QueryPointer(driver.value(), address);
+    auto attributes = cuda::QueryPointerAttributes(driver.value(), address);
     if (!attributes.ok()) return attributes.status().With("GPU tensor '" + t.name + "'");
     pointers.push_back(cuda::TensorPointer{t.name, address, t.bytes, attributes.value()});
   }

@@ -84,6 +84,25 @@ class CudaTensors {
   virtual Status RecordTrainerEvent(std::uint32_t slot, void* stream) = 0;
   // Makes `stream` wait on slot `slot` of the daemon's ring.
   virtual Status WaitDaemonEvent(std::uint32_t slot, void* stream) = 0;
+  // Page-locks the trainer's release words (client/release_words.h) for the device
+  // (cudaHostRegister, mapped and portable: one registration serves every device and
+  // context) and returns what keeps them registered, or why they cannot be (the client then
+  // waits on the daemon's events). The default: this CudaTensors cannot.
+  virtual Result<std::shared_ptr<const void>> MapReleaseWords(void* words, std::size_t bytes) {
+    (void)words;
+    (void)bytes;
+    return FailedPrecondition("stream memory operations are not available");
+  }
+  // Makes `stream` wait until the release word at host address `word` (inside the words
+  // MapReleaseWords registered) reaches `value`, cyclically: cuStreamWaitValue32 with
+  // CU_STREAM_WAIT_VALUE_GEQ. Returns false, queuing nothing, when the device cannot wait
+  // on memory (CUDA_ERROR_NOT_SUPPORTED): then the caller waits on the daemon's event.
+  virtual Result<bool> WaitReleaseWord(const void* word, std::uint32_t value, void* stream) {
+    (void)word;
+    (void)value;
+    (void)stream;
+    return false;
+  }
   // Waits for all work queued on the tensors' device (before a restore writes into them:
   // the daemon's streams are not ordered after the trainer's).
   virtual Status SynchronizeDevice() const = 0;

@@ -20,6 +20,7 @@
 #include "cuda/driver_api.h"
 #include "cuda/lane_watch.h"
 #include "cuda/region_name.h"
+#include "cuda/release_word_writer.h"
 
 namespace ckpt::cuda {
 namespace {
@@ -172,6 +173,7 @@ struct EventState {
   std::unique_ptr<IpcEventFactory> factory;  // outlives the rings' events
   std::unique_ptr<EventRing> trainer;
   std::unique_ptr<EventRing> daemon;
+  std::unique_ptr<ReleaseWordWriter> words;  // null: events only
   int device = -1;
   // Set when the trainer exits (DeviceBackend::ReleaseClient): lanes gated on its events
   // may never run again.
@@ -180,6 +182,14 @@ struct EventState {
   std::uint64_t sequence = 0;  // versions begun, the daemon ring's assignment order
 };
 
+// The value the session's `sequence`-th version writes into its release word: above the
+// session's base, modulo 2^32 (cyclic), never 0 (the words' initial value).
+std::uint32_t ReleaseValue(const EventState& state, std::uint64_t sequence) {
+  if (!state.words) return 0;
+  const auto value = static_cast<std::uint32_t>(state.words->base() + sequence);
+  return value == 0 ? 1 : value;
+}
+
 class CudaVersionSync final : public VersionSync {
  public:
   CudaVersionSync(std::shared_ptr<EventState> state, std::uint64_t sequence, std::uint32_t trainer_slot,
@@ -187,7 +197,8 @@ class CudaVersionSync final : public VersionSync {
       : state_(std::move(state)),
         sequence_(sequence),
         trainer_slot_(trainer_slot),
-        daemon_slot_(daemon_slot) {}
+        daemon_slot_(daemon_slot),
+        release_value_(ReleaseValue(*state_, sequence)) {}
   ~CudaVersionSync() override { Release(); }
 
   Status Gate(CopyLane& lane) override {
@@ -206,7 +217,19 @@ class CudaVersionSync final : public VersionSync {
     for (std::size_t i = 1; i < lanes.size(); ++i) {
       if (Status s = lanes[0]->After(*lanes[i]); !s.ok()) return s;
     }
+    // The word's slot is the event's: it is written again only once this version is
+    // released (its lanes, synchronised on destruction, are gone by then) and superseded,
+    // so a word's values only grow.
+    if (state_->words) {
+      if (Status s = state_->words->Write(lanes[0]->native(), daemon_slot_, release_value_); !s.ok())
+        return s;
+    }
     return state_->daemon->RecordSlot(daemon_slot_, lanes[0]->native());
+  }
+
+  std::optional<std::uint32_t> release_value() const override {
+    if (!state_->words) return std::nullopt;
+    return release_value_;
   }
 
   void Release() override {
@@ -220,6 +243,7 @@ class CudaVersionSync final : public VersionSync {
   std::uint64_t sequence_;
   std::uint32_t trainer_slot_;
   std::uint32_t daemon_slot_;
+  std::uint32_t release_value_;
   std::atomic<bool> released_{false};
 };
 
@@ -228,6 +252,8 @@ class CudaSessionEvents final : public SessionEvents {
   explicit CudaSessionEvents(std::shared_ptr<EventState> state) : state_(std::move(state)) {}
 
   int device() const override { return state_->device; }
+
+  bool writes_release_words() const override { return state_->words != nullptr; }
 
   std::vector<std::string> daemon_handles() const override {
     std::vector<std::string> out;
@@ -306,15 +332,28 @@ class CudaBackend final : public DeviceBackend {
     return releaser_->AwaitPosted(deadline);
   }
 
-  Result<std::unique_ptr<SessionEvents>> OpenSession(
-      pid_t pid, const std::string& device_uuid, const std::vector<std::string>& trainer_events) override {
+  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t pid, const std::string& device_uuid,
+                                                     const std::vector<std::string>& trainer_events,
+                                                     const TrainerReleaseWords* release_words) override {
     auto uuid = DeviceUuid::Parse(device_uuid);
     if (!uuid.ok()) return uuid.status();
     auto device = DeviceOrdinalForUuid(uuid.value());
     if (!device.ok()) return device.status();
+    std::unique_ptr<ReleaseWordWriter> words;
+    if (release_words != nullptr) {
+      auto made = MakeCudaReleaseWordWriter(device.value(), *release_words);
+      if (made.ok()) {
+        words = std::move(made).value();
+      } else {
+        spdlog::info(
+            "GPU {}: the trainer's release words cannot be written ({}); its stream-ordered waits "
+            "use the daemon's events",
+            device_uuid, made.status().message());
+      }
+    }
     auto gone = std::make_shared<std::atomic<bool>>(false);
     auto events = MakeSessionEvents(MakeCudaEventFactory(device.value()), device.value(), trainer_events,
-                                    kDaemonEventSlots, gone);
+                                    kDaemonEventSlots, gone, std::move(words));
     if (!events.ok()) return events.status();
     MutexLock lock(mu_);
     for (auto it = trainer_gone_.begin(); it != trainer_gone_.end();) {
@@ -394,7 +433,8 @@ class CudaBackend final : public DeviceBackend {
 Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEventFactory> factory, int device,
                                                          const std::vector<std::string>& trainer_handles,
                                                          std::uint32_t daemon_slots,
-                                                         std::shared_ptr<std::atomic<bool>> trainer_gone) {
+                                                         std::shared_ptr<std::atomic<bool>> trainer_gone,
+                                                         std::unique_ptr<ReleaseWordWriter> words) {
   if (trainer_handles.empty()) return InvalidArgument("the trainer sent no event handles");
   std::vector<IpcHandle> handles;
   for (std::size_t i = 0; i < trainer_handles.size(); ++i) {
@@ -417,6 +457,8 @@ Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(std::unique_ptr<IpcEven
   auto daemon = EventRing::Create(daemon_slots, *state->factory);
   if (!daemon.ok()) return daemon.status().With("daemon event ring");
   state->daemon = std::move(daemon).value();
+  // One word per daemon slot, or none at all.
+  if (words && words->count() >= daemon_slots) state->words = std::move(words);
   return std::unique_ptr<SessionEvents>(std::make_unique<CudaSessionEvents>(std::move(state)));
 }
 

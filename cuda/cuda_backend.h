@@ -13,7 +13,9 @@
 // acknowledged by the trainer; the trainer acknowledges every earlier version by taking a
 // new snapshot (the client never makes a stream-ordered wait on a version older than its
 // newest snapshot). Slots are assigned by a per-session sequence, so a rollback that
-// repeats version numbers does not disturb the ring.
+// repeats version numbers does not disturb the ring. Where the trainer sent release words
+// and the device can write them, Signal first writes the version's release value (the
+// session's base + its sequence) into the word of its daemon slot (cuda/release_word_writer.h).
 //
 // Device memory is given back on a thread of its own (cuda/device_releaser.h): every close
 // of an IPC mapping and the pool's unpin, put off while a lane waits on the event of a
@@ -33,6 +35,7 @@
 #include "backend/device_copier.h"
 #include "common/status.h"
 #include "cuda/event_ring.h"
+#include "cuda/release_word_writer.h"
 
 namespace ckpt::cuda {
 
@@ -43,10 +46,12 @@ Result<std::shared_ptr<DeviceBackend>> MakeCudaBackend();
 
 // The session-event logic on any event factory (CUDA in production, fakes in tests).
 // `device` is the daemon's ordinal of the session's device; `trainer_gone` (made if null)
-// is the flag the backend sets when the trainer exits.
+// is the flag the backend sets when the trainer exits. `words` (may be null) writes the
+// trainer's release words after each version's copies; fewer words than daemon slots means
+// events only.
 Result<std::unique_ptr<SessionEvents>> MakeSessionEvents(
     std::unique_ptr<IpcEventFactory> factory, int device, const std::vector<std::string>& trainer_handles,
-    std::uint32_t daemon_slots = kDaemonEventSlots,
-    std::shared_ptr<std::atomic<bool>> trainer_gone = nullptr);
+    std::uint32_t daemon_slots = kDaemonEventSlots, std::shared_ptr<std::atomic<bool>> trainer_gone = nullptr,
+    std::unique_ptr<ReleaseWordWriter> words = nullptr);
 
 }  // namespace ckpt::cuda

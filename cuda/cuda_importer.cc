@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_error.h"
 #include "cuda/driver_api.h"
+#include "cuda/pid_namespace.h"
 
 namespace ckpt::cuda {
 
@@ -188,7 +189,13 @@ Result<std::shared_ptr<ImportedRegion>> CudaIpcImporter::Import(const std::strin
   auto device = DeviceOrdinalForUuid(ref.value().device);
   if (!device.ok()) return device.status().With("import CUDA region");
   auto registration = cache_->Register(pid_, ref.value().handle, device.value());
-  if (!registration.ok()) return registration.status();
+  if (!registration.ok()) {
+    const Status& s = registration.status();
+    // The one cause of a failed open that the CUDA error does not name.
+    if (s.message().find("cudaIpcOpenMemHandle") == std::string::npos) return s;
+    const std::string note = PidNamespaceNoteFor(pid_);
+    return note.empty() ? s : Status(s.code(), s.message() + "; " + note);
+  }
   if (registration.value().mapping().size < min_size) {
     return InvalidArgument("CUDA allocation of region " + name + " is " +
                            std::to_string(registration.value().mapping().size) + " bytes, smaller than the " +

@@ -3,7 +3,8 @@
 //
 // In: per tensor, its name, address and byte length, and the attributes the driver reports
 // for that address (cuPointerGetAttributes: memory type, managed, legacy-IPC capable,
-// device ordinal, allocation start, size and buffer id). Out: an error naming the tensor
+// device ordinal, buffer id; and cuMemGetAddressRange: allocation start and size, see
+// cuda/pointer_query.h). Out: an error naming the tensor
 // and the way out, or the plan of a registration: its one device, its distinct allocations
 // (each exported once, with cudaIpcGetMemHandle of its base) and each tensor's offset from
 // its allocation's base. Before each snapshot, CheckAllocationUnchanged compares what the
@@ -38,8 +39,8 @@ struct PointerAttributes {
   bool managed = false;             // cudaMallocManaged
   bool legacy_ipc_capable = false;  // cudaIpcGetMemHandle can export the allocation
   int device_ordinal = -1;          // in this process's numbering
-  std::uint64_t range_start = 0;    // the allocation's first byte
-  std::uint64_t range_size = 0;     // the allocation's bytes
+  std::uint64_t range_start = 0;    // the allocation's first byte (cuMemGetAddressRange)
+  std::uint64_t range_size = 0;     // the allocation's bytes (cuMemGetAddressRange)
   std::uint64_t buffer_id = 0;      // unique per allocation over the process's lifetime
 };
 

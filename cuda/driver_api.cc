@@ -7,9 +7,20 @@
 namespace ckpt::cuda {
 namespace {
 
-// A failed probe call as a "no CUDA driver/device" error.
-Status NoDriver(cudaError_t err, const char* what) {
+std::string CudaVersionText(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+// A failed probe call as a "no CUDA driver/device" error; a driver older than the runtime
+// says which driver is there and which one is needed.
+Status NoDriver(const DriverProbe& probe, cudaError_t err, const char* what, int driver_version) {
   Status s = CudaStatus(err, what);
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorCallRequiresNewerDriver) {
+    int runtime = 0;
+    if (probe.runtime_version(&runtime) != cudaSuccess) runtime = CUDART_VERSION;
+    return FailedPrecondition(std::string(kNoDriverPhrase) + ": " +
+                              DriverTooOldMessage(driver_version, runtime) + " (" + s.message() + ")");
+  }
   if (IsNoDeviceError(err)) return s;  // already says "no CUDA driver/device"
   return FailedPrecondition(std::string(kNoDriverPhrase) + ": " + s.message());
 }
@@ -32,6 +43,27 @@ Status LoadSymbol(const DriverProbe& probe, const char* symbol, void** fn) {
 
 }  // namespace
 
+std::string MinimumDriverFor(int runtime_version) {
+  switch (runtime_version / 1000) {
+    case 13:
+      return "R580 or newer (580.65.06 or later on Linux)";
+    case 12:
+      return "R525 or newer (525.60.13 or later on Linux)";
+    default:
+      return "one that supports CUDA " + CudaVersionText(runtime_version);
+  }
+}
+
+std::string DriverTooOldMessage(int driver_version, int runtime_version) {
+  const std::string found = driver_version > 0
+                                ? "the NVIDIA driver supports CUDA " + CudaVersionText(driver_version) +
+                                      " (cudaDriverGetVersion: " + std::to_string(driver_version) + ")"
+                                : "the NVIDIA driver's CUDA version is unknown";
+  return found + ", older than this binary's CUDA " + CudaVersionText(runtime_version) +
+         " runtime, which needs NVIDIA driver " + MinimumDriverFor(runtime_version) +
+         ": upgrade the driver on this node (see README, GPU requirements)";
+}
+
 Status DriverApi::Check(CUresult r, const char* what) const {
   if (r == CUDA_SUCCESS) return Status::Ok();
   const char* text = nullptr;
@@ -48,13 +80,13 @@ Result<DriverApi> LoadDriverApi(const DriverProbe& probe) {
   DriverApi api;
   // cudaDriverGetVersion reports 0 (and success) when libcuda.so.1 cannot be loaded.
   cudaError_t err = probe.driver_version(&api.driver_version);
-  if (err != cudaSuccess) return NoDriver(err, "cudaDriverGetVersion");
+  if (err != cudaSuccess) return NoDriver(probe, err, "cudaDriverGetVersion", 0);
   if (api.driver_version == 0) {
     return FailedPrecondition(std::string(kNoDriverPhrase) +
                               ": no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
   }
   err = probe.device_count(&api.device_count);
-  if (err != cudaSuccess) return NoDriver(err, "cudaGetDeviceCount");
+  if (err != cudaSuccess) return NoDriver(probe, err, "cudaGetDeviceCount", api.driver_version);
   if (api.device_count <= 0) {
     return FailedPrecondition(std::string(kNoDriverPhrase) + ": the CUDA driver (version " +
                               std::to_string(api.driver_version) + ") sees no device");
@@ -72,6 +104,16 @@ Result<DriverApi> LoadDriverApi(const DriverProbe& probe) {
   };
   for (auto& s : symbols) {
     if (Status st = LoadSymbol(probe, s.name, s.slot); !st.ok()) return st;
+  }
+  struct {
+    const char* name;
+    void** slot;
+  } optional[] = {
+      {"cuStreamWriteValue32", reinterpret_cast<void**>(&api.cuStreamWriteValue32)},
+      {"cuStreamWaitValue32", reinterpret_cast<void**>(&api.cuStreamWaitValue32)},
+  };
+  for (auto& s : optional) {
+    if (!LoadSymbol(probe, s.name, s.slot).ok()) *s.slot = nullptr;
   }
   return api;
 }

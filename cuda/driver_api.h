@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <string>
 
 #include "common/status.h"
 
@@ -38,6 +39,13 @@ struct DriverApi {
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
   PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
   PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent = nullptr;
+  // Stream memory operations (the release words, client/release_words.h). Optional: null
+  // when the driver does not provide them; callers then use interprocess events. The
+  // 32-bit operations of this ABI (the "v2" memops of CUDA 11.7+) need no device attribute:
+  // CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 is deprecated in the CUDA 13 header, and
+  // a platform that cannot still answers CUDA_ERROR_NOT_SUPPORTED at the call.
+  PFN_cuStreamWriteValue32_v11070 cuStreamWriteValue32 = nullptr;
+  PFN_cuStreamWaitValue32_v11070 cuStreamWaitValue32 = nullptr;
   int driver_version = 0;  // as cudaDriverGetVersion reports it, e.g. 13000
   int device_count = 0;    // devices visible to this process (at least 1 when loaded)
 
@@ -50,14 +58,29 @@ struct DriverApi {
 struct DriverProbe {
   std::function<cudaError_t(int*)> driver_version = [](int* v) { return ::cudaDriverGetVersion(v); };
   std::function<cudaError_t(int*)> device_count = [](int* n) { return ::cudaGetDeviceCount(n); };
+  std::function<cudaError_t(int*)> runtime_version = [](int* v) { return ::cudaRuntimeGetVersion(v); };
   std::function<cudaError_t(const char*, void**, cudaDriverEntryPointQueryResult*)> entry_point =
       [](const char* symbol, void** fn, cudaDriverEntryPointQueryResult* q) {
         return ::cudaGetDriverEntryPointByVersion(symbol, fn, kDriverAbiVersion, cudaEnableDefault, q);
       };
 };
 
+// The minimum NVIDIA driver for a CUDA runtime: the static CUDA 13 runtime these binaries
+// link needs a driver that supports CUDA 13.0, branch R580 or newer (CUDA 13.0 release
+// notes: 580.65.06 on Linux); within CUDA 13, minor-version compatibility makes any R580
+// driver enough. `runtime_version` as cudaRuntimeGetVersion reports it (13000).
+std::string MinimumDriverFor(int runtime_version);
+
+// The message for a driver too old for this binary's runtime (cudaErrorInsufficientDriver):
+// names the driver's CUDA version (`driver_version` from cudaDriverGetVersion, 0 if
+// unknown), the runtime's and the driver branch needed, e.g. "the NVIDIA driver supports
+// CUDA 12.4 (cudaDriverGetVersion: 12040), older than this binary's CUDA 13.0 runtime,
+// which needs NVIDIA driver R580 or newer (...): upgrade the driver".
+std::string DriverTooOldMessage(int driver_version, int runtime_version);
+
 // Loads the table through `probe`. Fails with "no CUDA driver/device: ..." when the driver
-// is missing or sees no device, and with a message naming the symbol when an entry point
+// is missing or sees no device (with DriverTooOldMessage when the driver is older than the
+// runtime), and with a message naming the symbol when an entry point
 // cannot be found.
 Result<DriverApi> LoadDriverApi(const DriverProbe& probe = DriverProbe());
 

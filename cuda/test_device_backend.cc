@@ -231,8 +231,9 @@ class TestDeviceBackend final : public DeviceBackend {
   Status AwaitReleases(std::chrono::steady_clock::time_point deadline) override {
     return releaser_->AwaitPosted(deadline);
   }
-  Result<std::unique_ptr<SessionEvents>> OpenSession(
-      pid_t, const std::string&, const std::vector<std::string>& trainer_events) override {
+  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t, const std::string&,
+                                                     const std::vector<std::string>& trainer_events,
+                                                     const TrainerReleaseWords*) override {
     if (trainer_events.empty()) return InvalidArgument("the trainer sent no event handles");
     return std::unique_ptr<SessionEvents>(std::make_unique<TestSessionEvents>());
   }

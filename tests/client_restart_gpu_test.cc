@@ -10,6 +10,8 @@
 #include <ckpt/client.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
 #include <memory>
@@ -20,6 +22,10 @@
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "client/cuda_tensors.h"
+#include "client/release_words.h"
+#include "common/pid_namespace.h"
+#include "support/daemon_process.h"
+#include "support/eventually.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
@@ -37,6 +43,9 @@ struct CudaLog {
   std::vector<std::vector<std::string>> opened;  // daemon event handles, per OpenDaemonEvents
   std::vector<std::uint32_t> recorded;           // trainer slots recorded, in order
   std::vector<std::uint32_t> waited;             // daemon slots a stream waited on
+  int mapped = 0;                                // MapReleaseWords calls
+  // Stream waits on release words: the word (in the client's page) and the value awaited.
+  std::vector<std::pair<const std::atomic<std::uint32_t>*, std::uint32_t>> word_waits;
 };
 
 class FakeCuda : public CudaTensors {
@@ -74,6 +83,17 @@ class FakeCuda : public CudaTensors {
     return Status::Ok();
   }
   Status SynchronizeDevice() const override { return Status::Ok(); }
+  Result<std::shared_ptr<const void>> MapReleaseWords(void*, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    ++log_->mapped;
+    if (bytes != kReleaseWordsBytes) return InvalidArgument("not a page of words");
+    return std::shared_ptr<const void>(std::make_shared<int>(0));
+  }
+  Result<bool> WaitReleaseWord(const void* word, std::uint32_t value, void*) override {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    log_->word_waits.emplace_back(static_cast<const std::atomic<std::uint32_t>*>(word), value);
+    return true;
+  }
 
  private:
   std::shared_ptr<CudaLog> log_;
@@ -117,6 +137,13 @@ class FakeDaemon final : public v1::Checkpoint::Service {
     rep->set_session(id);
     rep->set_item_count(1);
     rep->set_daemon_instance(instance_);
+    // As ckptd does when it can write the trainer's release words.
+    if (words_pid > 0 && !req->cuda().release_words().empty()) {
+      rep->set_release_words(true);
+      rep->set_daemon_pid(words_pid);
+      rep->set_daemon_pid_namespace(words_namespace);
+      release_base_ = req->cuda().release_base();
+    }
     for (const auto& h : DaemonEvents()) rep->add_daemon_events(h);
     return grpc::Status::OK;
   }
@@ -125,6 +152,7 @@ class FakeDaemon final : public v1::Checkpoint::Service {
     if (sessions_.count(req->session()) == 0)
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown session");
     snapshots[req->version()] = req->trainer_event_slot();
+    release_values_[req->version()] = release_base_ + static_cast<std::uint32_t>(snapshots.size());
     return grpc::Status::OK;
   }
   grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest* req, v1::WaitReply* rep) override {
@@ -136,6 +164,7 @@ class FakeDaemon final : public v1::Checkpoint::Service {
     if (req->stream_ordered()) {
       rep->set_has_daemon_event(true);
       rep->set_daemon_event_slot(static_cast<std::uint32_t>(req->version() % kSlots));
+      if (words_pid > 0) rep->set_release_value(release_values_.at(req->version()));
       return grpc::Status::OK;
     }
     rep->set_reached(req->level());
@@ -154,13 +183,27 @@ class FakeDaemon final : public v1::Checkpoint::Service {
 
   std::vector<v1::RegisterRequest> registers;
   std::map<std::uint64_t, std::uint32_t> snapshots;  // version -> trainer event slot
+  // Set before the registration: the daemon "writes" the release words, and this is the
+  // process (a real ckptd) the client is told to watch.
+  pid_t words_pid = 0;
+  std::string words_namespace = PidNamespaceOf(0).value();
 
  private:
+  std::uint32_t release_base_ = 0;
+  std::map<std::uint64_t, std::uint32_t> release_values_;
   std::mutex mu_;
   std::set<std::string> sessions_;
   const std::string instance_;
   std::unique_ptr<grpc::Server> server_;
 };
+
+// A real ckptd on a socket of its own, standing for the fake daemon's process.
+DaemonOptions ProcessOptions(const TempDir& dir, const std::string& name) {
+  DaemonOptions o;
+  o.root = dir.path() + "/root-" + name;
+  o.socket = dir.path() + "/" + name + ".sock";
+  return o;
+}
 
 // Installs the fake CUDA side for one test.
 struct FakeCudaSeam {
@@ -220,7 +263,12 @@ TEST_CASE("a GPU registration is made again with the same handles after a daemon
   CHECK(again.rank() == 0);
   CHECK(again.world_size() == 1);
   CHECK(again.descriptor_table() == first.descriptor_table());
-  CHECK(again.cuda().SerializeAsString() == first.cuda().SerializeAsString());
+  CHECK(again.cuda().device_uuid() == first.cuda().device_uuid());
+  CHECK(std::equal(again.cuda().trainer_events().begin(), again.cuda().trainer_events().end(),
+                   first.cuda().trainer_events().begin(), first.cuda().trainer_events().end()));
+  // The same release words, with a base above every value A may have been told to write.
+  CHECK(again.cuda().release_words() == first.cuda().release_words());
+  CHECK(again.cuda().release_base() == 2);
   CHECK(seam.log->resolved == 1);
   CHECK(seam.log->prepared == 1);
   REQUIRE(seam.log->opened.size() == 2);
@@ -232,5 +280,94 @@ TEST_CASE("a GPU registration is made again with the same handles after a daemon
   CHECK(b->snapshots.at(3) == 0);
   client.wait_snapshot_on_stream(3, stream);
   CHECK(seam.log->waited == std::vector<std::uint32_t>{1, 3});
+  client.unregister();
+}
+
+TEST_CASE("a stream waiting on a daemon that dies is released by the client, and the version reported lost",
+          "[restart][gpu]") {
+  TempDir dir("gpu-release");
+  const std::string socket = dir.path() + "/ckptd.sock";
+  FakeCudaSeam seam;
+  // The daemons' processes: real ckptd processes (on sockets of their own), which the
+  // client is told to watch, as a ckptd reports its own pid.
+  auto process_a = std::make_unique<DaemonProcess>(ProcessOptions(dir, "a"));
+  auto a = std::make_unique<FakeDaemon>(socket, "instance-a");
+  a->words_pid = process_a->pid();
+  ClientOptions options;
+  options.reconnect_budget = std::chrono::seconds(20);
+  Client client = Client::connect(socket, options);
+  static float device_memory[256];
+  client.register_items("gpu", 0, 1, {{"w", DType::kF32, {256}, nullptr, 0, device_memory}});
+  REQUIRE(a->registers.size() == 1);
+  CHECK(a->registers[0].cuda().release_words().rfind("/ckpt-release-", 0) == 0);
+  CHECK(a->registers[0].cuda().release_base() == 0);
+  CHECK(seam.log->mapped == 1);
+  CHECK(client.stream_wait() == "release words");
+
+  void* stream = reinterpret_cast<void*>(0x5);
+  client.snapshot(1, {}, stream);
+  client.wait_snapshot_on_stream(1, stream);
+  REQUIRE(seam.log->word_waits.size() == 1);
+  const std::atomic<std::uint32_t>* word = seam.log->word_waits[0].first;
+  const std::uint32_t value = seam.log->word_waits[0].second;
+  CHECK(value == 1);
+  CHECK(seam.log->waited.empty());  // no wait on the daemon's event
+  // The daemon never wrote the word (its copies did not run): the stream would wait.
+  CHECK(static_cast<std::int32_t>(word->load() - value) < 0);
+
+  // The daemon's process dies: the client writes the word itself, and the stream goes on.
+  process_a->Kill9();
+  REQUIRE(Eventually([&] { return static_cast<std::int32_t>(word->load() - value) >= 0; },
+                     std::chrono::seconds(30)));
+
+  // The next call finds the daemon gone, registers with the restarted one, and reports
+  // version 1 lost (its stream-ordered wait never learnt that it was captured).
+  a->Crash();
+  auto process_b = std::make_unique<DaemonProcess>(ProcessOptions(dir, "b"));
+  auto b = std::make_unique<FakeDaemon>(socket, "instance-b");
+  b->words_pid = process_b->pid();
+  CHECK_THROWS_WITH(client.snapshot(2, {}, stream),
+                    Catch::Contains("daemon restarted; version 1 was not captured"));
+  REQUIRE(b->registers.size() == 1);
+  // Two snapshots were sent to A (1, and 2 that found it gone): B's values start above 2.
+  CHECK(b->registers[0].cuda().release_base() == 2);
+  CHECK(client.stream_wait() == "release words");
+  client.snapshot(3, {}, stream);
+  client.wait_snapshot_on_stream(3, stream);
+  REQUIRE(seam.log->word_waits.size() == 2);
+  // The same page: B's slot for version 3 (the fake daemon's slot is the version % 64).
+  const std::atomic<std::uint32_t>* word3 = seam.log->word_waits[1].first;
+  CHECK(word3 == word + 2);
+  CHECK(seam.log->word_waits[1].second == 3);
+  // The release of A's waits (every word holds 1, the floor when A died) does not satisfy B's.
+  CHECK(word3->load() == 1);
+  CHECK(static_cast<std::int32_t>(word3->load() - 3u) < 0);
+  client.unregister();
+}
+
+TEST_CASE("stream-ordered waits use the daemon's events where the release words cannot be used",
+          "[restart][gpu]") {
+  TempDir dir("gpu-events");
+  const std::string socket = dir.path() + "/ckptd.sock";
+  FakeCudaSeam seam;
+  auto a = std::make_unique<FakeDaemon>(socket, "instance-a");
+  std::string expected;
+  SECTION("the daemon does not write them") { expected = "daemon events: ckptd does not write them"; }
+  SECTION("the daemon runs in another PID namespace") {
+    a->words_pid = ::getpid();
+    a->words_namespace = "pid:[1]";
+    expected = "daemon events: ckptd's process cannot be watched: ckptd runs in PID namespace pid:[1]";
+  }
+  Client client = Client::connect(socket);
+  CHECK(client.stream_wait().rfind("none: ", 0) == 0);
+  static float device_memory[256];
+  client.register_items("gpu", 0, 1, {{"w", DType::kF32, {256}, nullptr, 0, device_memory}});
+  INFO(client.stream_wait());
+  CHECK(client.stream_wait().rfind(expected, 0) == 0);
+  void* stream = reinterpret_cast<void*>(0x5);
+  client.snapshot(1, {}, stream);
+  client.wait_snapshot_on_stream(1, stream);
+  CHECK(seam.log->word_waits.empty());
+  CHECK(seam.log->waited == std::vector<std::uint32_t>{1});
   client.unregister();
 }

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "daemon/io/shm_importer.h"
 #include "shm/descriptor_table.h"
 #include "shm/shm_region.h"
 
@@ -495,4 +496,28 @@ TEST_CASE("removing a name that a FIFO now holds neither blocks nor removes the 
   struct stat st {};
   CHECK(::lstat(path.c_str(), &st) == 0);  // not ours: left alone
   ::unlink(path.c_str());
+}
+
+// The one mapping the daemon keeps of a trainer's object (its release words, which only the
+// daemon's GPU streams write): checked as every import is.
+TEST_CASE("the daemon maps a trainer's release words only if the trainer's uid owns them") {
+  auto region = ShmRegion::Create(UniqueName("words"), 4096);
+  REQUIRE(region.ok());
+  auto mapped = MapShmObject(region->name(), ::getuid(), 4096);
+  REQUIRE(mapped.ok());
+  CHECK(mapped.value()->size() == 4096);
+  // The same page: what the daemon's side writes, the trainer reads.
+  static_cast<volatile std::uint32_t*>(mapped.value()->data())[3] = 77;
+  CHECK(static_cast<volatile std::uint32_t*>(region->data())[3] == 77);
+
+  auto other = MapShmObject(region->name(), ::getuid() + 1, 4096);
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.status().code() == StatusCode::kPermissionDenied);
+  CHECK(other.status().message().find("belongs to uid " + std::to_string(::getuid())) != std::string::npos);
+  auto small = MapShmObject(region->name(), ::getuid(), 8192);
+  REQUIRE_FALSE(small.ok());
+  CHECK(small.status().code() == StatusCode::kInvalidArgument);
+  CHECK(MapShmObject("/ckpt-no-such-words-object", ::getuid(), 4096).status().code() ==
+        StatusCode::kNotFound);
+  CHECK(MapShmObject("bad/name", ::getuid(), 4096).status().code() == StatusCode::kInvalidArgument);
 }

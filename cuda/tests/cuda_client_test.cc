@@ -15,6 +15,7 @@
 #include "client/cuda_tensors.h"
 #include "cuda/cuda_pointer.h"
 #include "cuda/driver_api.h"
+#include "cuda/pointer_query.h"
 #include "support/daemon_process.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -65,6 +66,105 @@ Error ExpectClientError(Fn&& fn, const std::string& text) {
 bool HaveDevice() { return Driver().ok(); }
 
 }  // namespace
+
+// ---- the driver queries behind the attributes ---------------------------------------------
+
+namespace {
+
+// A fake driver: one 2 MiB cudaMalloc block at kBlock, whose mappable range (what
+// CU_POINTER_ATTRIBUTE_RANGE_START_ADDR/RANGE_SIZE report) is the whole block, while the
+// allocation that contains an address (cuMemGetAddressRange) is a 256 KiB sub-allocation.
+constexpr std::uint64_t kBlock = 0x7f1000000000ull;
+constexpr std::uint64_t kSubAllocation = kBlock + 1 * kMiB;
+constexpr std::uint64_t kSubBytes = 256 * 1024;
+int range_calls = 0;
+
+CUresult FakePointerGetAttributes(unsigned count, CUpointer_attribute* attributes, void** data,
+                                  CUdeviceptr ptr) {
+  const bool known = ptr >= kBlock && ptr < kBlock + 2 * kMiB;
+  for (unsigned i = 0; i < count; ++i) {
+    switch (attributes[i]) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *static_cast<unsigned*>(data[i]) = known ? CU_MEMORYTYPE_DEVICE : 0;
+        break;
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *static_cast<unsigned char*>(data[i]) = 0;
+        break;
+      case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *static_cast<unsigned char*>(data[i]) = known ? 1 : 0;
+        break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *static_cast<int*>(data[i]) = known ? 0 : -1;
+        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *static_cast<CUdeviceptr*>(data[i]) = kBlock;
+        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *static_cast<std::size_t*>(data[i]) = 2 * kMiB;
+        break;
+      case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *static_cast<unsigned long long*>(data[i]) = 77;
+        break;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemGetAddressRange(CUdeviceptr* base, std::size_t* size, CUdeviceptr ptr) {
+  ++range_calls;
+  if (ptr >= kSubAllocation && ptr < kSubAllocation + kSubBytes) {
+    *base = kSubAllocation;
+    *size = kSubBytes;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_FOUND;  // the rest of the block is not allocated
+}
+
+DriverApi FakeDriver() {
+  DriverApi api;
+  api.cuPointerGetAttributes = &FakePointerGetAttributes;
+  api.cuMemGetAddressRange = &FakeMemGetAddressRange;
+  return api;
+}
+
+}  // namespace
+
+TEST_CASE("an allocation's base and size come from cuMemGetAddressRange, not the mappable range") {
+  const DriverApi driver = FakeDriver();
+  range_calls = 0;
+  auto a = QueryPointerAttributes(driver, kSubAllocation + 4096);
+  REQUIRE(a.ok());
+  CHECK(a->memory_type == kMemoryTypeDevice);
+  CHECK(a->legacy_ipc_capable);
+  CHECK(a->buffer_id == 77);
+  CHECK(a->range_start == kSubAllocation);
+  CHECK(a->range_size == kSubBytes);
+  CHECK(range_calls == 1);
+
+  // The plan exports the sub-allocation's base, with offsets from it, and bounds checks
+  // against its size, not the block's.
+  auto plan = PlanAllocations({Tensor("w", kSubAllocation + 4096, 1024, a.value())});
+  REQUIRE(plan.ok());
+  CHECK(plan->allocations[0].base == kSubAllocation);
+  CHECK(plan->allocations[0].size == kSubBytes);
+  CHECK(plan->offset_of[0] == 4096);
+  auto past = PlanAllocations({Tensor("big", kSubAllocation + 4096, kSubBytes, a.value())});
+  REQUIRE_FALSE(past.ok());
+  CHECK(Contains(past.status().message(), "run past the end of its allocation"));
+
+  // An address of the block that no allocation holds (freed) reads as unknown memory.
+  auto freed = QueryPointerAttributes(driver, kBlock + 16);
+  REQUIRE(freed.ok());
+  CHECK(freed->memory_type == kMemoryTypeUnknown);
+  // Memory CUDA does not know needs no range query.
+  range_calls = 0;
+  auto host = QueryPointerAttributes(driver, 0x1000);
+  REQUIRE(host.ok());
+  CHECK(host->memory_type == kMemoryTypeUnknown);
+  CHECK(range_calls == 0);
+}
 
 // ---- pointer classification -------------------------------------------------------------
 

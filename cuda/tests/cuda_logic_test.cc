@@ -3,6 +3,8 @@
 // machines without a GPU (where the loader must report "no CUDA driver/device"). One test
 // imports a real allocation from a helper process (cuda_ipc_exporter) and is skipped,
 // passing, where no device exists.
+#include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +25,8 @@
 #include "cuda/driver_api.h"
 #include "cuda/event_ring.h"
 #include "cuda/ipc_handle_cache.h"
+#include "cuda/pid_namespace.h"
+#include "cuda/release_word_writer.h"
 #include "shm/descriptor_table.h"
 
 using namespace ckpt;
@@ -121,11 +125,26 @@ TEST_CASE("driver loader with a fake probe") {
     CHECK(api.status().message().find("no CUDA driver/device") == 0);
   }
   SECTION("driver too old for the runtime") {
+    // An R550 node: its driver supports CUDA 12.4, the binary's static runtime is 13.0.
+    probe.driver_version = [](int* v) {
+      *v = 12040;
+      return cudaSuccess;
+    };
+    probe.runtime_version = [](int* v) {
+      *v = 13000;
+      return cudaSuccess;
+    };
     probe.device_count = [](int*) { return cudaErrorInsufficientDriver; };
     auto api = LoadDriverApi(probe);
     REQUIRE_FALSE(api.ok());
-    CHECK(api.status().message().find("no CUDA driver/device") == 0);
-    CHECK(api.status().message().find("cudaGetDeviceCount") != std::string::npos);
+    const std::string& m = api.status().message();
+    INFO(m);
+    CHECK(api.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(m.find("no CUDA driver/device") == 0);
+    CHECK(m.find("the NVIDIA driver supports CUDA 12.4 (cudaDriverGetVersion: 12040)") != std::string::npos);
+    CHECK(m.find("CUDA 13.0 runtime, which needs NVIDIA driver R580 or newer") != std::string::npos);
+    CHECK(m.find("upgrade the driver") != std::string::npos);
+    CHECK(m.find("cudaGetDeviceCount: cudaErrorInsufficientDriver") != std::string::npos);
   }
   SECTION("no device") {
     probe.device_count = [](int* n) {
@@ -157,6 +176,87 @@ TEST_CASE("driver loader with a fake probe") {
     REQUIRE_FALSE(api.ok());
     CHECK(api.status().message().find("older than version") != std::string::npos);
   }
+}
+
+TEST_CASE("the driver a runtime needs, and the message for one too old") {
+  CHECK(MinimumDriverFor(13000).find("R580 or newer") == 0);
+  CHECK(MinimumDriverFor(13020).find("R580 or newer") == 0);  // minor-version compatibility
+  CHECK(MinimumDriverFor(12080).find("R525 or newer") == 0);
+  CHECK(MinimumDriverFor(14000) == "one that supports CUDA 14.0");
+  CHECK(DriverTooOldMessage(12080, 13000) ==
+        "the NVIDIA driver supports CUDA 12.8 (cudaDriverGetVersion: 12080), older than this binary's CUDA "
+        "13.0 runtime, which needs NVIDIA driver R580 or newer (580.65.06 or later on Linux): upgrade the "
+        "driver on this node (see README, GPU requirements)");
+  CHECK(DriverTooOldMessage(0, 13000).find("the NVIDIA driver's CUDA version is unknown, older than") == 0);
+  // The runtime these binaries link is the one they were compiled against (the CUDA 13
+  // toolkit's, or CKPT_CUDA_RUNTIME_ROOT's), so the message names the right minimum.
+  int runtime = 0;
+  REQUIRE(cudaRuntimeGetVersion(&runtime) == cudaSuccess);
+  CHECK(runtime == CUDART_VERSION);
+  CHECK(MinimumDriverFor(runtime).find(runtime / 1000 == 12 ? "R525" : "R580") == 0);
+}
+
+TEST_CASE("a failed CUDA IPC open names a trainer in another PID namespace") {
+  const Result<std::string> host = std::string("pid:[4026531836]");
+  const Result<std::string> container = std::string("pid:[4026532178]");
+  CHECK(PidNamespaceNote(42, host, host).empty());
+  const std::string other = PidNamespaceNote(42, container, host);
+  CHECK(other.find("the trainer (pid 42) runs in PID namespace pid:[4026532178], ckptd in pid:[4026531836]: "
+                   "legacy CUDA IPC does not work across PID namespaces") == 0);
+  CHECK(other.find("hostPID: true") != std::string::npos);
+  const std::string unreadable =
+      PidNamespaceNote(42, Internal("readlink /proc/42/ns/pid: Permission denied"), host);
+  CHECK(unreadable.find("if the trainer (pid 42) runs in another PID namespace than ckptd (pid:[4026531836]; "
+                        "readlink /proc/42/ns/pid: Permission denied), that is the cause") == 0);
+  CHECK(PidNamespaceNote(0, Internal("no pid"), host).find("outside ckptd's (pid:[4026531836])") !=
+        std::string::npos);
+
+  // The real reads: this process, and a child in a PID namespace of its own.
+  auto self = PidNamespaceOf(0);
+  REQUIRE(self.ok());
+  CHECK(self.value().rfind("pid:[", 0) == 0);
+  CHECK(PidNamespaceNoteFor(getpid()).empty());
+  int ready[2], hold[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(hold) == 0);
+  const pid_t middle = fork();
+  REQUIRE(middle >= 0);
+  if (middle == 0) {
+    // The child enters new user and PID namespaces; its own child is the first process of
+    // the new PID namespace and waits until the test closes `hold`.
+    close(ready[0]);
+    close(hold[1]);
+    pid_t inner = -1;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWPID) == 0) {
+      inner = fork();
+      if (inner == 0) {
+        char c;
+        (void)!read(hold[0], &c, 1);
+        _exit(0);
+      }
+    }
+    (void)!write(ready[1], &inner, sizeof inner);
+    if (inner > 0) waitpid(inner, nullptr, 0);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  pid_t inner = -1;
+  REQUIRE(read(ready[0], &inner, sizeof inner) == static_cast<ssize_t>(sizeof inner));
+  close(ready[0]);
+  if (inner <= 0) {
+    WARN("unshare(CLONE_NEWUSER | CLONE_NEWPID) is not allowed here; the real read is not checked");
+  } else {
+    auto theirs = PidNamespaceOf(inner);
+    REQUIRE(theirs.ok());
+    CHECK(theirs.value() != self.value());
+    const std::string note = PidNamespaceNoteFor(inner);
+    INFO(note);
+    CHECK(note.find("the trainer (pid " + std::to_string(inner) + ") runs in PID namespace " +
+                    theirs.value()) == 0);
+  }
+  close(hold[1]);
+  REQUIRE(waitpid(middle, nullptr, 0) == middle);
 }
 
 TEST_CASE("CUDA errors become statuses") {
@@ -700,6 +800,104 @@ TEST_CASE("session events reuse a daemon slot only when released and superseded,
   auto again = events.Begin(2, 1);
   REQUIRE(again.ok());
   CHECK(again.value()->daemon_slot() == 1);
+}
+
+namespace {
+
+// Records each release-word write into the event log's order, as (1000 + slot, stream), and
+// the value written per slot.
+class FakeWordWriter : public ReleaseWordWriter {
+ public:
+  FakeWordWriter(EventLog* log, std::uint32_t count, std::uint32_t base)
+      : log_(log), count_(count), base_(base) {}
+  std::uint32_t count() const override { return count_; }
+  std::uint32_t base() const override { return base_; }
+  Status Write(void* stream, std::uint32_t slot, std::uint32_t value) override {
+    log_->records.emplace_back(1000 + static_cast<int>(slot), stream);
+    values[slot] = value;
+    return Status::Ok();
+  }
+  std::map<std::uint32_t, std::uint32_t> values;
+
+ private:
+  EventLog* log_;
+  std::uint32_t count_;
+  std::uint32_t base_;
+};
+
+}  // namespace
+
+TEST_CASE("session events write each version's release word, after the copies and before the event") {
+  EventLog log;
+  auto writer = std::make_unique<FakeWordWriter>(&log, 64, 500);
+  FakeWordWriter* words = writer.get();
+  auto made =
+      MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 2, nullptr,
+                        std::move(writer));
+  REQUIRE(made.ok());
+  SessionEvents& events = *made.value();
+  CHECK(events.writes_release_words());
+
+  // The session's n-th version gets base + n, in the word of its daemon slot.
+  auto v1 = events.Begin(7, 0);
+  REQUIRE(v1.ok());
+  CHECK(v1.value()->release_value() == std::optional<std::uint32_t>(501));
+  RecordingLane a, b;
+  REQUIRE(v1.value()->Signal({&a, &b}).ok());
+  CHECK(a.after == std::vector<ckpt::CopyLane*>{&b});  // both lanes' copies come first
+  // The word on lane a, then daemon event slot 0 on the same lane.
+  CHECK(log.records == std::vector<std::pair<int, void*>>{{1000, &a}, {0, &a}});
+  CHECK(words->values.at(0) == 501);
+
+  auto v2 = events.Begin(8, 1);
+  REQUIRE(v2.ok());
+  CHECK(v2.value()->daemon_slot() == 1);
+  CHECK(v2.value()->release_value() == std::optional<std::uint32_t>(502));
+  REQUIRE(v2.value()->Signal({&a}).ok());
+  CHECK(words->values.at(1) == 502);
+
+  // A slot's word is written again only with a higher value: the slot is reused only once
+  // its version is released (and superseded).
+  v1.value()->Release();
+  auto v3 = events.Begin(9, 0);
+  REQUIRE(v3.ok());
+  CHECK(v3.value()->daemon_slot() == 0);
+  REQUIRE(v3.value()->Signal({&b}).ok());
+  CHECK(words->values.at(0) == 503);
+}
+
+TEST_CASE("session events without usable release words signal with events only") {
+  EventLog log;
+  SECTION("no words") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4);
+    REQUIRE(made.ok());
+    CHECK_FALSE(made.value()->writes_release_words());
+    auto v = made.value()->Begin(1, 0);
+    REQUIRE(v.ok());
+    CHECK(v.value()->release_value() == std::nullopt);
+  }
+  SECTION("fewer words than daemon slots") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4, nullptr,
+                                  std::make_unique<FakeWordWriter>(&log, 3, 0));
+    REQUIRE(made.ok());
+    CHECK_FALSE(made.value()->writes_release_words());
+    auto v = made.value()->Begin(1, 0);
+    REQUIRE(v.ok());
+    RecordingLane a;
+    REQUIRE(v.value()->Signal({&a}).ok());
+    CHECK(log.records == std::vector<std::pair<int, void*>>{{0, &a}});
+  }
+  SECTION("values wrap modulo 2^32 and skip 0, the words' initial value") {
+    auto made = MakeSessionEvents(std::make_unique<FakeEventFactory>(&log), 0, TrainerHandles(2), 4, nullptr,
+                                  std::make_unique<FakeWordWriter>(&log, 64, 0xfffffffeu));
+    REQUIRE(made.ok());
+    auto v1 = made.value()->Begin(1, 0);
+    auto v2 = made.value()->Begin(2, 1);
+    auto v3 = made.value()->Begin(3, 0);
+    CHECK(v1.value()->release_value() == std::optional<std::uint32_t>(0xffffffffu));
+    CHECK(v2.value()->release_value() == std::optional<std::uint32_t>(1));
+    CHECK(v3.value()->release_value() == std::optional<std::uint32_t>(1));
+  }
 }
 
 TEST_CASE("session events refuse bad trainer slots and handles") {

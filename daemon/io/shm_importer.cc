@@ -65,10 +65,10 @@ class ShmImportedRegion : public ImportedRegion {
   ino_t ino_;
 };
 
-}  // namespace
-
-Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& name, uid_t owner,
-                                                            std::uint64_t min_size) {
+// Opens `name` without following links and checks it is a regular object of `owner` of at
+// least `min_size` bytes; *st gets its attributes.
+Result<UniqueFd> OpenChecked(const std::string& name, uid_t owner, std::uint64_t min_size,
+                             struct stat* st_out) {
   if (std::string err = CheckShmName(name); !err.empty()) return InvalidArgument(err);
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) {
@@ -91,8 +91,30 @@ Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& n
     return InvalidArgument("shm region " + name + " is " + std::to_string(st.st_size) +
                            " bytes, smaller than the " + std::to_string(min_size) + " its items need");
   }
-  return std::shared_ptr<ImportedRegion>(
-      std::make_shared<ShmImportedRegion>(name, std::move(owned), st.st_ino));
+  *st_out = st;
+  return owned;
 }
+
+}  // namespace
+
+Result<std::shared_ptr<ImportedRegion>> ShmImporter::Import(const std::string& name, uid_t owner,
+                                                            std::uint64_t min_size) {
+  struct stat st {};
+  auto fd = OpenChecked(name, owner, min_size, &st);
+  if (!fd.ok()) return fd.status();
+  return std::shared_ptr<ImportedRegion>(
+      std::make_shared<ShmImportedRegion>(name, std::move(fd).value(), st.st_ino));
+}
+
+Result<std::shared_ptr<ShmMapping>> MapShmObject(const std::string& name, uid_t owner, std::size_t bytes) {
+  struct stat st {};
+  auto fd = OpenChecked(name, owner, bytes, &st);
+  if (!fd.ok()) return fd.status();
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.value().get(), 0);
+  if (p == MAP_FAILED) return IoError("map shm object " + name, errno);
+  return std::make_shared<ShmMapping>(p, bytes);
+}
+
+ShmMapping::~ShmMapping() { ::munmap(data_, size_); }
 
 }  // namespace ckpt

@@ -1,5 +1,9 @@
 #include "daemon/rpc/convert.h"
 
+#include <unistd.h>
+
+#include "common/pid_namespace.h"
+
 namespace ckpt {
 
 grpc::Status ToGrpc(const Status& s) {
@@ -17,6 +21,8 @@ RegistrationRequest FromProto(const v1::RegisterRequest& req) {
   if (req.has_cuda()) {
     out.device.device_uuid = req.cuda().device_uuid();
     out.device.trainer_events.assign(req.cuda().trainer_events().begin(), req.cuda().trainer_events().end());
+    out.device.release_words = req.cuda().release_words();
+    out.device.release_base = req.cuda().release_base();
   }
   return out;
 }
@@ -38,6 +44,10 @@ void ToProto(const Registered& r, v1::RegisterReply* reply) {
   reply->set_tensor_bytes(r.tensor_bytes);
   reply->set_latest_committed(r.latest_committed);
   for (const auto& h : r.daemon_events) reply->add_daemon_events(h);
+  reply->set_release_words(r.release_words);
+  reply->set_daemon_pid(::getpid());
+  static const std::string pid_namespace = PidNamespaceOf(0).value_or("");
+  reply->set_daemon_pid_namespace(pid_namespace);
 }
 
 void ToProto(Restored r, v1::RestoreReply* reply) {

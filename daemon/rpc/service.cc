@@ -122,6 +122,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
     reply->set_reached(v1::LEVEL_UNSPECIFIED);
     reply->set_has_daemon_event(true);
     reply->set_daemon_event_slot(shard->sync()->daemon_slot());
+    if (auto value = shard->sync()->release_value()) reply->set_release_value(*value);
     return grpc::Status::OK;
   }
   reply->set_reached(LevelToProto(shard->level()));

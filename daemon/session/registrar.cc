@@ -29,6 +29,7 @@ Registered Registrar::Reply(const std::shared_ptr<Session>& s, std::vector<std::
   out.tensor_bytes = s->tensor_bytes;
   out.daemon_events = std::move(daemon_events);
   out.latest_committed = catalog_.Latest(s->job);
+  out.release_words = s->events && s->events->writes_release_words();
   return out;
 }
 

@@ -41,6 +41,7 @@ struct Registered {
   std::uint64_t tensor_bytes = 0;
   std::vector<std::string> daemon_events;
   std::uint64_t latest_committed = 0;
+  bool release_words = false;  // the session writes the trainer's release words
 };
 
 class Registrar {

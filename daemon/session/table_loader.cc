@@ -1,12 +1,21 @@
 #include "daemon/session/table_loader.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "common/names.h"
+#include "daemon/io/shm_importer.h"
 
 namespace ckpt {
+namespace {
+
+// The size of a trainer's release words (client/release_words.h): one page.
+constexpr std::size_t kTrainerReleaseWordsBytes = 4096;
+
+}  // namespace
 
 Result<std::shared_ptr<ImportedRegion>> TableLoader::OpenTable(const std::string& name, uid_t uid) {
   auto table = importer_.Import(name, uid, sizeof(TableHeader));
@@ -122,7 +131,21 @@ Status TableLoader::AttachDevice(Session& s, const DeviceRegistration& device,
         "GPU tensors need the registration's CUDA session (device UUID and trainer events)");
   }
   if (!s.events) {
-    auto events = backend_->OpenSession(s.peer.pid, device.device_uuid, device.trainer_events);
+    // The release words are optional: a trainer's object the daemon cannot map leaves the
+    // session on events only, and the reply says so.
+    TrainerReleaseWords words;
+    if (!device.release_words.empty()) {
+      auto mapped = MapShmObject(device.release_words, s.peer.uid, kTrainerReleaseWordsBytes);
+      if (mapped.ok()) {
+        words = TrainerReleaseWords{mapped.value()->data(), kTrainerReleaseWordsBytes, device.release_base,
+                                    std::move(mapped).value()};
+      } else {
+        spdlog::info("session {}: release words not used: {}", s.id, mapped.status().message());
+      }
+    }
+    auto events =
+        backend_->OpenSession(s.peer.pid, device.device_uuid, device.trainer_events,
+                              words.keep ? &words : nullptr);
     if (!events.ok()) return events.status().With("open the trainer's CUDA events");
     if (events.value()->device() != s.device) {
       return InvalidArgument("the registration names GPU " + device.device_uuid +

@@ -23,6 +23,8 @@ struct DeviceRegistration {
   bool present = false;
   std::string device_uuid;
   std::vector<std::string> trainer_events;  // cudaIpcEventHandle_t bytes
+  std::string release_words;                // shm name, may be empty
+  std::uint32_t release_base = 0;
 };
 
 class TableLoader {

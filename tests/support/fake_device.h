@@ -126,8 +126,8 @@ class FakeBackend : public DeviceBackend {
   }
   void ReleaseClient(pid_t) override {}
   Status AwaitReleases(std::chrono::steady_clock::time_point) override { return Status::Ok(); }
-  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t, const std::string&,
-                                                     const std::vector<std::string>&) override {
+  Result<std::unique_ptr<SessionEvents>> OpenSession(pid_t, const std::string&, const std::vector<std::string>&,
+                                                     const TrainerReleaseWords*) override {
     return Internal("not used");
   }
   Result<std::vector<std::unique_ptr<CopyLane>>> MakeLanes(int device, std::uint32_t count) override;

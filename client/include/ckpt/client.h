@@ -181,7 +181,9 @@ class Client {
   // optimizer) runs after the copies while the CPU goes on. The host blocks only until the
   // daemon has queued the copies (longer only when its pool is full). For a host-only
   // registration, or a version older than the last snapshot, it is wait_snapshot. Returns
-  // the time the host blocked.
+  // the time the host blocked. The stream waits on a release word where the daemon and the
+  // device allow (see stream_wait()): should the daemon die before the copies run, the
+  // client releases the stream itself, and its next call reports the version lost.
   std::chrono::nanoseconds wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream);
   // Blocks until `version` reaches `level` (default: committed across all ranks).
   void wait_durable(std::uint64_t version, Level level = Level::kCommitted,
@@ -201,6 +203,13 @@ class Client {
   const std::string& socket_path() const;
   // The reconnection budget in force (options, environment or default).
   std::chrono::milliseconds reconnect_budget() const;
+  // How wait_snapshot_on_stream makes a stream wait in the current GPU session: "release
+  // words" (a word in this process's memory that the daemon's stream writes after the
+  // copies and that the client writes itself if the daemon process exits, so that the
+  // stream never waits on a dead daemon), or "daemon events: WHY" (the daemon's
+  // interprocess event, which a daemon dying before its copies run leaves unfired), or
+  // "none: ..." without a GPU registration.
+  std::string stream_wait() const;
 
  private:
   struct Impl;
