@@ -319,15 +319,21 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
     }
     queued.pop_front();
   };
+  std::size_t first_item = 0;
   auto queue_chunk = [&](std::uint64_t k, const char* data) -> Status {
     const std::uint64_t lo = g.file_off(k) + g.from(k) - g.data_start;
     const std::uint64_t hi = g.file_off(k) + g.want(k) - g.data_start;
     QueuedChunk q{static_cast<std::size_t>(k % bufs.size()), {}};
     std::vector<CopyLane*> used;
     Status s;
-    for (std::size_t i = 0; i < info.items.size() && s.ok(); ++i) {
+    // Chunks come in file order: items that end before this one are done for good.
+    while (first_item < info.items.size() &&
+           info.items[first_item].offset + info.items[first_item].length <= lo) {
+      ++first_item;
+    }
+    for (std::size_t i = first_item; i < info.items.size() && info.items[i].offset < hi && s.ok(); ++i) {
       const ShardItem& it = info.items[i];
-      if (dest[i] == nullptr || it.length == 0 || it.offset + it.length <= lo || it.offset >= hi) continue;
+      if (dest[i] == nullptr || it.length == 0) continue;
       const std::uint64_t from = std::max(lo, it.offset), to = std::min(hi, it.offset + it.length);
       CopyLane& lane = lanes.For(*dest[i]->region, k);
       s = lane.CopyIn(*dest[i]->region, dest[i]->region_offset + (from - it.offset),
