@@ -290,3 +290,54 @@ TEST_CASE("a restore into host memory is byte-exact", "[restore-engine]") {
     CHECK(pool.value()->used_bytes() == 0);
   }
 }
+
+namespace {
+
+// The real file system, except that the second read at file offset `at` returns one bit
+// flipped: a file whose bytes change between a two-pass restore's passes.
+class ChangingStorage : public StorageWrapper {
+ public:
+  explicit ChangingStorage(std::uint64_t at) : StorageWrapper(std::make_shared<PosixStorage>()), at_(at) {}
+  Result<std::size_t> ReadAt(int fd, void* buf, std::size_t len, std::uint64_t offset,
+                             const std::string& what) override {
+    auto got = StorageWrapper::ReadAt(fd, buf, len, offset, what);
+    if (offset == at_ && ++reads_at_ == 2 && got.ok() && got.value() > 0) static_cast<char*>(buf)[0] ^= 1;
+    return got;
+  }
+
+ private:
+  const std::uint64_t at_;
+  std::atomic<int> reads_at_{0};
+};
+
+}  // namespace
+
+TEST_CASE("a shard whose bytes change between the two passes is refused before the changed chunk is copied",
+          "[restore-engine]") {
+  const TestShard shard = MakeShard();
+  TempDir dir("rst");
+  const std::string path = dir.path() + "/shard.safetensors";
+  WriteFile(path, shard.file);
+  // Chunk 2 of the data section holds the tail of "a" and the head of "b".
+  const std::uint64_t changed = shard.info.data_start + 2 * kChunk;
+  auto pool = HostPool::Create(2 * kChunk, kChunk);
+  REQUIRE(pool.ok());
+  FakeBackend backend;
+  RestoreEngine engine(std::make_shared<ChangingStorage>(changed), *pool.value(), 2, &backend, 2);
+  const std::string before = Bytes(kRegionBytes, 10);
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", before);
+  auto restored = engine.Restore(path, Targets(region), false);
+  REQUIRE_FALSE(restored.ok());
+  const std::string message = restored.status().message();
+  INFO(message);
+  CHECK(restored.status().code() == StatusCode::kIoError);  // not DATA_LOSS: no other tier is tried
+  CHECK_THAT(message, Catch::Contains("changed between its verification and its copy"));
+  CHECK_THAT(message, Catch::Contains("partly written"));
+  // Chunks 0 and 1 (the head of "a", at the start of the region) were copied; nothing of
+  // chunk 2 or later was.
+  const std::string after = Restored(shard, before);
+  CHECK(region->bytes().substr(0, 2 * kChunk) == after.substr(0, 2 * kChunk));
+  CHECK(region->bytes().substr(2 * kChunk) == before.substr(2 * kChunk));
+  CHECK(region->writes() == 0);
+  CHECK(pool.value()->used_bytes() == 0);
+}
