@@ -153,32 +153,48 @@ struct ChunkGeometry {
   const std::uint64_t chunk, data_start, file_bytes, read_start, chunks;
 };
 
-// Reads chunks 0..chunks-1 in order into `bufs` (chunk k into bufs[k % bufs.size()]), with
-// up to `readers` reads in flight, and hands each to `visit` in order. `before_reuse(b)`
-// runs before a read into bufs[b] (whose earlier chunk was visited). Returns the first
-// error; every read has ended when it returns.
-Status ReadChunks(const ShardBytes& src, const ChunkGeometry& g, const std::vector<HostPool::Chunk>& bufs,
+// The pool chunks of one restore: the first `held` hold chunks 0..held-1 of the shard for
+// the whole restore; the others are a window that the later chunks take in turn.
+struct RestoreBufs {
+  std::vector<HostPool::Chunk> chunks;
+  std::size_t held = 0;
+  std::size_t window() const { return chunks.size() - held; }
+  std::size_t Of(std::uint64_t k) const {
+    return k < held ? static_cast<std::size_t>(k) : held + static_cast<std::size_t>((k - held) % window());
+  }
+};
+
+// Reads chunks begin..chunks-1 in order into their buffers, with up to `readers` reads in
+// flight, and hands each to `visit` in order. `before_reuse(b)` runs before a read into the
+// window buffer b (whose earlier chunk was visited). Returns the first error; every read has
+// ended when it returns.
+Status ReadChunks(const ShardBytes& src, const ChunkGeometry& g, std::uint64_t begin, const RestoreBufs& bufs,
                   unsigned readers, const std::string& what,
                   const std::function<Status(std::size_t)>& before_reuse,
                   const std::function<Status(std::uint64_t, const char*)>& visit) {
-  const std::size_t window = std::min<std::size_t>(bufs.size(), std::max(1u, readers));
+  const std::size_t in_flight = std::max(1u, readers);
   std::deque<std::future<Result<std::size_t>>> inflight;
   auto drain = [&] {
     for (auto& f : inflight) f.wait();
     inflight.clear();
   };
-  std::uint64_t next = 0;
-  for (std::uint64_t k = 0; k < g.chunks; ++k) {
-    while (next < g.chunks && inflight.size() < window) {
-      const std::size_t b = static_cast<std::size_t>(next % bufs.size());
-      if (Status s = before_reuse(b); !s.ok()) {
-        drain();
-        return s;
+  std::uint64_t next = begin;
+  for (std::uint64_t k = begin; k < g.chunks; ++k) {
+    // A window buffer is read into again only once its earlier chunk was visited.
+    while (next < g.chunks && inflight.size() < in_flight &&
+           (next < bufs.held + bufs.window() || next - bufs.window() < k)) {
+      const std::size_t b = bufs.Of(next);
+      if (next >= bufs.held) {
+        if (Status s = before_reuse(b); !s.ok()) {
+          drain();
+          return s;
+        }
       }
       try {
-        inflight.push_back(std::async(
-            std::launch::async,
-            [&src, &g, buf = bufs[b].data, off = g.file_off(next)] { return src.Read(off, buf, g.chunk); }));
+        inflight.push_back(
+            std::async(std::launch::async, [&src, &g, buf = bufs.chunks[b].data, off = g.file_off(next)] {
+              return src.Read(off, buf, g.chunk);
+            }));
       } catch (const std::system_error& e) {  // no thread could be started
         drain();
         return Internal(std::string("cannot start a reader thread: ") + e.what());
@@ -189,7 +205,7 @@ Status ReadChunks(const ShardBytes& src, const ChunkGeometry& g, const std::vect
     inflight.pop_front();
     Status status = got.ok() ? Status::Ok() : got.status();
     if (status.ok() && got.value() < g.want(k)) status = DataLoss(what + " ended early (truncated shard)");
-    if (status.ok()) status = visit(k, bufs[k % bufs.size()].data);
+    if (status.ok()) status = visit(k, bufs.chunks[bufs.Of(k)].data);
     if (!status.ok()) {
       drain();
       return status;
@@ -261,48 +277,49 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
     if (info.items[i].kind == ItemKind::kTensor) dest[i] = by_name.at(info.items[i].name);
   }
 
-  // Every chunk the shard needs if the pool has them now: one read, the bytes stay where
-  // they were verified. Otherwise a window of chunks and two passes (see the header). Only
-  // a restore holding no chunk may block for one (see HostPool).
-  std::vector<HostPool::Chunk> bufs;
+  // A chunk for each chunk of the shard if the pool has them now, else as many as it lends
+  // (see the header). Only a restore holding no chunk may block for one (see HostPool).
+  RestoreBufs bufs;
   struct ReleaseBufs {
     HostPool& pool;
-    std::vector<HostPool::Chunk>& bufs;
+    std::vector<HostPool::Chunk>& chunks;
     ~ReleaseBufs() {
-      for (const auto& c : bufs) pool.Release(c);
+      for (const auto& c : chunks) pool.Release(c);
     }
-  } release{pool_, bufs};
+  } release{pool_, bufs.chunks};
   if (auto first = pool_.Acquire()) {
-    bufs.push_back(*first);
+    bufs.chunks.push_back(*first);
   } else {
     return FailedPrecondition("daemon is shutting down");
   }
-  while (bufs.size() < g.chunks) {
+  const std::uint64_t wanted =
+      src.image != nullptr ? std::min<std::uint64_t>(g.chunks, std::max(2u, readers_)) : g.chunks;
+  while (bufs.chunks.size() < wanted) {
     auto more = pool_.TryAcquire();
     if (!more) break;
-    bufs.push_back(*more);
+    bufs.chunks.push_back(*more);
   }
-  const bool one_pass = bufs.size() == g.chunks;
-  if (!one_pass) {
-    const std::size_t window = std::min<std::size_t>(bufs.size(), std::max(1u, readers_));
-    for (std::size_t i = window; i < bufs.size(); ++i) pool_.Release(bufs[i]);
-    bufs.resize(window);
+  // A file: the chunks it gets hold the shard's first chunks, but for a window of
+  // `readers_` through which the rest passes twice. An image: all of them are a window.
+  if (src.image == nullptr) {
+    bufs.held = bufs.chunks.size() == g.chunks
+                    ? bufs.chunks.size()
+                    : bufs.chunks.size() - std::min<std::size_t>(bufs.chunks.size(), std::max(1u, readers_));
   }
   const auto no_wait = [](std::size_t) { return Status::Ok(); };
 
-  // Pass 1: verify. A chunk read again in pass 2 must hold the same bytes: its hash is kept
-  // (not for a memory image, which does not change, and is then read where it lies).
-  std::vector<std::uint64_t> chunk_sums;
+  // Pass 1: verify. A file's chunk that pass 2 reads again must hold the same bytes: its
+  // hash is kept. An image does not change, and is verified where it lies.
+  std::vector<std::uint64_t> chunk_sums(src.image != nullptr ? 0 : g.chunks - bufs.held);
   Status verified;
-  if (!one_pass && src.image != nullptr) {
+  if (src.image != nullptr) {
     for (std::uint64_t k = 0; k < g.chunks && verified.ok(); ++k) {
       verified = verifier.Consume(src.image->data() + g.file_off(k) + g.from(k), g.want(k) - g.from(k));
     }
   } else {
-    if (!one_pass) chunk_sums.resize(g.chunks);
-    verified = ReadChunks(src, g, bufs, readers_, what, no_wait, [&](std::uint64_t k, const char* data) {
-      if (!one_pass) chunk_sums[k] = Checksum::Of(data, g.want(k));
-      if (src.image == nullptr) out.bytes_read += g.want(k) - g.from(k);
+    verified = ReadChunks(src, g, 0, bufs, readers_, what, no_wait, [&](std::uint64_t k, const char* data) {
+      if (k >= bufs.held) chunk_sums[k - bufs.held] = Checksum::Of(data, g.want(k));
+      out.bytes_read += g.want(k) - g.from(k);
       return verifier.Consume(data + g.from(k), g.want(k) - g.from(k));
     });
   }
@@ -323,7 +340,7 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
   auto queue_chunk = [&](std::uint64_t k, const char* data) -> Status {
     const std::uint64_t lo = g.file_off(k) + g.from(k) - g.data_start;
     const std::uint64_t hi = g.file_off(k) + g.want(k) - g.data_start;
-    QueuedChunk q{static_cast<std::size_t>(k % bufs.size()), {}};
+    QueuedChunk q{bufs.Of(k), {}};
     std::vector<CopyLane*> used;
     Status s;
     // Chunks come in file order: items that end before this one are done for good.
@@ -353,16 +370,16 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
     queued.push_back(std::move(q));
     return s;
   };
-  if (one_pass) {
-    for (std::uint64_t k = 0; k < g.chunks && copied.ok(); ++k) {
-      if (Status s = queue_chunk(k, bufs[k].data); !s.ok()) copied = s;
-    }
-  } else {
+  // The held chunks are copied from where they were verified; the rest is read again.
+  for (std::uint64_t k = 0; k < bufs.held && copied.ok(); ++k) {
+    if (Status s = queue_chunk(k, bufs.chunks[k].data); !s.ok()) copied = s;
+  }
+  if (copied.ok() && bufs.held < g.chunks) {
     Status read = ReadChunks(
-        src, g, bufs, readers_, what,
+        src, g, bufs.held, bufs, readers_, what,
         [&](std::size_t b) {
-          while (!queued.empty() && std::any_of(queued.begin(), queued.end(),
-                                                [b](const QueuedChunk& q) { return q.buf == b; })) {
+          while (copied.ok() && std::any_of(queued.begin(), queued.end(),
+                                            [b](const QueuedChunk& q) { return q.buf == b; })) {
             wait_oldest();
           }
           return copied;
@@ -372,9 +389,11 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
             out.bytes_read += g.want(k) - g.from(k);
             // Not DATA_LOSS, which would try the next tier: the regions are partly
             // written now, and the error that reaches the trainer must say so.
-            if (Checksum::Of(data, g.want(k)) != chunk_sums[k]) {
+            if (Checksum::Of(data, g.want(k)) != chunk_sums[k - bufs.held]) {
               return Status(StatusCode::kIoError,
-                            what + " changed between its verification and its copy (bytes from file offset " +
+                            what +
+                                " changed between its verification and its copy (bytes from "
+                                "file offset " +
                                 std::to_string(g.file_off(k)) + ")");
             }
           }

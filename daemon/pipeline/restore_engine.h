@@ -5,17 +5,20 @@
 // mismatch (a missing or extra item, another dtype, shape or size, a checksum that does not
 // match). The layout is checked against the registration before any byte is read.
 //
-// All or nothing: every item's checksum is verified in pool chunks before the first byte
-// reaches a region, so after an error the regions hold what they held before (a
-// DATA_LOSS says "nothing was written"). When the pool lends the restore a chunk for each
-// chunk of the shard, the shard is read once: verified, then copied out of the very chunks
-// it was verified in. Otherwise the restore keeps a window of chunks and reads the shard
-// twice: the first pass verifies the items and keeps an xxh3 of each chunk, the second
-// reads each chunk again, checks it against that hash, and only then copies it (a file
-// whose bytes changed in between is refused with an I/O error: with a failed copy, the only
-// cases that leave the regions partly written, and their messages say so). A memory-tier image does not
-// change: its first pass reads it where it lies, its second copies it into the window's chunks (pinned, so
-// the host-to-device copies never go through the driver's pageable staging).
+// All or nothing: every item's checksum is verified before the first byte reaches a
+// region, so after an error the regions hold what they held before (a DATA_LOSS says
+// "nothing was written to the registered regions"). A file is read into pool chunks: as
+// many as the pool lends the restore now, up to one per chunk of the shard. If it lends
+// them all, the shard is read once, verified, and copied out of the very chunks it was
+// verified in. Otherwise the first chunks of the shard stay in the chunks it got, but for a
+// window (one chunk per read in flight) through which the rest passes twice: the first
+// pass verifies every item and keeps an xxh3 of each passing chunk, the second reads those
+// chunks again, checks each against its hash, and only then copies it. A file whose bytes
+// changed in between is refused with an I/O error (with a failed copy, the only cases that
+// leave the regions partly written, and their messages say so). A memory-tier image does
+// not change: it is verified where it lies, then staged chunk by chunk through a window of
+// pool chunks (pinned: host-to-device copies never go through the driver's pageable
+// staging) and copied from there.
 //
 // Copies out of the chunks go through copy lanes (backend/device_copier.h): for device
 // regions, asynchronous host-to-device copies on the backend's streams, chunk k on lane
