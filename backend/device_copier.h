@@ -3,8 +3,9 @@
 //
 // A CopyLane is one ordered queue of copies: a CUDA stream of the daemon, or, for host
 // memory, the calling thread (HostCopyLane, where a copy is done before CopyOut returns).
-// The engine queues a chunk's pieces on a lane, ends the chunk (a ticket), and waits for
-// the ticket before it checksums the chunk and hands it to the flush engine. The same
+// The snapshot engine queues a chunk's pieces on a lane, ends the chunk (a ticket), and
+// waits for the ticket before it hands the chunk to the flush engine. The restore engine
+// queues host-to-device copies (CopyIn) out of verified pool chunks the same way. The same
 // engine code runs for shm regions (host lanes) and CUDA regions (stream lanes); CPU tests
 // drive it with lanes whose copies complete later, on another thread.
 //
@@ -40,14 +41,19 @@ namespace ckpt {
 class CopyLane {
  public:
   virtual ~CopyLane() = default;
-  // True when each CopyOut has completed when it returns: the engine then checksums each
-  // piece at once, while it is in cache, and keeps one chunk in flight.
+  // True when each copy has completed when it returns: the engine then keeps one chunk in
+  // flight.
   virtual bool synchronous() const = 0;
   // The native queue (a cudaStream_t), or nullptr for host lanes.
   virtual void* native() const { return nullptr; }
   // Queues a copy of `len` bytes at `offset` of `region` into host memory `dst`, which
   // must stay valid until the chunk's ticket is waited for.
   virtual Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) = 0;
+  // Queues a copy of `len` bytes of host memory `src` to `offset` of `region` (a restore),
+  // under the same rules: `src` stays valid, and unchanged, until the chunk's ticket is
+  // waited for. Host regions (and every region on a host lane) are written at once.
+  virtual Status CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src,
+                        std::size_t len) = 0;
   // Ends the chunk being queued and returns its ticket (tickets increase).
   virtual Result<std::uint64_t> EndChunk() = 0;
   // Blocks until every copy queued up to `ticket` is complete; returns the first error
@@ -69,6 +75,10 @@ class HostCopyLane final : public CopyLane {
   bool synchronous() const override { return true; }
   Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
     return region.ReadAt(offset, dst, len);
+  }
+  Status CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src,
+                std::size_t len) override {
+    return region.WriteAt(offset, src, len);
   }
   Result<std::uint64_t> EndChunk() override { return ++tickets_; }
   Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }

@@ -63,22 +63,19 @@ class CudaCopyLane final : public CopyLane {
   Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override {
     // A host region in a device shard is copied at once on this thread.
     if (region.device() < 0) return region.ReadAt(offset, dst, len);
-    if (region.device() != device_) {
-      return FailedPrecondition("region " + region.name().substr(0, 40) + "... is on device " +
-                                std::to_string(region.device()) + ", not on the lane's device " +
-                                std::to_string(device_));
-    }
-    auto span = region.DeviceAt(offset, len);
-    if (!span.ok()) return span.status();
-    if (len == 0) return Status::Ok();
-    if (Status s = SetDevice(); !s.ok()) return s;
-    if (Status s = CudaStatus(::cudaMemcpyAsync(dst, span->ptr, len, cudaMemcpyDeviceToHost, lease_.stream()),
-                              "cudaMemcpyAsync device to host");
-        !s.ok()) {
-      return s;
-    }
-    keeps_.push_back(std::move(span->keep));
-    return Status::Ok();
+    return Queue(region, offset, len, [&](void* device_ptr) {
+      return CudaStatus(::cudaMemcpyAsync(dst, device_ptr, len, cudaMemcpyDeviceToHost, lease_.stream()),
+                        "cudaMemcpyAsync device to host");
+    });
+  }
+
+  Status CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src,
+                std::size_t len) override {
+    if (region.device() < 0) return region.WriteAt(offset, src, len);
+    return Queue(region, offset, len, [&](void* device_ptr) {
+      return CudaStatus(::cudaMemcpyAsync(device_ptr, src, len, cudaMemcpyHostToDevice, lease_.stream()),
+                        "cudaMemcpyAsync host to device");
+    });
   }
 
   Result<std::uint64_t> EndChunk() override {
@@ -150,6 +147,24 @@ class CudaCopyLane final : public CopyLane {
   }
 
  private:
+  // Checks that `region` is on this lane's device, takes its device span and queues one
+  // copy of it with `enqueue`; the span is held until the chunk is waited for.
+  template <typename Enqueue>
+  Status Queue(const ImportedRegion& region, std::uint64_t offset, std::size_t len, Enqueue enqueue) {
+    if (region.device() != device_) {
+      return FailedPrecondition("region " + region.name().substr(0, 40) + "... is on device " +
+                                std::to_string(region.device()) + ", not on the lane's device " +
+                                std::to_string(device_));
+    }
+    auto span = region.DeviceAt(offset, len);
+    if (!span.ok()) return span.status();
+    if (len == 0) return Status::Ok();
+    if (Status s = SetDevice(); !s.ok()) return s;
+    if (Status s = enqueue(span->ptr); !s.ok()) return s;
+    keeps_.push_back(std::move(span->keep));
+    return Status::Ok();
+  }
+
   struct Pending {
     std::uint64_t ticket;
     cudaEvent_t event;

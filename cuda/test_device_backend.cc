@@ -163,6 +163,13 @@ class TestLane final : public CopyLane {
     std::memcpy(dst, span->ptr, len);
     return Status::Ok();
   }
+  Status CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src, std::size_t len) override {
+    if (region.device() < 0) return region.WriteAt(offset, src, len);
+    auto span = region.DeviceAt(offset, len);
+    if (!span.ok()) return span.status();
+    std::memcpy(span->ptr, src, len);
+    return Status::Ok();
+  }
   Result<std::uint64_t> EndChunk() override { return ++tickets_; }
   Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }
   bool Idle() override { return true; }

@@ -111,7 +111,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
       [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); }, memory_.get());
   snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, config_.copiers, backend_.get(),
                                                config_.copy_streams);
-  restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers);
+  restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers, backend_.get(),
+                                             config_.copy_streams);
 
   // The sessions: import, admission, restore.
   owners_ = std::make_unique<JobOwners>(storage_, config_.root, config_.job_group);

@@ -3,6 +3,7 @@
 // to inject failures.
 #include <sys/stat.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
+#include "daemon/pipeline/item_hasher.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/pipeline/snapshot_engine.h"
 #include "format/checksum.h"
@@ -933,4 +935,117 @@ TEST_CASE("a device shard whose trainer exits before its event fires is abandone
   REQUIRE(engines.Outcome(next.job));
   CheckShardFile(next);
   CHECK(engines.pool().used_bytes() == 0);
+}
+
+namespace {
+
+// Chunks ended (tickets taken) on every lane of `backend`.
+std::uint64_t TicketsEnded(FakeBackend& backend) {
+  std::lock_guard lock(backend.fake.mu);
+  std::uint64_t n = 0;
+  for (auto& [lane, chunks] : backend.fake.chunks_per_lane) n += chunks;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("device copies are one per (item ∩ chunk), adjacent items of one allocation sharing one",
+          "[engine][device]") {
+  TempDir dir("eng");
+  constexpr std::uint64_t kMiB = 1024 * kKiB;
+  auto region = std::make_shared<FakeDeviceRegion>("cuda:fake", Bytes(4 * kMiB, 71));
+  // "w" and "b" are adjacent in the region (one copy wherever a chunk holds both); "x" is
+  // elsewhere and larger than the 1 MiB pieces copies used to be cut into.
+  std::vector<ItemSpec> items = {
+      {"w", ItemKind::kTensor, DType::kU8, {100 * 1024}, 0},
+      {"b", ItemKind::kTensor, DType::kU8, {50 * 1024}, 100 * 1024},
+      {"x", ItemKind::kTensor, DType::kU8, {3 * 1024 * 1024 + 5}, 200 * 1024},
+      {"meta", ItemKind::kBlob, DType::kU8, {1001}, 0},
+  };
+  // 4 MiB chunks: the shard is one chunk, with one copy for w+b and one for x. 1 MiB
+  // chunks: w+b in chunk 0, and x cut by the chunks: chunk 0's tail, chunks 1 and 2, chunk 3's head.
+  const struct { std::uint64_t chunk, copies, chunks; } cases[] = {{4 * kMiB, 2, 1}, {kMiB, 5, 4}};
+  for (const auto& c : cases) {
+    INFO("chunk " << c.chunk);
+    FakeBackend backend;
+    Engines engines(std::make_shared<FaultyStorage>(), 4 * c.chunk, c.chunk, 3, 1, &backend, 2);
+    auto sync = std::make_shared<FakeSync>(backend.fake);
+    sync->trainer_event.Open();
+    TestShard shard = MakeShard(dir.path() + "/v" + std::to_string(c.chunk), region, items, false, 0, 1,
+                                false, OnDevice(sync));
+    engines.Enqueue(shard.job);
+    REQUIRE(engines.Outcome(shard.job));
+    CHECK(backend.fake.copies_out.load() == c.copies);
+    CHECK(TicketsEnded(backend) == c.chunks);
+    CHECK(backend.fake.bytes_queued.load() == (150 + 3 * 1024) * 1024 + 5);
+    CheckShardFile(shard);  // byte-exact, and each checksum the xxh3-64 of the item's bytes
+    CHECK(engines.pool().used_bytes() == 0);
+  }
+}
+
+// ---- item checksums, hashed by several threads -------------------------------------------
+
+TEST_CASE("ItemHasher gives each item's xxh3-64 whatever the threads and the ranges", "[hasher]") {
+  const std::vector<std::uint64_t> lengths = {0, 5000, 1, 0, 70000, 3, 12345, 0};
+  std::vector<ShardItem> items;
+  std::string data;
+  std::vector<std::uint64_t> expected;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    ShardItem it;
+    it.name = "i" + std::to_string(i);
+    it.length = lengths[i];
+    it.offset = data.size();
+    const std::string bytes = Bytes(lengths[i], 90 + static_cast<std::uint32_t>(i));
+    expected.push_back(Checksum::Of(bytes.data(), bytes.size()));
+    data += bytes;
+    items.push_back(it);
+  }
+  for (std::uint64_t range :
+       {std::uint64_t{1000}, std::uint64_t{4096}, std::uint64_t{65536}, std::uint64_t{1} << 20}) {
+    for (unsigned threads : {1u, 4u}) {
+      INFO("range " << range << ", " << threads << " threads");
+      for (auto& it : items) it.checksum = 0;
+      ItemHasher hasher(items);
+      // Ranges are taken in file order, as writers take chunks from their queue, and hashed at once.
+      std::mutex mu;
+      std::uint64_t next = 0;
+      std::atomic<bool> all_true{true};
+      std::vector<std::thread> pool;
+      for (unsigned t = 0; t < threads; ++t) {
+        pool.emplace_back([&] {
+          for (;;) {
+            std::uint64_t off;
+            {
+              std::lock_guard lock(mu);
+              if (next >= data.size()) return;
+              off = next;
+              next += range;
+            }
+            const std::uint64_t n = std::min<std::uint64_t>(range, data.size() - off);
+            if (!hasher.Hash(off, data.data() + off, n)) all_true = false;
+          }
+        });
+      }
+      for (auto& t : pool) t.join();
+      CHECK(all_true.load());
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        INFO(items[i].name);
+        CHECK(items[i].checksum == expected[i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("ItemHasher::Abort ends a wait for an earlier piece that will never be hashed", "[hasher]") {
+  std::vector<ShardItem> items(1);
+  items[0].name = "big";
+  items[0].length = 8192;
+  const std::string bytes = Bytes(8192, 3);
+  ItemHasher hasher(items);
+  // The second half of the item waits for the first, which nobody hashes (its write failed).
+  auto second = std::async(std::launch::async, [&] { return hasher.Hash(4096, bytes.data() + 4096, 4096); });
+  hasher.Abort();
+  REQUIRE(second.wait_for(kHang) == std::future_status::ready);
+  CHECK_FALSE(second.get());
+  CHECK_FALSE(hasher.Hash(0, bytes.data(), 4096));
 }

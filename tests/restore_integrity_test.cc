@@ -53,12 +53,12 @@ struct Setup {
   DaemonProcess daemon;
 };
 
-// Flips one bit of the data section of the shard at `path`.
-void FlipDataBit(const std::string& path) {
+// Flips one bit of the data section of the shard at `path`, `at` bytes into it.
+void FlipDataBit(const std::string& path, std::uint64_t at_data = 1000) {
   auto info = ReadShardHeader(path);
   REQUIRE(info.ok());
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  const std::streamoff at = static_cast<std::streamoff>(info->data_start + 1000);
+  const std::streamoff at = static_cast<std::streamoff>(info->data_start + at_data);
   f.seekg(at);
   char c = 0;
   f.read(&c, 1);
@@ -93,12 +93,16 @@ TEST_CASE("a corrupt local-tier copy is skipped: the restore reads the persisten
   CHECK(c.restore().tier == "persistent");
 }
 
-TEST_CASE("a corrupt persistent copy fails the restore with DATA_LOSS, saying the regions are partial",
-          "[restore]") {
+TEST_CASE(
+    "a corrupt persistent copy fails the restore with DATA_LOSS and leaves the trainer's memory as it was",
+    "[restore]") {
   Setup s(/*local=*/false);
   s.Save(1);
-  FlipDataBit(s.Shard("root", 1));
+  // The last tensor is corrupt: a restore that wrote as it verified would have written the
+  // first one already.
+  FlipDataBit(s.Shard("root", 1), (kTensors - 1) * kTensorBytes + 1000);
   TrainerState state(kTensors, kTensorBytes, 7);
+  state.Fill(99);  // what the trainer holds now, e.g. before a rollback it asked for
   Client c = Client::connect(s.daemon.socket());
   c.register_items("job", 0, 1, state.Items());
   try {
@@ -106,8 +110,10 @@ TEST_CASE("a corrupt persistent copy fails the restore with DATA_LOSS, saying th
     FAIL("restore of a corrupt shard succeeded");
   } catch (const Error& e) {
     CHECK(e.code() == static_cast<int>(grpc::StatusCode::DATA_LOSS));
-    CHECK(std::string(e.what()).find("partial data") != std::string::npos);
+    CHECK(std::string(e.what()).find("checksum mismatch in item 't1'") != std::string::npos);
+    CHECK(std::string(e.what()).find("nothing was written to the registered regions") != std::string::npos);
   }
+  CHECK(state.FirstMismatch(99) == -1);
 }
 
 TEST_CASE("a shard copied into another version's directory is refused, not restored as that version",

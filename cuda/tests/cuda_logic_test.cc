@@ -729,6 +729,9 @@ class RecordingLane : public ckpt::CopyLane {
   Status CopyOut(const ckpt::ImportedRegion&, std::uint64_t, void*, std::size_t) override {
     return Status::Ok();
   }
+  Status CopyIn(const ckpt::ImportedRegion&, std::uint64_t, const void*, std::size_t) override {
+    return Status::Ok();
+  }
   Result<std::uint64_t> EndChunk() override { return std::uint64_t{1}; }
   Status WaitChunk(std::uint64_t, const std::function<bool()>&) override { return Status::Ok(); }
   bool Idle() override { return true; }

@@ -61,6 +61,7 @@ void FlushEngine::CopyFinished(const std::shared_ptr<ShardJob>& shard) {
 
 void FlushEngine::Write(Task& task) {
   ShardJob& shard = *task.shard;
+  bool hashed = false;
   if (!shard.failed()) {
     if (Status s = Open(shard); !s.ok()) shard.Fail(s);
   }
@@ -75,10 +76,17 @@ void FlushEngine::Write(Task& task) {
       // The memory tier's copy, while the chunk is at hand.
       if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
       shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
+      // Hashed after the write is issued, so that the writes of a shard stay in flight
+      // together while its item pieces are hashed in order (see ItemHasher). False only
+      // when an earlier chunk's writer gave up: the shard has failed.
+      hashed =
+          shard.hasher().Hash(task.file_offset - shard.layout().header_bytes(), task.chunk.data, task.len);
     } else {
       shard.Fail(s);
     }
   }
+  // The writers of later chunks may be waiting for this chunk's pieces.
+  if (!hashed) shard.hasher().Abort();
   pool_.Release(task.chunk);
   if (shard.WriteDone()) Finish(task.shard);
 }

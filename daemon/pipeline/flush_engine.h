@@ -1,7 +1,9 @@
 // FlushEngine: writes filled pool chunks to their shard files and publishes each shard.
 //
 // In: (shard, chunk, file offset, length) from the snapshot engine, in file order per
-// shard but written by several threads at once (writes in flight). Out: chunks back to
+// shard but written by several threads at once (writes in flight). Each writer hashes
+// the items of the chunk it wrote (daemon/pipeline/item_hasher.h), so checksums take
+// several cores and none of the copy thread's time. Out: chunks back to
 // the pool; a shard that is complete gets its header (with the checksums), its exact
 // size, fdatasync, rename from .tmp, and an fsync of its directory, then the `durable`
 // callback. A failed write fails the shard, removes its .tmp, and never touches other

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <system_error>
@@ -12,6 +14,23 @@
 #include "format/checksum.h"
 
 namespace ckpt {
+
+// Where the bytes of a shard come from: its file, or its memory-tier image.
+struct ShardBytes {
+  Storage* storage = nullptr;
+  int fd = -1;
+  const std::string* path = nullptr;
+  const MemoryImage* image = nullptr;
+
+  // Reads `len` bytes at file offset `off` into `dst`; returns how many there were.
+  Result<std::size_t> Read(std::uint64_t off, char* dst, std::size_t len) const {
+    if (image == nullptr) return storage->ReadAt(fd, dst, len, off, *path);
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, image->file_bytes - off));
+    std::memcpy(dst, image->data() + off, n);
+    return n;
+  }
+};
+
 namespace {
 
 std::string ShapeText(const std::vector<std::int64_t>& shape) {
@@ -19,12 +38,6 @@ std::string ShapeText(const std::vector<std::int64_t>& shape) {
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
-
-// Where each shard item's bytes go: a target region, or a blob string.
-struct Destination {
-  const RestoreTarget* target = nullptr;
-  std::string* blob = nullptr;
-};
 
 Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targets) {
   std::map<std::string, const ShardItem*> stored;
@@ -63,26 +76,22 @@ Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targ
 }
 
 // Takes a shard's data section in order, in pieces of any size: checks each item's
-// checksum as its last byte passes and puts the bytes where they belong.
-class ItemSink {
+// checksum as its last byte passes and keeps the blobs. It writes nothing to a region.
+class ItemVerifier {
  public:
-  ItemSink(std::string what, const ShardInfo& info, const std::vector<RestoreTarget>& targets,
-           RestoredShard& out)
-      : what_(std::move(what)), items_(info.items), dest_(items_.size()) {
-    std::map<std::string, const RestoreTarget*> by_name;
-    for (const auto& t : targets) by_name[t.item.name] = &t;
-    for (std::size_t i = 0; i < items_.size(); ++i) {
-      if (items_[i].kind == ItemKind::kBlob) {
-        out.blobs.emplace_back(items_[i].name, std::string());
-        out.blobs.back().second.reserve(items_[i].length);
+  ItemVerifier(std::string what, const ShardInfo& info, RestoredShard& out)
+      : what_(std::move(what)), items_(info.items), blob_(items_.size(), nullptr) {
+    for (const auto& item : items_) {
+      if (item.kind == ItemKind::kBlob) {
+        out.blobs.emplace_back(item.name, std::string());
+        out.blobs.back().second.reserve(item.length);
       } else {
-        dest_[i].target = by_name.at(items_[i].name);
-        out.tensor_bytes += items_[i].length;
+        out.tensor_bytes += item.length;
       }
     }
     // Pointers into out.blobs are taken once it no longer grows.
     for (std::size_t i = 0, b = 0; i < items_.size(); ++i) {
-      if (items_[i].kind == ItemKind::kBlob) dest_[i].blob = &out.blobs[b++].second;
+      if (items_[i].kind == ItemKind::kBlob) blob_[i] = &out.blobs[b++].second;
     }
   }
 
@@ -95,14 +104,7 @@ class ItemSink {
       const ShardItem& it = items_[item_];
       std::size_t n = static_cast<std::size_t>(std::min(want - used, it.length - in_item_));
       sum_.Update(src + used, n);
-      if (dest_[item_].blob != nullptr) {
-        dest_[item_].blob->append(src + used, n);
-      } else {
-        const RestoreTarget& t = *dest_[item_].target;
-        if (Status s = t.region->WriteAt(t.region_offset + in_item_, src + used, n); !s.ok()) {
-          return s.With("item " + it.name);
-        }
-      }
+      if (blob_[item_] != nullptr) blob_[item_]->append(src + used, n);
       used += n;
       in_item_ += n;
       if (Status s = CloseItems(); !s.ok()) return s;
@@ -126,13 +128,284 @@ class ItemSink {
 
   std::string what_;
   const std::vector<ShardItem>& items_;
-  std::vector<Destination> dest_;
+  std::vector<std::string*> blob_;
   std::size_t item_ = 0;
   std::uint64_t in_item_ = 0;
   Checksum sum_;
 };
 
+// How a shard's bytes fall into pool chunks: chunk k holds the file's bytes from
+// read_start + k * chunk on, where read_start is the 4 KiB boundary at or before the data
+// section (as O_DIRECT needs: a valid shard from another writer may put its data anywhere
+// after the header).
+struct ChunkGeometry {
+  ChunkGeometry(const ShardInfo& info, std::uint64_t chunk_bytes)
+      : chunk(chunk_bytes),
+        data_start(info.data_start),
+        file_bytes(info.file_bytes),
+        read_start(info.data_start / kDataAlignment * kDataAlignment),
+        chunks((info.file_bytes - read_start + chunk_bytes - 1) / chunk_bytes) {}
+  std::uint64_t file_off(std::uint64_t k) const { return read_start + k * chunk; }
+  // Bytes of the file in chunk k, and where its data bytes begin (header bytes before).
+  std::uint64_t want(std::uint64_t k) const { return std::min(chunk, file_bytes - file_off(k)); }
+  std::uint64_t from(std::uint64_t k) const { return k == 0 ? data_start - read_start : 0; }
+
+  const std::uint64_t chunk, data_start, file_bytes, read_start, chunks;
+};
+
+// The pool chunks of one restore: the first `held` hold chunks 0..held-1 of the shard for
+// the whole restore; the others are a window that the later chunks take in turn.
+struct RestoreBufs {
+  std::vector<HostPool::Chunk> chunks;
+  std::size_t held = 0;
+  std::size_t window() const { return chunks.size() - held; }
+  std::size_t Of(std::uint64_t k) const {
+    return k < held ? static_cast<std::size_t>(k) : held + static_cast<std::size_t>((k - held) % window());
+  }
+};
+
+// Reads chunks begin..chunks-1 in order into their buffers, with up to `readers` reads in
+// flight, and hands each to `visit` in order. `before_reuse(b)` runs before a read into the
+// window buffer b (whose earlier chunk was visited). Returns the first error; every read has
+// ended when it returns.
+Status ReadChunks(const ShardBytes& src, const ChunkGeometry& g, std::uint64_t begin, const RestoreBufs& bufs,
+                  unsigned readers, const std::string& what,
+                  const std::function<Status(std::size_t)>& before_reuse,
+                  const std::function<Status(std::uint64_t, const char*)>& visit) {
+  const std::size_t in_flight = std::max(1u, readers);
+  std::deque<std::future<Result<std::size_t>>> inflight;
+  auto drain = [&] {
+    for (auto& f : inflight) f.wait();
+    inflight.clear();
+  };
+  std::uint64_t next = begin;
+  for (std::uint64_t k = begin; k < g.chunks; ++k) {
+    // A window buffer is read into again only once its earlier chunk was visited.
+    while (next < g.chunks && inflight.size() < in_flight &&
+           (next < bufs.held + bufs.window() || next - bufs.window() < k)) {
+      const std::size_t b = bufs.Of(next);
+      if (next >= bufs.held) {
+        if (Status s = before_reuse(b); !s.ok()) {
+          drain();
+          return s;
+        }
+      }
+      try {
+        inflight.push_back(
+            std::async(std::launch::async, [&src, &g, buf = bufs.chunks[b].data, off = g.file_off(next)] {
+              return src.Read(off, buf, g.chunk);
+            }));
+      } catch (const std::system_error& e) {  // no thread could be started
+        drain();
+        return Internal(std::string("cannot start a reader thread: ") + e.what());
+      }
+      ++next;
+    }
+    auto got = inflight.front().get();
+    inflight.pop_front();
+    Status status = got.ok() ? Status::Ok() : got.status();
+    if (status.ok() && got.value() < g.want(k)) status = DataLoss(what + " ended early (truncated shard)");
+    if (status.ok()) status = visit(k, bufs.chunks[bufs.Of(k)].data);
+    if (!status.ok()) {
+      drain();
+      return status;
+    }
+  }
+  return Status::Ok();
+}
+
+// The copy lanes of one restore: the backend's for each device a target is on (chunk k
+// goes to lane k % lanes of its device), a host lane for host regions.
+class RestoreLanes {
+ public:
+  Status Make(const std::vector<RestoreTarget>& targets, DeviceBackend* backend, unsigned lanes) {
+    for (const auto& t : targets) {
+      const int device = t.region->device();
+      if (device < 0 || by_device_.count(device) > 0) continue;
+      if (backend == nullptr) {
+        return FailedPrecondition("region " + t.region->name() +
+                                  " is device memory, and this daemon has no device backend");
+      }
+      auto made = backend->MakeLanes(device, std::max(1u, lanes));
+      if (!made.ok()) return made.status().With("create copy streams for a restore");
+      by_device_[device] = std::move(made).value();
+    }
+    return Status::Ok();
+  }
+  CopyLane& For(const ImportedRegion& region, std::uint64_t chunk) {
+    const int device = region.device();
+    if (device < 0) return host_;
+    auto& lanes = by_device_.at(device);
+    return *lanes[chunk % lanes.size()];
+  }
+
+ private:
+  HostCopyLane host_;
+  std::map<int, std::vector<std::unique_ptr<CopyLane>>> by_device_;
+};
+
+// `s` with `note` (what the error left in the regions) appended.
+Status Noted(const Status& s, const std::string& note) {
+  return Status(s.code(), s.message() + " (" + note + ")");
+}
+
+// The copies of one chunk, queued and not yet waited for.
+struct QueuedChunk {
+  std::size_t buf = 0;
+  std::vector<std::pair<CopyLane*, std::uint64_t>> tickets;
+};
+
 }  // namespace
+
+// The restore in two steps: every item is verified in pool chunks before any byte reaches a
+// region; then the chunks' tensor bytes are copied to the regions, per chunk, on the copy
+// lanes (host-to-device on the daemon's streams, one event per chunk and lane).
+Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInfo& info,
+                                         const std::vector<RestoreTarget>& targets, const ShardBytes& src) {
+  if (Status s = MatchLayout(info, targets); !s.ok()) return s;
+  RestoredShard out;
+  ItemVerifier verifier(what, info, out);
+  if (Status s = verifier.Begin(); !s.ok()) return s;
+  const ChunkGeometry g(info, pool_.chunk_bytes());
+  if (g.chunks == 0) return out;
+  RestoreLanes lanes;
+  if (Status s = lanes.Make(targets, backend_, lanes_); !s.ok()) return s;
+  std::map<std::string, const RestoreTarget*> by_name;
+  for (const auto& t : targets) by_name[t.item.name] = &t;
+  std::vector<const RestoreTarget*> dest(info.items.size(), nullptr);  // null for blobs
+  for (std::size_t i = 0; i < info.items.size(); ++i) {
+    if (info.items[i].kind == ItemKind::kTensor) dest[i] = by_name.at(info.items[i].name);
+  }
+
+  // A chunk for each chunk of the shard if the pool has them now, else as many as it lends
+  // (see the header). Only a restore holding no chunk may block for one (see HostPool).
+  RestoreBufs bufs;
+  struct ReleaseBufs {
+    HostPool& pool;
+    std::vector<HostPool::Chunk>& chunks;
+    ~ReleaseBufs() {
+      for (const auto& c : chunks) pool.Release(c);
+    }
+  } release{pool_, bufs.chunks};
+  if (auto first = pool_.Acquire()) {
+    bufs.chunks.push_back(*first);
+  } else {
+    return FailedPrecondition("daemon is shutting down");
+  }
+  const std::uint64_t wanted =
+      src.image != nullptr ? std::min<std::uint64_t>(g.chunks, std::max(2u, readers_)) : g.chunks;
+  while (bufs.chunks.size() < wanted) {
+    auto more = pool_.TryAcquire();
+    if (!more) break;
+    bufs.chunks.push_back(*more);
+  }
+  // A file: the chunks it gets hold the shard's first chunks, but for a window of
+  // `readers_` through which the rest passes twice. An image: all of them are a window.
+  if (src.image == nullptr) {
+    bufs.held = bufs.chunks.size() == g.chunks
+                    ? bufs.chunks.size()
+                    : bufs.chunks.size() - std::min<std::size_t>(bufs.chunks.size(), std::max(1u, readers_));
+  }
+  const auto no_wait = [](std::size_t) { return Status::Ok(); };
+
+  // Pass 1: verify. A file's chunk that pass 2 reads again must hold the same bytes: its
+  // hash is kept. An image does not change, and is verified where it lies.
+  std::vector<std::uint64_t> chunk_sums(src.image != nullptr ? 0 : g.chunks - bufs.held);
+  Status verified;
+  if (src.image != nullptr) {
+    for (std::uint64_t k = 0; k < g.chunks && verified.ok(); ++k) {
+      verified = verifier.Consume(src.image->data() + g.file_off(k) + g.from(k), g.want(k) - g.from(k));
+    }
+  } else {
+    verified = ReadChunks(src, g, 0, bufs, readers_, what, no_wait, [&](std::uint64_t k, const char* data) {
+      if (k >= bufs.held) chunk_sums[k - bufs.held] = Checksum::Of(data, g.want(k));
+      out.bytes_read += g.want(k) - g.from(k);
+      return verifier.Consume(data + g.from(k), g.want(k) - g.from(k));
+    });
+  }
+  if (!verified.ok()) return Noted(verified, "nothing was written to the registered regions");
+
+  // Pass 2: copy. Each chunk's tensor pieces are queued on its lanes, each lane's chunk
+  // ended with one ticket; a chunk's memory is reused only once its tickets are waited for.
+  std::deque<QueuedChunk> queued;
+  Status copied;
+  auto wait_oldest = [&] {
+    for (auto& [lane, ticket] : queued.front().tickets) {
+      Status s = lane->WaitChunk(ticket, [] { return false; });
+      if (copied.ok() && !s.ok()) copied = s;
+    }
+    queued.pop_front();
+  };
+  std::size_t first_item = 0;
+  auto queue_chunk = [&](std::uint64_t k, const char* data) -> Status {
+    const std::uint64_t lo = g.file_off(k) + g.from(k) - g.data_start;
+    const std::uint64_t hi = g.file_off(k) + g.want(k) - g.data_start;
+    QueuedChunk q{bufs.Of(k), {}};
+    std::vector<CopyLane*> used;
+    Status s;
+    // Chunks come in file order: items that end before this one are done for good.
+    while (first_item < info.items.size() &&
+           info.items[first_item].offset + info.items[first_item].length <= lo) {
+      ++first_item;
+    }
+    for (std::size_t i = first_item; i < info.items.size() && info.items[i].offset < hi && s.ok(); ++i) {
+      const ShardItem& it = info.items[i];
+      if (dest[i] == nullptr || it.length == 0) continue;
+      const std::uint64_t from = std::max(lo, it.offset), to = std::min(hi, it.offset + it.length);
+      CopyLane& lane = lanes.For(*dest[i]->region, k);
+      s = lane.CopyIn(*dest[i]->region, dest[i]->region_offset + (from - it.offset),
+                      data + (from + g.data_start - g.file_off(k)), static_cast<std::size_t>(to - from));
+      if (!s.ok()) s = s.With("restore item " + QuoteName(it.name));
+      if (std::find(used.begin(), used.end(), &lane) == used.end()) used.push_back(&lane);
+    }
+    // Even after a failed copy, what was queued gets a ticket to wait for.
+    for (CopyLane* lane : used) {
+      auto ticket = lane->EndChunk();
+      if (ticket.ok()) {
+        q.tickets.emplace_back(lane, ticket.value());
+      } else if (s.ok()) {
+        s = ticket.status();
+      }
+    }
+    queued.push_back(std::move(q));
+    return s;
+  };
+  // The held chunks are copied from where they were verified; the rest is read again.
+  for (std::uint64_t k = 0; k < bufs.held && copied.ok(); ++k) {
+    if (Status s = queue_chunk(k, bufs.chunks[k].data); !s.ok()) copied = s;
+  }
+  if (copied.ok() && bufs.held < g.chunks) {
+    Status read = ReadChunks(
+        src, g, bufs.held, bufs, readers_, what,
+        [&](std::size_t b) {
+          while (copied.ok() && std::any_of(queued.begin(), queued.end(),
+                                            [b](const QueuedChunk& q) { return q.buf == b; })) {
+            wait_oldest();
+          }
+          return copied;
+        },
+        [&](std::uint64_t k, const char* data) -> Status {
+          if (src.image == nullptr) {
+            out.bytes_read += g.want(k) - g.from(k);
+            // Not DATA_LOSS, which would try the next tier: the regions are partly
+            // written now, and the error that reaches the trainer must say so.
+            if (Checksum::Of(data, g.want(k)) != chunk_sums[k - bufs.held]) {
+              return Status(StatusCode::kIoError,
+                            what +
+                                " changed between its verification and its copy (bytes from "
+                                "file offset " +
+                                std::to_string(g.file_off(k)) + ")");
+            }
+          }
+          return queue_chunk(k, data);
+        });
+    if (copied.ok() && !read.ok()) copied = read;
+  }
+  // Every queued copy ends before the chunks go back to the pool.
+  while (!queued.empty()) wait_oldest();
+  if (!copied.ok()) return Noted(copied, "the registered regions are partly written: do not train on them");
+  return out;
+}
 
 Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
                                              const std::vector<RestoreTarget>& targets, bool direct_io) {
@@ -147,9 +420,6 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
   auto info = ReadShardHeader(header_fd.get(), path);
   if (!info.ok()) return info.status();
   if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
-
-  RestoredShard out;
-  ItemSink sink(path, info.value(), targets, out);
   UniqueFd data_fd;
   if (!direct_io) {
     data_fd = std::move(header_fd);
@@ -164,80 +434,11 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
   } else {
     return opened.status();
   }
-  // Reads start at the 4 KiB boundary at or before the data section, as O_DIRECT needs: a
-  // valid shard from another writer may put its data anywhere after the header.
-  const std::uint64_t read_start = info->data_start / kDataAlignment * kDataAlignment;
-  const std::uint64_t skip = info->data_start - read_start;
-  const std::uint64_t read_bytes = info->file_bytes - read_start;
-  const std::uint64_t chunk_bytes = pool_.chunk_bytes();
-  const std::uint64_t chunks = (read_bytes + chunk_bytes - 1) / chunk_bytes;
-  const unsigned window = std::max(1u, readers_);
-
-  struct Pending {
-    HostPool::Chunk chunk;
-    std::future<Result<std::size_t>> read;
-  };
-  std::deque<Pending> inflight;
-  std::uint64_t next = 0;
-  // Returns false (and launches nothing) when more reads in flight would need a chunk the
-  // pool does not have now: only a restore holding no chunk may block for one.
-  auto launch = [&]() -> Result<bool> {
-    auto chunk = inflight.empty() ? pool_.Acquire() : pool_.TryAcquire();
-    if (!chunk) {
-      if (inflight.empty()) return FailedPrecondition("daemon is shutting down");
-      return false;
-    }
-    std::uint64_t offset = read_start + next * chunk_bytes;
-    int raw_fd = data_fd.get();
-    try {
-      inflight.push_back(Pending{
-          *chunk, std::async(std::launch::async, [this, raw_fd, c = *chunk, offset, chunk_bytes, &path] {
-            return storage_->ReadAt(raw_fd, c.data, chunk_bytes, offset, path);
-          })});
-    } catch (const std::system_error& e) {  // no thread could be started
-      pool_.Release(*chunk);
-      return Internal(std::string("cannot start a reader thread: ") + e.what());
-    }
-    ++next;
-    return true;
-  };
-  auto drain = [&] {
-    for (auto& p : inflight) {
-      p.read.wait();
-      pool_.Release(p.chunk);
-    }
-    inflight.clear();
-  };
-
-  if (Status s = sink.Begin(); !s.ok()) return s;
-
-  for (std::uint64_t k = 0; k < chunks; ++k) {
-    while (next < chunks && inflight.size() < window) {
-      auto launched = launch();
-      if (!launched.ok()) {
-        drain();
-        return launched.status();
-      }
-      if (!launched.value()) break;
-    }
-    Pending p = std::move(inflight.front());
-    inflight.pop_front();
-    auto got = p.read.get();
-    const std::uint64_t want = std::min(chunk_bytes, read_bytes - k * chunk_bytes);
-    const std::uint64_t from = k == 0 ? skip : 0;  // header bytes in the first chunk
-    Status status = got.ok() ? Status::Ok() : got.status();
-    if (status.ok() && got.value() < want) {
-      status = DataLoss(path + " ended early (truncated shard)");
-    }
-    if (status.ok()) status = sink.Consume(p.chunk.data + from, want - from);
-    pool_.Release(p.chunk);
-    if (status.ok()) out.bytes_read += want - from;
-    if (!status.ok()) {
-      drain();
-      return status;
-    }
-  }
-  return out;
+  ShardBytes src;
+  src.storage = storage_.get();
+  src.fd = data_fd.get();
+  src.path = &path;
+  return Run(path, info.value(), targets, src);
 }
 
 Result<RestoredShard> RestoreEngine::RestoreFromImage(const MemoryImage& image,
@@ -250,17 +451,9 @@ Result<RestoredShard> RestoreEngine::RestoreFromImage(const MemoryImage& image,
   if (header_len > image.file_bytes - 8) return DataLoss(what + ": header size past the end");
   auto info = ParseShardHeader(std::string_view(image.data() + 8, header_len), image.file_bytes);
   if (!info.ok()) return info.status().With(what);
-  if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
-  RestoredShard out;
-  ItemSink sink(what, info.value(), targets, out);
-  if (Status s = sink.Begin(); !s.ok()) return s;
-  // In pieces, so that device regions get host-to-device copies of a bounded size.
-  const std::uint64_t piece = pool_.chunk_bytes();
-  for (std::uint64_t off = info->data_start; off < image.file_bytes; off += piece) {
-    std::uint64_t n = std::min(piece, image.file_bytes - off);
-    if (Status s = sink.Consume(image.data() + off, n); !s.ok()) return s;
-  }
-  return out;
+  ShardBytes src;
+  src.image = &image;
+  return Run(what, info.value(), targets, src);
 }
 
 }  // namespace ckpt

@@ -1,21 +1,40 @@
 // RestoreEngine: fills a trainer's registered regions from a committed shard.
 //
-// In: the shard path and the trainer's tensor items with their regions. Out: bytes in the
-// regions, the blob items, or an error naming the first mismatch (a missing or extra item,
-// another dtype, shape or size, a checksum that does not match). The layout is checked
-// against the registration before any byte is written; checksums are checked as the bytes
-// stream through, so after a DataLoss error the regions hold partial data and the trainer
-// must not train on them. Reads go through pool chunks (O_DIRECT where the directory
-// takes it), several in flight, from the 4 KiB boundary at or before the data section, so
-// a valid shard whose data is not aligned restores too. The header and the data come from
-// one file (see common/safe_file.h for how it is opened). Thread-safe; concurrent restores
-// share the pool.
+// In: the shard (its file, or its memory-tier image) and the trainer's tensor items with
+// their regions. Out: bytes in the regions, the blob items, or an error naming the first
+// mismatch (a missing or extra item, another dtype, shape or size, a checksum that does not
+// match). The layout is checked against the registration before any byte is read.
+//
+// All or nothing: every item's checksum is verified before the first byte reaches a
+// region, so after an error the regions hold what they held before (a DATA_LOSS says
+// "nothing was written to the registered regions"). A file is read into pool chunks: as
+// many as the pool lends the restore now, up to one per chunk of the shard. If it lends
+// them all, the shard is read once, verified, and copied out of the very chunks it was
+// verified in. Otherwise the first chunks of the shard stay in the chunks it got, but for a
+// window (one chunk per read in flight) through which the rest passes twice: the first
+// pass verifies every item and keeps an xxh3 of each passing chunk, the second reads those
+// chunks again, checks each against its hash, and only then copies it. A file whose bytes
+// changed in between is refused with an I/O error (with a failed copy, the only cases that
+// leave the regions partly written, and their messages say so). A memory-tier image does
+// not change: it is verified where it lies, then staged chunk by chunk through a window of
+// pool chunks (pinned: host-to-device copies never go through the driver's pageable
+// staging) and copied from there.
+//
+// Copies out of the chunks go through copy lanes (backend/device_copier.h): for device
+// regions, asynchronous host-to-device copies on the backend's streams, chunk k on lane
+// k % lanes, one ticket (a CUDA event) per chunk and lane, a chunk given back to the pool
+// once its tickets are waited for; host (shm) regions are written at once. Reads go
+// through pool chunks (O_DIRECT where the directory takes it), several in flight, from the
+// 4 KiB boundary at or before the data section, so a valid shard whose data is not aligned
+// restores too. The header and the data come from one file (see common/safe_file.h for how
+// it is opened). Thread-safe; concurrent restores share the pool.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/device_copier.h"
 #include "backend/region_importer.h"
 #include "common/status.h"
 #include "daemon/io/storage.h"
@@ -35,13 +54,18 @@ struct RestoreTarget {
 struct RestoredShard {
   std::vector<std::pair<std::string, std::string>> blobs;  // name, bytes
   std::uint64_t tensor_bytes = 0;
-  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_read = 0;  // from files, in every pass
 };
+
+// Where a restore's bytes come from (restore_engine.cc).
+struct ShardBytes;
 
 class RestoreEngine {
  public:
-  RestoreEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned readers)
-      : storage_(std::move(storage)), pool_(pool), readers_(readers) {}
+  // `backend` (may be null: host regions only) makes `lanes` copy lanes per device restored to.
+  RestoreEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned readers,
+                DeviceBackend* backend = nullptr, unsigned lanes = 2)
+      : storage_(std::move(storage)), pool_(pool), readers_(readers), backend_(backend), lanes_(lanes) {}
 
   Result<RestoredShard> Restore(const std::string& path, const std::vector<RestoreTarget>& targets,
                                 bool direct_io);
@@ -49,9 +73,14 @@ class RestoreEngine {
   Result<RestoredShard> RestoreFromImage(const MemoryImage& image, const std::vector<RestoreTarget>& targets);
 
  private:
+  Result<RestoredShard> Run(const std::string& what, const ShardInfo& info,
+                            const std::vector<RestoreTarget>& targets, const ShardBytes& src);
+
   std::shared_ptr<Storage> storage_;
   HostPool& pool_;
   unsigned readers_;
+  DeviceBackend* backend_;
+  unsigned lanes_;
 };
 
 }  // namespace ckpt

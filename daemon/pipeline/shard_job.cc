@@ -42,7 +42,11 @@ Status ShardJob::Prepare() {
     sources_ = std::move(sources);
     tensors_.reset();
   }
-  return layout_.planned() ? Status::Ok() : layout_.PlanInPlace();
+  if (!layout_.planned()) {
+    if (Status s = layout_.PlanInPlace(); !s.ok()) return s;
+  }
+  if (!hasher_) hasher_ = std::make_unique<ItemHasher>(layout_.items());
+  return Status::Ok();
 }
 
 void ShardJob::ReleaseSources() {

@@ -19,6 +19,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "daemon/pipeline/item_hasher.h"
 #include "format/shard_format.h"
 
 namespace ckpt {
@@ -68,9 +69,12 @@ class ShardJob {
   ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std::vector<ShardItem> blobs,
            std::vector<ItemSource> blob_sources, ShardPlacement placement);
 
-  // Assembles the item list (if built from a TensorSet) and plans the layout. Called by
-  // the copy thread before the first byte is copied; idempotent.
+  // Assembles the item list (if built from a TensorSet), plans the layout and makes the
+  // hasher of its items. Called by the copy thread before the first byte is copied;
+  // idempotent.
   Status Prepare();
+  // Computes the item checksums from the chunks the writers write (valid after Prepare).
+  ItemHasher& hasher() { return *hasher_; }
 
   // Fixed at construction (Prepare() rebuilds the layout, never this).
   const ShardMeta& meta() const { return meta_; }
@@ -165,6 +169,7 @@ class ShardJob {
   std::uint64_t data_bytes_ = 0;
   std::vector<ItemSource> sources_;
   std::shared_ptr<const TensorSet> tensors_;  // consumed by Prepare()
+  std::unique_ptr<ItemHasher> hasher_;        // made by Prepare()
   const ShardPlacement placement_;
   std::string final_path_, tmp_path_;
   std::atomic<bool> persisted_{false};

@@ -6,16 +6,8 @@
 #include <cstring>
 
 #include "common/test_pause.h"
-#include "format/checksum.h"
 
 namespace ckpt {
-namespace {
-
-// Copy and checksum in pieces that stay in cache between the two passes.
-constexpr std::uint64_t kPieceBytes = 1 << 20;
-
-}  // namespace
-
 SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers, DeviceBackend* backend,
                                unsigned lanes)
     : pool_(pool), flush_(flush), backend_(backend), lanes_(lanes == 0 ? 1 : lanes) {
@@ -93,37 +85,6 @@ void SnapshotEngine::DeviceLoop(DeviceQueue* q) {
 
 namespace {
 
-// The running checksum of a shard: bytes must be fed in file order. Closes every item
-// whose bytes are all summed (empty items included) and stores its digest.
-class ItemSummer {
- public:
-  explicit ItemSummer(std::vector<ShardItem>& items) : items_(items) { Close(); }
-  void Update(const char* p, std::uint64_t n) {
-    while (n > 0) {
-      const std::uint64_t take = std::min(n, items_[item_].length - in_item_);
-      sum_.Update(p, take);
-      p += take;
-      n -= take;
-      in_item_ += take;
-      Close();
-    }
-  }
-
- private:
-  void Close() {
-    while (item_ < items_.size() && in_item_ == items_[item_].length) {
-      items_[item_].checksum = sum_.Digest();
-      sum_ = Checksum();
-      ++item_;
-      in_item_ = 0;
-    }
-  }
-  std::vector<ShardItem>& items_;
-  std::size_t item_ = 0;
-  std::uint64_t in_item_ = 0;
-  Checksum sum_;
-};
-
 // A chunk whose copies are queued and not yet waited for.
 struct PendingChunk {
   HostPool::Chunk chunk;
@@ -131,7 +92,6 @@ struct PendingChunk {
   std::uint64_t ticket = 0;
   std::uint64_t data_off = 0;
   std::uint64_t fill = 0;
-  bool summed = false;  // checksummed as it was copied (synchronous lane)
 };
 
 }  // namespace
@@ -185,7 +145,6 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   const std::uint64_t header_bytes = shard->layout().header_bytes();
   const std::uint64_t chunk_bytes = pool_.chunk_bytes();
 
-  ItemSummer summer(items);
   std::size_t item = 0;       // next item to copy
   std::uint64_t in_item = 0;  // bytes of it already queued
   std::uint64_t data_off = 0;
@@ -197,8 +156,8 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   std::vector<HostPool::Chunk> dropped;
   const std::function<bool()> give_up = [&] { return shard->failed(); };
 
-  // Waits for the oldest pending chunk; on success checksums it (if not done yet) and
-  // hands it to the flush engine. A failed shard's chunks are not waited for.
+  // Waits for the oldest pending chunk; on success hands it to the flush engine, whose
+  // writers checksum it. A failed shard's chunks are not waited for.
   auto complete_oldest = [&] {
     PendingChunk p = pending.front();
     pending.pop_front();
@@ -211,7 +170,6 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       return;
     }
     flowing = true;
-    if (!p.summed) summer.Update(p.chunk.data, p.fill);
     shard->copied_bytes.fetch_add(p.fill, std::memory_order_relaxed);
     flush_.Submit(shard, p.chunk, header_bytes + p.data_off, static_cast<std::size_t>(p.fill));
   };
@@ -244,20 +202,42 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     const std::uint64_t fill = std::min(chunk_bytes, data_bytes - data_off);
     std::uint64_t filled = 0;
     while (filled < fill && status.ok()) {
+      // One copy per (item ∩ chunk), extended over the next items while they continue the
+      // same region at the next offset (the tensors of one allocation, packed as the
+      // trainer laid them out).
       const ShardItem& it = items[item];
       const ItemSource& src = sources[item];
-      const std::size_t n =
-          static_cast<std::size_t>(std::min({fill - filled, it.length - in_item, kPieceBytes}));
       char* dst = chunk->data + filled;
       if (src.blob) {
+        const std::size_t n = static_cast<std::size_t>(std::min(fill - filled, it.length - in_item));
         std::memcpy(dst, src.blob->data() + in_item, n);
+        filled += n;
+        in_item += n;
       } else {
-        status = lane.CopyOut(*src.region, src.region_offset + in_item, dst, n);
-        if (!status.ok()) status = status.With("item " + it.name);
+        const std::uint64_t from = src.region_offset + in_item;
+        std::uint64_t n = 0;
+        for (;;) {
+          const std::uint64_t take = std::min(fill - filled - n, items[item].length - in_item);
+          n += take;
+          in_item += take;
+          if (in_item < items[item].length) break;  // the chunk is full
+          std::size_t next = item + 1;
+          while (next < items.size() && items[next].length == 0) ++next;
+          if (next == items.size() || n == fill - filled) break;
+          const ItemSource& ns = sources[next];
+          if (ns.blob || ns.region != src.region || ns.region_offset != from + n) break;
+          item = next;  // empty items between are complete
+          in_item = 0;
+        }
+        if (n > 0) {
+          status = lane.CopyOut(*src.region, from, dst, static_cast<std::size_t>(n));
+          if (!status.ok()) {
+            status = status.With(&items[item] == &it ? "item " + it.name
+                                                     : "items " + it.name + " to " + items[item].name);
+          }
+        }
+        filled += n;
       }
-      if (synchronous) summer.Update(dst, n);
-      filled += n;
-      in_item += n;
       while (item < items.size() && in_item == items[item].length) {
         ++item;
         in_item = 0;
@@ -270,7 +250,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       shard->Fail(ticket.status());
       break;
     }
-    pending.push_back(PendingChunk{*chunk, lane_index, ticket.value(), data_off, fill, synchronous});
+    pending.push_back(PendingChunk{*chunk, lane_index, ticket.value(), data_off, fill});
     data_off += fill;
     ++chunk_index;
   }

@@ -1,17 +1,21 @@
 // SnapshotEngine: copies each shard's items out of trainer memory into pool chunks, in
-// file order, checksumming on the way, and hands every filled chunk to the flush engine.
+// file order, and hands every filled chunk to the flush engine, whose writers checksum it
+// (daemon/pipeline/item_hasher.h): the copy thread only queues and waits for copies.
 //
 // In: shards queued by Snapshot calls. Out: chunks to the FlushEngine; the shard reaches
 // `captured` when its last byte is out of trainer memory. When the pool is empty the copy
 // waits for writes to return chunks (backpressure). Each shard is copied by one thread
-// (so its checksums stream in order); several threads copy several shards at once.
+// (so its chunks reach the writers in file order); several threads copy several shards
+// at once.
 //
-// Copies go through copy lanes (backend/device_copier.h). Host regions use one synchronous
-// lane: each piece is copied and checksummed at once, one chunk in flight. Device regions
-// use `lanes` lanes of the backend: chunk i is queued on lane i % lanes after the lane
-// waited for the trainer's event; the copy thread queues as many chunks as the pool lends
-// it, records the daemon's completion event once the last is queued (the shard is then
-// `ordered`), and completes chunks oldest first: wait, checksum, hand to the flush engine.
+// Each chunk gets one copy per (item ∩ chunk), and adjacent items that continue one region
+// at the next offset (the tensors of one allocation) share a copy. Copies go through copy
+// lanes (backend/device_copier.h). Host regions use one synchronous lane, one chunk in
+// flight. Device regions use `lanes` lanes of the backend: chunk i is queued on lane
+// i % lanes after the lane waited for the trainer's event; the copy thread queues as many
+// chunks as the pool lends it, records the daemon's completion event once the last is
+// queued (the shard is then `ordered`), and completes chunks oldest first: wait, hand to
+// the flush engine.
 //
 // Device shards never block each other. Until its first chunk has landed (the trainer's
 // event has fired) a device shard holds one pool chunk; and the device shards of each

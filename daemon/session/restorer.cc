@@ -87,8 +87,8 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
     tiers_.DropCopy(src);
   }
   if (!restored.ok()) {
-    return restored.status().With("restore version " + std::to_string(v) + " from " + TierName(tier) +
-                                  " (the registered regions may hold partial data: do not train on them)");
+    // The engine's message says what the regions hold: untouched, or partly written.
+    return restored.status().With("restore version " + std::to_string(v) + " from " + TierName(tier));
   }
   counters_.bytes_read += restored->bytes_read;
   (tier == Tier::kMemory  ? counters_.from_memory

@@ -2,11 +2,11 @@
 // tier holding its shard (TierSet). Before reading, the rank's versions still in flight
 // finish (typically from a trainer that crashed right after a snapshot: the newest of them
 // is what the restarted trainer wants). Each copy is checked to be this version's shard of
-// this rank of this world size, and its checksums are verified as it is read; a copy on a
-// faster tier that fails either check is reported (ErrorLog), dropped from its tier, and
-// the next tier is read instead, overwriting whatever the bad copy left in the regions. A
-// restore that fails on the persistent tier too returns the error, saying that the regions
-// hold partial data. Restoring an older version than the newest committed one is a rollback: the
+// this rank of this world size, and its checksums are verified before any byte reaches the
+// regions (RestoreEngine); a copy on a faster tier that fails either check is reported
+// (ErrorLog), dropped from its tier, and the next tier is read instead. A restore that
+// fails on the persistent tier too returns the error, which says whether the regions are
+// untouched (a verification failure) or partly written (a failed copy). Restoring an older version than the newest committed one is a rollback: the
 // newer versions are set aside, the memory tier drops them, and numbering continues from the
 // restored version. Every restore starts a new registration of the rank. Thread-safe; the
 // caller holds the session's lock.

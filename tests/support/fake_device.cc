@@ -45,10 +45,24 @@ Status AsyncLane::CopyOut(const ImportedRegion& region, std::uint64_t offset, vo
   auto span = region.DeviceAt(offset, len);
   if (!span.ok()) return span.status();
   device_.bytes_queued += len;
+  ++device_.copies_out;
   device_.first_copy_queued.Open();
   Enqueue([this, dst, len, span = std::move(span).value()] {
     std::memcpy(dst, span.ptr, len);
     device_.bytes_done += len;
+  });
+  return Status::Ok();
+}
+
+Status AsyncLane::CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src,
+                         std::size_t len) {
+  if (region.device() < 0) return region.WriteAt(offset, src, len);
+  auto span = region.DeviceAt(offset, len);
+  if (!span.ok()) return span.status();
+  ++device_.copies_in;
+  Enqueue([this, src, len, span = std::move(span).value()] {
+    std::memcpy(span.ptr, src, len);
+    device_.bytes_in_done += len;
   });
   return Status::Ok();
 }

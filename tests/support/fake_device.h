@@ -35,10 +35,12 @@
 
 namespace ckpt::test {
 
-// Bytes standing for GPU memory: DeviceAt hands out addresses for lanes to copy from.
-class FakeDeviceRegion : public MemoryRegion {
+// Bytes standing for GPU memory: DeviceAt hands out addresses for lanes to copy from and
+// to. Its ReadAt and WriteAt stand for the CUDA region's synchronous copies (a copy, then
+// a stream synchronise); writes() counts those writes, which a restore must not make.
+class FakeDeviceRegion : public WritableRegion {
  public:
-  using MemoryRegion::MemoryRegion;
+  using WritableRegion::WritableRegion;
   int device() const override { return 0; }
   // Fails once `closed` is set, as a CUDA region of a released client does.
   Result<DeviceSpan> DeviceAt(std::uint64_t offset, std::size_t len) const override;
@@ -72,6 +74,10 @@ struct FakeDevice {
   std::atomic<int> lanes_made{0};
   std::atomic<std::uint64_t> bytes_queued{0};
   std::atomic<std::uint64_t> bytes_done{0};
+  // Device copies queued: device to host (CopyOut) and host to device (CopyIn, a restore).
+  std::atomic<std::uint64_t> copies_out{0};
+  std::atomic<std::uint64_t> copies_in{0};
+  std::atomic<std::uint64_t> bytes_in_done{0};
   std::mutex mu;
   std::map<const void*, std::uint64_t> chunks_per_lane;
 };
@@ -88,6 +94,9 @@ class AsyncLane : public CopyLane {
 
   // Host regions are read at once; device regions are queued.
   Status CopyOut(const ImportedRegion& region, std::uint64_t offset, void* dst, std::size_t len) override;
+  // Host regions are written at once; device regions are queued.
+  Status CopyIn(const ImportedRegion& region, std::uint64_t offset, const void* src,
+                std::size_t len) override;
   Result<std::uint64_t> EndChunk() override;
   Status WaitChunk(std::uint64_t ticket, const std::function<bool()>& give_up) override;
   bool Idle() override;

@@ -13,4 +13,11 @@ Status MemoryRegion::ReadAt(std::uint64_t offset, void* dst, std::size_t len) co
   return Status::Ok();
 }
 
+Status WritableRegion::WriteAt(std::uint64_t offset, const void* src, std::size_t len) const {
+  writes_.fetch_add(1);
+  if (offset + len > bytes().size()) return FailedPrecondition("region " + name() + " is too small");
+  std::memcpy(const_cast<char*>(bytes().data()) + offset, src, len);
+  return Status::Ok();
+}
+
 }  // namespace ckpt::test

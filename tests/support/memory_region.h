@@ -1,7 +1,8 @@
 // MemoryRegion: trainer memory held by the test as plain bytes, imported as the daemon
 // imports an shm region, so the engines can copy out of it without shared memory. Reads
 // can be made to fail from some offset on (a region the trainer shrank or unmapped) and
-// are counted. Writes are refused: the engines under test only read regions.
+// are counted. Writes are refused: the snapshot engines only read regions. WritableRegion
+// is one a restore may write.
 //
 // Thread-safety: ReadAt, FailReadsFrom and reads() may be called from any thread (several
 // copy threads read one region at once). The bytes are fixed at construction; subclasses
@@ -40,6 +41,19 @@ class MemoryRegion : public ImportedRegion {
   std::string bytes_;
   std::atomic<std::uint64_t> fail_from_{UINT64_MAX};
   mutable std::atomic<int> reads_{0};
+};
+
+// Trainer memory a restore writes into (for shm: pwrite). Writes land in bytes() and are
+// counted; they must not run while the test reads bytes().
+class WritableRegion : public MemoryRegion {
+ public:
+  using MemoryRegion::MemoryRegion;
+  Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const override;
+  // WriteAt calls so far.
+  int writes() const { return writes_.load(); }
+
+ private:
+  mutable std::atomic<int> writes_{0};
 };
 
 }  // namespace ckpt::test

@@ -191,7 +191,9 @@ class Client {
   // Fills the registered regions from `version` (nullopt: the newest committed) and returns
   // the version's blobs. GPU tensors are filled by the daemon, which copies into their
   // allocations and synchronises its streams before it replies: once restore returns, the
-  // data is in device memory, visible to work queued afterwards on any stream.
+  // data is in device memory, visible to work queued afterwards on any stream. Checksums
+  // are verified before any byte is written: a DATA_LOSS error leaves the regions as they
+  // were (its message says "nothing was written to the registered regions").
   RestoreResult restore(std::optional<std::uint64_t> version = std::nullopt);
   // The daemon's status as JSON.
   DaemonStatus status();
