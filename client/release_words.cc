@@ -104,8 +104,8 @@ Status DaemonWatch::Watch(pid_t pid, const std::string& daemon_namespace) {
   if (old.valid()) {
     pollfd p{old.get(), POLLIN, 0};
     if (::poll(&p, 1, 0) == 1) {
-      exits_.fetch_add(1, std::memory_order_acq_rel);
       on_exit_();
+      exits_.fetch_add(1, std::memory_order_acq_rel);
     }
   }
   return Status::Ok();
@@ -146,8 +146,8 @@ void DaemonWatch::Run() {
       pidfd_.reset();
       ++generation_;
     }
-    exits_.fetch_add(1, std::memory_order_acq_rel);
     on_exit_();
+    exits_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 

@@ -98,7 +98,7 @@ class DaemonWatch {
   // the previous process still, when the namespaces differ or pidfd_open is refused (the caller then
   // uses the daemon's events instead of the release words).
   Status Watch(pid_t pid, const std::string& daemon_namespace);
-  // How many exits were seen.
+  // How many exits were seen and handled (counted once on_exit has returned).
   std::uint64_t exits() const { return exits_.load(std::memory_order_acquire); }
 
  private:

@@ -356,7 +356,7 @@ class CudaBackend final : public DeviceBackend {
     if (!device.ok()) return device.status();
     std::unique_ptr<ReleaseWordWriter> words;
     if (release_words != nullptr) {
-      auto made = MakeCudaReleaseWordWriter(device.value(), *release_words);
+      auto made = MakeCudaReleaseWordWriter(device.value(), *release_words, releaser_);
       if (made.ok()) {
         words = std::move(made).value();
       } else {

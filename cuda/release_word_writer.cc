@@ -20,8 +20,13 @@ constexpr std::uint32_t kMaxWords = 1024;
 // mapped until the process exits, never unregistered under a pending write.
 class CudaReleaseWordWriter final : public ReleaseWordWriter {
  public:
-  CudaReleaseWordWriter(const DriverApi& driver, int device, TrainerReleaseWords words, CUdeviceptr address)
-      : driver_(driver), device_(device), words_(std::move(words)), address_(address) {}
+  CudaReleaseWordWriter(const DriverApi& driver, int device, TrainerReleaseWords words, CUdeviceptr address,
+                        std::shared_ptr<DeviceReleaser> releaser)
+      : driver_(driver),
+        device_(device),
+        words_(std::move(words)),
+        address_(address),
+        releaser_(std::move(releaser)) {}
 
   ~CudaReleaseWordWriter() override {
     if (::cudaSetDevice(device_) != cudaSuccess) {
@@ -38,10 +43,20 @@ class CudaReleaseWordWriter final : public ReleaseWordWriter {
       Retire();
       return;
     }
-    for (cudaEvent_t e : written_) {
-      if (e != nullptr) (void)::cudaEventDestroy(e);
+    // The unregister can synchronise behind a stuck stream: it runs on the releaser's thread
+    // (put off while a lane on this device waits on a dead trainer), keeping the mapping.
+    auto release = [device = device_, host = words_.host, keep = words_.keep, events = written_] {
+      (void)::cudaSetDevice(device);
+      for (cudaEvent_t e : events) {
+        if (e != nullptr) (void)::cudaEventDestroy(e);
+      }
+      (void)::cudaHostUnregister(host);
+    };
+    if (releaser_) {
+      releaser_->Post(device_, std::move(release));
+    } else {
+      release();
     }
-    (void)::cudaHostUnregister(words_.host);
   }
 
   std::uint32_t count() const override {
@@ -89,14 +104,15 @@ class CudaReleaseWordWriter final : public ReleaseWordWriter {
   const int device_;
   const TrainerReleaseWords words_;
   const CUdeviceptr address_;
+  const std::shared_ptr<DeviceReleaser> releaser_;
   Mutex mu_;
   std::vector<cudaEvent_t> written_ GUARDED_BY(mu_);  // per word: recorded after its last write
 };
 
 }  // namespace
 
-Result<std::unique_ptr<ReleaseWordWriter>> MakeCudaReleaseWordWriter(int device,
-                                                                     const TrainerReleaseWords& words) {
+Result<std::unique_ptr<ReleaseWordWriter>> MakeCudaReleaseWordWriter(int device, const TrainerReleaseWords& words,
+                                                                     std::shared_ptr<DeviceReleaser> releaser) {
   const auto& driver = Driver();
   if (!driver.ok()) return driver.status();
   if (driver->cuStreamWriteValue32 == nullptr) {
@@ -120,7 +136,7 @@ Result<std::unique_ptr<ReleaseWordWriter>> MakeCudaReleaseWordWriter(int device,
     return s;
   }
   return std::unique_ptr<ReleaseWordWriter>(std::make_unique<CudaReleaseWordWriter>(
-      driver.value(), device, words, reinterpret_cast<CUdeviceptr>(address)));
+      driver.value(), device, words, reinterpret_cast<CUdeviceptr>(address), std::move(releaser)));
 }
 
 }  // namespace ckpt::cuda

@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "backend/device_copier.h"
+#include "cuda/device_releaser.h"
 #include "common/status.h"
 
 namespace ckpt::cuda {
@@ -37,8 +38,10 @@ class ReleaseWordWriter {
 
 // The CUDA writer on `device` (an ordinal of the daemon). Fails, and the session then uses
 // its events only, when the driver lacks cuStreamWriteValue32 or the words cannot be
-// registered for the device; the message says which.
-Result<std::unique_ptr<ReleaseWordWriter>> MakeCudaReleaseWordWriter(int device,
-                                                                     const TrainerReleaseWords& words);
+// registered for the device; the message says which. With `releaser`, the words are
+// unregistered on its thread (cuda/device_releaser.h), never on the thread that drops the
+// writer.
+Result<std::unique_ptr<ReleaseWordWriter>> MakeCudaReleaseWordWriter(
+    int device, const TrainerReleaseWords& words, std::shared_ptr<DeviceReleaser> releaser = nullptr);
 
 }  // namespace ckpt::cuda
