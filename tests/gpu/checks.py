@@ -803,15 +803,27 @@ def _gate(stream):
     return gate, cb  # the caller keeps cb alive
 
 
-def worker_main(argv):
+def _connect(sock, job, tensors):
+    """A client of the daemon at `sock` with `tensors` (name -> CUDA tensor) registered."""
     import ckpt
+    c = ckpt.Client.connect(sock, reconnect_budget=0)
+    c.register_items(job, 0, 1, [(n, "U8", [t.numel()], t.data_ptr()) for n, t in tensors.items()])
+    return c
+
+
+def _save(c, v):
+    """Snapshot `v` of what is registered, waited for until committed."""
+    c.snapshot(v)
+    c.wait_snapshot(v, timeout=120)
+    c.wait_durable(v, timeout=300)
+
+
+def worker_main(argv):
     import torch
     name, sock, job = argv[0], argv[1], argv[2]
     rest = argv[3:]
     if name == "pending":  # snapshot behind a host function that never returns, then wait to be killed
-        t = torch.ones(int(rest[0]) << 20, dtype=torch.uint8, device="cuda")
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [("t", "U8", [t.numel()], t.data_ptr())])
+        c = _connect(sock, job, {"t": torch.ones(int(rest[0]) << 20, dtype=torch.uint8, device="cuda")})
         s = torch.cuda.Stream()
         gate, cb = _gate(s)
         c.snapshot(1, stream=s)
@@ -820,12 +832,9 @@ def worker_main(argv):
     elif name == "roundtrip":
         t = torch.randint(0, 256, (int(rest[0]) << 20,), dtype=torch.uint8, device="cuda")
         want = t.clone()
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [("t", "U8", [t.numel()], t.data_ptr())])
+        c = _connect(sock, job, {"t": t})
         torch.cuda.synchronize()
-        c.snapshot(1)
-        c.wait_snapshot(1, timeout=60)
-        c.wait_durable(1, timeout=120)
+        _save(c, 1)
         t.zero_()
         torch.cuda.synchronize()
         c.restore(1)
@@ -833,9 +842,7 @@ def worker_main(argv):
         c.unregister()
         print(f"registered, snapshotted and restored {t.numel() >> 20} MiB byte-exact", flush=True)
     elif name == "streamwait":  # the stream waits for a version whose copies the daemon never runs
-        t = torch.ones(int(rest[0]) << 20, dtype=torch.uint8, device="cuda")
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [("t", "U8", [t.numel()], t.data_ptr())])
+        c = _connect(sock, job, {"t": torch.ones(int(rest[0]) << 20, dtype=torch.uint8, device="cuda")})
         s = torch.cuda.Stream()
         gate, cb = _gate(s)
         c.snapshot(1, stream=s)
@@ -865,19 +872,14 @@ def worker_main(argv):
             print(f"hung: the stream is still waiting 60 s after the daemon died ({err})", flush=True)
     elif name == "unregister":
         t = torch.ones(int(rest[0]) << 20, dtype=torch.uint8, device="cuda")
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [("t", "U8", [t.numel()], t.data_ptr())])
+        c = _connect(sock, job, {"t": t})
         torch.cuda.synchronize()
-        c.snapshot(1)
-        c.wait_snapshot(1, timeout=60)
-        c.wait_durable(1, timeout=120)
+        _save(c, 1)
         c.unregister()
         print(f"held {t.numel() >> 20} MiB, unregistered, exiting", flush=True)
     elif name == "capture":  # N snapshots of S MiB in 8 tensors, each waited for
         mib, n = int(rest[0]), int(rest[1])
-        ts = [torch.ones(mib << 17, dtype=torch.uint8, device="cuda") for _ in range(8)]
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [(f"t{i}", "U8", [x.numel()], x.data_ptr()) for i, x in enumerate(ts)])
+        c = _connect(sock, job, {f"t{i}": torch.ones(mib << 17, dtype=torch.uint8, device="cuda") for i in range(8)})
         torch.cuda.synchronize()
         for v in range(1, n + 1):
             c.snapshot(v)
@@ -887,8 +889,7 @@ def worker_main(argv):
     elif name == "underload":  # matrix products with and without a snapshot in flight
         state = [torch.ones(512 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)]  # 2 GiB
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [(f"s{i}", "U8", [x.numel()], x.data_ptr()) for i, x in enumerate(state)])
+        c = _connect(sock, job, {f"s{i}": x for i, x in enumerate(state)})
 
         def step():
             t0 = time.perf_counter()
@@ -916,13 +917,10 @@ def worker_main(argv):
         if mode == "save":
             for x in ts:
                 x.random_(0, 256, generator=g)
-        c = ckpt.Client.connect(sock, reconnect_budget=0)
-        c.register_items(job, 0, 1, [(f"t{i}", "U8", [x.numel()], x.data_ptr()) for i, x in enumerate(ts)])
+        c = _connect(sock, job, {f"t{i}": x for i, x in enumerate(ts)})
         torch.cuda.synchronize()
         if mode == "save":
-            c.snapshot(1)
-            c.wait_snapshot(1, timeout=120)
-            c.wait_durable(1, timeout=300)
+            _save(c, 1)
             c.unregister()
             return 0
         for x in ts:
