@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -55,7 +56,10 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
   }
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  std::vector<std::string> argv = {CKPTD_BINARY,
+  // $CKPTD_BINARY: where a bundle of tests/gpu/bundle.sh put ckptd on a GPU machine (the
+  // build path compiled in does not exist there).
+  const char* binary = std::getenv("CKPTD_BINARY");
+  std::vector<std::string> argv = {binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY,
                                    "--root",
                                    options_.root,
                                    "--socket",
