@@ -159,10 +159,27 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def worker_cmd(*args):
+    """The command line of this script as worker `args[0]` (`--worker NAME ARGS`)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", *map(str, args)]
+
+
+def run_json(what, cmd, timeout, env=None):
+    """Runs `cmd`: (the JSON of its last stdout line, or None if it printed none; None), or
+    (None, "what: why") when it fails."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        return None, f"{what}: exit {r.returncode}: {r.stderr.strip()[-800:]}"
+    lines = r.stdout.strip().splitlines()
+    try:
+        return (json.loads(lines[-1]) if lines else None), None
+    except ValueError:
+        return None, f"{what}: no JSON in its last line: {lines[-1][:200]!r}"
+
+
 def worker(args, *, stdin=False):
     """Runs this script as a worker process (`--worker NAME ARGS`); returns the Popen."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *map(str, args)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(worker_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
 
 
@@ -350,8 +367,8 @@ def check_killed_pending(ctx):
         fig["daemon_errors"] = errors[-5:]
         expect(not sticky, f"a sticky CUDA error: {sticky}", fig)
         expect(d.proc.poll() is None, f"ckptd exited ({d.proc.returncode}): {d.tail()}", fig)
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "roundtrip", d.socket,
-                            "pending-next", 64], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(worker_cmd("roundtrip", d.socket, "pending-next", 64), capture_output=True, text=True,
+                           timeout=120)
         expect(r.returncode == 0, f"a new trainer on that GPU failed: {r.stdout}{r.stderr[-800:]}", fig)
         fig["new_trainer"] = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         deadline = time.perf_counter() + 10
@@ -410,8 +427,8 @@ def check_unregister_frees(ctx):
     try:
         free0, total = torch.cuda.mem_get_info()
         fig["free_GiB_before"] = round(free0 / GiB, 2)
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "unregister", d.socket,
-                            "unreg", 4096], capture_output=True, text=True, timeout=180)
+        r = subprocess.run(worker_cmd("unregister", d.socket, "unreg", 4096), capture_output=True, text=True,
+                           timeout=180)
         expect(r.returncode == 0, f"the trainer failed: {r.stdout}{r.stderr}")
         fig["trainer"] = r.stdout.strip().splitlines()[-1]
         deadline = time.perf_counter() + 10
@@ -459,12 +476,11 @@ ok = all(torch.equal(a, b) for a, b in zip(want, params))
 ck.close()
 print(json.dumps({"segments": segments, "tensors": len(params), "bytes": sum(p.numel() * 4 for p in params), "bit_exact": ok}))
 """
-        r = subprocess.run([sys.executable, "-c", code, d.socket, "segments"], capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode != 0:
-            failures.append(f"segments: {r.stderr.strip()[-800:]}")
+        out, err = run_json("segments", [sys.executable, "-c", code, d.socket, "segments"], 300)
+        if err:
+            failures.append(err)
         else:
-            fig["segments"] = json.loads(r.stdout.strip().splitlines()[-1])
+            fig["segments"] = out
             if not fig["segments"]["bit_exact"]:
                 failures.append("segments: the loaded tensors differ")
             if fig["segments"]["segments"] < 100:
@@ -535,12 +551,11 @@ for step in saved:
         differ.append(step)
 print(json.dumps({"bit_exact": not differ, "versions_differing": differ, "versions": len(saved)}))
 """
-        r = subprocess.run([sys.executable, "-c", bn, d.socket, "bn", d.root], capture_output=True, text=True,
-                           timeout=180)
-        if r.returncode != 0:
-            failures.append(f"batchnorm: {r.stderr.strip()[-800:]}")
+        out, err = run_json("batchnorm", [sys.executable, "-c", bn, d.socket, "bn", d.root], 180)
+        if err:
+            failures.append(err)
         else:
-            fig["batchnorm"] = json.loads(r.stdout.strip().splitlines()[-1])
+            fig["batchnorm"] = out
             if not fig["batchnorm"]["bit_exact"]:
                 failures.append(f"batchnorm: versions {fig['batchnorm']['versions_differing']} differ from the "
                                 "model's state at their step")
@@ -583,12 +598,11 @@ print(json.dumps({"bit_exact": not differ, "versions_differing": differ, "versio
     # Next to DCP async_save, on the same model and schedule.
     d = Daemon(ctx.bin, ctx.work, "dcp", "--pool-mib", 4096, "--chunk-mib", 32, "--keep-last", 1)
     try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "dcp", d.socket, "dcp",
-                            str(Path(d.dir) / "dcp")], capture_output=True, text=True, timeout=400)
-        if r.returncode != 0:
-            failures.append(f"dcp comparison: {r.stderr.strip()[-800:]}")
+        out, err = run_json("dcp comparison", worker_cmd("dcp", d.socket, "dcp", Path(d.dir) / "dcp"), 400)
+        if err:
+            failures.append(err)
         else:
-            fig["vs_dcp"] = json.loads(r.stdout.strip().splitlines()[-1])
+            fig["vs_dcp"] = out
     finally:
         d.stop()
     expect(not failures, "; ".join(failures), fig)
@@ -629,10 +643,8 @@ def check_two_trainers(ctx):
 def check_under_load(ctx):
     d = Daemon(ctx.bin, ctx.work, "load", "--pool-mib", 4096, "--chunk-mib", 32, "--keep-last", 1)
     try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "underload", d.socket, "load"],
-                           capture_output=True, text=True, timeout=300)
-        expect(r.returncode == 0, f"the trainer failed: {r.stderr.strip()[-800:]}")
-        fig = json.loads(r.stdout.strip().splitlines()[-1])
+        fig, err = run_json("the trainer", worker_cmd("underload", d.socket, "load"), 300)
+        expect(not err, err)
         rates = capture_rates(shards_ok(d, "load", fig))
         expect(rates, "no captured shard has a capture time", fig)
         fig["daemon_d2h_GBps_p50"] = median(rates)
@@ -645,21 +657,18 @@ def check_restore_rates(ctx):
     d = Daemon(ctx.bin, ctx.work, "rates", "--pool-mib", 4096, "--chunk-mib", 32, "--memory-mib", 8192, "--keep-last", 1)
     fig = {}
     try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "restore", d.socket, "rates",
-                            "save", 4096], capture_output=True, text=True, timeout=300)
-        expect(r.returncode == 0, f"the saving trainer failed: {r.stderr.strip()[-800:]}")
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "restore", d.socket, "rates",
-                            "load", 4096], capture_output=True, text=True, timeout=300)
-        expect(r.returncode == 0, f"the restore from memory failed: {r.stderr.strip()[-800:]}")
-        fig["from_memory"] = json.loads(r.stdout.strip().splitlines()[-1])
+        _, err = run_json("the saving trainer", worker_cmd("restore", d.socket, "rates", "save", 4096), 300)
+        expect(not err, err)
+        fig["from_memory"], err = run_json("the restore from memory",
+                                           worker_cmd("restore", d.socket, "rates", "load", 4096), 300)
+        expect(not err, err, fig)
     finally:
         d.stop()
     d = Daemon(ctx.bin, ctx.work, "rates", "--pool-mib", 4096, "--chunk-mib", 32, "--memory-mib", 0, "--keep-last", 1)
     try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "restore", d.socket, "rates",
-                            "load", 4096], capture_output=True, text=True, timeout=300)
-        expect(r.returncode == 0, f"the restore from disk failed: {r.stderr.strip()[-800:]}")
-        fig["from_disk"] = json.loads(r.stdout.strip().splitlines()[-1])
+        fig["from_disk"], err = run_json("the restore from disk",
+                                         worker_cmd("restore", d.socket, "rates", "load", 4096), 300)
+        expect(not err, err, fig)
         fig["note"] = "from disk after a daemon restart; the page cache may hold the file (not dropped)"
     finally:
         d.stop()
@@ -677,9 +686,8 @@ def check_matrix(ctx):
         d = Daemon(ctx.bin, ctx.work, f"m{streams}-{chunk}", "--pool-mib", 2048, "--chunk-mib", chunk,
                    "--copy-streams", streams, "--memory-mib", 0, "--keep-last", 1)
         try:
-            r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "capture", d.socket,
-                                "m", 1024, 2], capture_output=True, text=True, timeout=300)
-            expect(r.returncode == 0, f"streams {streams} chunk {chunk}: {r.stderr.strip()[-600:]}", fig)
+            _, err = run_json(f"streams {streams} chunk {chunk}", worker_cmd("capture", d.socket, "m", 1024, 2), 300)
+            expect(not err, err, fig)
             shards = shards_ok(d, "m", fig)
             entry = {"GBps_p50": median(capture_rates(shards))}
             dma = [s.get("dma_ms") for s in shards if s.get("dma_ms")]
