@@ -1,10 +1,82 @@
 #!/usr/bin/env bash
-# Slurm epilog: stops the job user's ckptd; SIGTERM lets in-flight shards finish.
+# Slurm Epilog (slurm.conf: Epilog=/usr/local/libexec/ckptd/epilog.sh): runs as root on
+# each node after the job's processes are gone. Stops the job's ckptd (SIGTERM, which lets
+# the shards in flight finish, then up to CKPTD_STOP_TIMEOUT_S before SIGKILL), signalling
+# only the process the prolog recorded (same pid, start time, uid and executable), and
+# removes what the job left on the node: its socket directory and the shared memory of its
+# trainers. Exits non-zero only when it could not stop the daemon (Slurm drains the node).
 set -uo pipefail
-uid="$(id -u "${SLURM_JOB_USER:?}")"
-pidfile="/tmp/ckptd-$uid/ckptd.pid"
-[ -f "$pidfile" ] || exit 0
-pid="$(cat "$pidfile")"
-kill -TERM "$pid" 2>/dev/null || exit 0
-for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-rm -f "$pidfile"
+ckptd_script=epilog
+# shellcheck source=common.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh"
+[ -n "$job_id" ] || { ckptd_log "SLURM_JOB_ID is not set"; exit 1; }
+user="${SLURM_JOB_USER:-}"
+uid="${SLURM_JOB_UID:-$(id -u "$user" 2>/dev/null)}"
+rc=0
+killed=0
+
+still_there() { recorded_daemon_alive; }
+
+if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
+  recorded="$(cat "$job_state" 2>/dev/null)"
+  pid="${recorded%% *}"
+  if ! recorded_daemon_alive; then
+    # Exited already, or the pid now belongs to another process: nothing is signalled.
+    ckptd_log "ckptd pid ${pid:-?} of the job is gone (recorded: '$recorded', now: '$(proc_identity "${pid:-0}" 2>/dev/null)'); not signalling"
+  else
+    kill -TERM "$pid"
+    deadline=$((SECONDS + CKPTD_STOP_TIMEOUT_S))
+    while still_there && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    if still_there; then
+      ckptd_log "ckptd pid $pid did not stop within $CKPTD_STOP_TIMEOUT_S s of SIGTERM; sending SIGKILL (its shards in flight are lost)"
+      kill -KILL "$pid"
+      killed=1
+      deadline=$((SECONDS + 10))
+      while still_there && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+      if still_there; then
+        ckptd_log "ckptd pid $pid survived SIGKILL"
+        rc=1
+      fi
+    else
+      ckptd_log "ckptd pid $pid stopped"
+    fi
+  fi
+  [ $rc -ne 0 ] || rm -f "$job_state"
+fi
+
+# A killed daemon leaves its temporary files (NAME.NODE-ID.tmp); the node id is this job's
+# own, so no other daemon's files match. A daemon that stopped normally left none.
+if [ $killed -eq 1 ] && [ -n "$user" ]; then
+  node_id="$(hostname -s)-job$job_id"
+  for dir in "${CKPTD_ROOT:+$(expand_user "$CKPTD_ROOT" "$user")}" \
+             "${CKPTD_LOCAL:+$(expand_user "$CKPTD_LOCAL" "$user")}"; do
+    [ -n "$dir" ] && [ -d "$dir" ] || continue
+    find "$dir" -maxdepth 3 -type f -name "*.$node_id.tmp" -user "$uid" -print -delete 2>/dev/null |
+      while read -r f; do ckptd_log "removed $f"; done
+  done
+fi
+
+if [ $rc -eq 0 ] && [ -d "$job_dir" ]; then
+  rm -rf --one-file-system "$job_dir"
+fi
+
+# Shared memory of the job's trainers (libckpt names it /ckpt-UID-PID-N and
+# /ckpt-release-PID-N). Slurm has killed every task of the job by now, but a task killed by
+# a signal never unlinked its regions. Removed: the job user's objects whose creating
+# process is gone; those of the user's other jobs on this node (live pids) stay.
+if [ -n "$uid" ]; then
+  for f in /dev/shm/ckpt-*; do
+    [ -f "$f" ] && [ "$(stat -c %u "$f" 2>/dev/null)" = "$uid" ] || continue
+    name="${f#/dev/shm/ckpt-}"
+    case "$name" in
+      release-*) name="${name#release-}" ;;
+      *) name="${name#"$uid"-}" ;;
+    esac
+    creator="${name%%-*}"
+    if [[ "$creator" =~ ^[0-9]+$ ]] && [ -d "/proc/$creator" ] && [ "$(proc_uid "$creator")" = "$uid" ]; then
+      continue
+    fi
+    rm -f "$f" && ckptd_log "removed shared memory $f"
+  done
+fi
+exit $rc
