@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "format/paths.h"
@@ -30,6 +31,21 @@ namespace {
 constexpr std::size_t kTensors = 2;
 constexpr std::size_t kTensorBytes = 1 << 20;
 
+// The persistent tier of node `index`: DIR/persistent, or, with
+// CKPT_TEST_SHARED_ROOTS=M0:M1:M2 (tests/ops/gluster_test.sh: three mounts of one
+// distributed file system), the same directory seen through node index's own mount.
+std::string SharedRoot(const TempDir& dir, int index) {
+  const char* env = std::getenv("CKPT_TEST_SHARED_ROOTS");
+  if (env == nullptr || *env == '\0') return dir.path() + "/persistent";
+  std::vector<std::string> mounts;
+  std::stringstream list(env);
+  for (std::string m; std::getline(list, m, ':');) mounts.push_back(m);
+  const std::string rel = "/" + fs::path(dir.path()).filename().string() + "/persistent";
+  // Created through the first mount: the root must exist before a daemon serves it.
+  fs::create_directories(mounts.front() + rel);
+  return mounts[static_cast<std::size_t>(index) % mounts.size()] + rel;
+}
+
 // One simulated node: a daemon with its own socket and local tier, on the shared root.
 struct Node {
   std::string local;
@@ -40,7 +56,7 @@ struct Node {
   Node(const TempDir& dir, int index, std::vector<std::string> extra = {}) {
     const std::string base = dir.path() + "/node" + std::to_string(index);
     local = base + "/local";
-    options.root = dir.path() + "/persistent";
+    options.root = SharedRoot(dir, index);
     options.socket = base + "/sock/ckptd.sock";
     options.extra_args = {"--local", local};
     options.extra_args.insert(options.extra_args.end(), extra.begin(), extra.end());

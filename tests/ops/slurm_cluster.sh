@@ -54,15 +54,23 @@ start() {
     --pid-file "$D/munge/munged.pid" --log-file "$D/log/munged.log" --seed-file "$D/munge/munged.seed"
   wait_for 20 test -S "$D/munge/munge.socket.2" || { log "munged did not start"; cat "$D/log/munged.log" >&2; return 1; }
 
+  # Installed as on a node (the job's user must reach them, and a checkout or build under
+  # a 0700 home would not let it): the binaries in DIR/bin, libckpt in DIR/lib, the
+  # scripts in DIR/libexec/ckptd.
+  mkdir -p "$D"/bin "$D"/lib "$D"/libexec/ckptd
+  cp "$build"/ckptd "$build"/ckptctl "$build"/ckpt-toy-trainer "$D"/bin/
+  cp -a "$build"/libckpt.so* "$D"/lib/
+  cp "$here"/deploy/slurm/*.sh "$D"/libexec/ckptd/
+  chmod -R a+rX "$D"/bin "$D"/lib "$D"/libexec
   # The wrappers only name the env file for the real scripts (slurmd gives the prolog a
   # minimal environment, and the TaskProlog the task's).
   for s in prolog epilog task_prolog; do
-    printf '#!/bin/sh\nCKPTD_ENV_FILE=%s/etc/ckptd.env exec %s/deploy/slurm/%s.sh "$@"\n' \
-      "$D" "$here" "$s" >"$D/etc/$s"
+    printf '#!/bin/sh\nCKPTD_ENV_FILE=%s/etc/ckptd.env exec %s/libexec/ckptd/%s.sh "$@"\n' \
+      "$D" "$D" "$s" >"$D/etc/$s"
     chmod 0755 "$D/etc/$s"
   done
   cat >"$D/etc/ckptd.env" <<ENV
-CKPTD_BIN=$build/ckptd
+CKPTD_BIN=$D/bin/ckptd
 CKPTD_CONFIG=$D/etc/ckptd.conf
 CKPTD_ROOT=$D/ckpt/%u
 CKPTD_RUN_BASE=$D/run/ckptd-jobs
@@ -128,6 +136,8 @@ CgroupMountpoint=/sys/fs/cgroup
 CONF
   echo "export SLURM_CONF=$D/etc/slurm.conf" >"$D/env"
   export SLURM_CONF="$D/etc/slurm.conf"
+  # The daemons' working directory must outlive them (slurmstepd inherits it).
+  cd /
   slurmctld -i
   slurmd
   if ! wait_for 60 bash -c "sinfo -h -n $host -o %T | grep -qx idle"; then
@@ -139,9 +149,16 @@ CONF
 }
 
 stop() {
-  stop_pidfile "$D/run/slurmd.pid" /usr/sbin/slurmd
-  stop_pidfile "$D/run/slurmctld.pid" /usr/sbin/slurmctld
-  stop_pidfile "$D/munge/munged.pid" /usr/sbin/munged
+  # Debian installs the daemons through alternatives (slurmd -> slurmd-wlm).
+  local b
+  for b in slurmd slurmctld munged; do
+    local exe
+    exe="$(readlink -f "$(command -v "$b" || echo "/usr/sbin/$b")")"
+    case $b in
+      munged) stop_pidfile "$D/munge/munged.pid" "$exe" ;;
+      *) stop_pidfile "$D/run/$b.pid" "$exe" ;;
+    esac
+  done
 }
 
 case "${1:-}" in

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""End-to-end test of deploy/slurm/ on a real one-node Slurm (tests/ops/slurm_cluster.sh).
+
+Jobs run as a non-root user made for the test, so the prolog's switch to the job's user is
+exercised. Cases: a 2-rank job that checkpoints every iteration; scancel in mid-run (every
+version commits and verifies or is absent for readers, and no daemon, shared memory, socket
+directory or .tmp is left); a resubmitted job resumes from `latest`, byte-exact; two jobs of
+one user at once, each with its own daemon; a broken config and a missing root fail the
+prolog with a message (the node drains; the test resumes it); an epilog never signals a
+process the prolog did not record. Every wait polls with a deadline.
+
+Usage: slurm_test.py BUILD_DIR. Exit 77 (ctest SKIP_RETURN_CODE) when the machine cannot
+host the cluster, saying why.
+"""
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLUSTER = os.path.join(HERE, "slurm_cluster.sh")
+D = os.environ.get("CKPTD_SLURM_DIR", "/tmp/ckptd-slurm")
+EPILOG = f"{D}/libexec/ckptd/epilog.sh"  # the copy slurm_cluster.sh installed
+USER = "ckptd-test"
+SLURM_ENV = dict(os.environ, SLURM_CONF=f"{D}/etc/slurm.conf")
+HOST = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+
+
+def skip(why):
+    print(f"SKIP: {why}")
+    sys.exit(SKIP)
+
+
+def run(cmd, check=True, env=SLURM_ENV, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{cmd} exited {p.returncode}: {p.stdout}{p.stderr}")
+    return p
+
+
+def eventually(what, fn, limit=90):
+    deadline = time.monotonic() + limit
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def job_field(job, field):
+    out = run(["scontrol", "-o", "show", "job", str(job)], check=False).stdout
+    m = re.search(rf"\b{field}=(\S*)", out)
+    return m.group(1) if m else None
+
+
+def node_state():
+    return run(["sinfo", "-h", "-n", HOST, "-o", "%T"]).stdout.strip()
+
+
+def node_idle():
+    return node_state() == "idle"
+
+
+def as_user(cmd):
+    return ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "--"] + cmd
+
+
+def sbatch(name, script, ntasks=2):
+    path = f"{D}/jobs/{name}.sh"
+    with open(path, "w") as f:
+        f.write("#!/bin/bash\nset -euo pipefail\n" + script)
+    os.chmod(path, 0o755)
+    out = run(as_user(["env", f"SLURM_CONF={D}/etc/slurm.conf", "sbatch", "--parsable", f"-n{ntasks}",
+                       f"--job-name={name}", f"--output={D}/jobs/{name}.out", f"--chdir={D}/jobs", path])).stdout
+    return int(out.strip().split(";")[0])
+
+
+def wait_done(job, limit=120):
+    """Waits until the job has ended and its epilog has run (the node is idle again)."""
+    eventually(f"job {job} to end", lambda: job_field(job, "JobState") in
+               ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), limit)
+    eventually(f"the epilog of job {job} (node idle)", node_idle, limit)
+    return job_field(job, "JobState"), job_field(job, "ExitCode")
+
+
+def output(name):
+    with open(f"{D}/jobs/{name}.out") as f:
+        return f.read()
+
+
+class Env:
+    def __init__(self):
+        # The copies slurm_cluster.sh installed, which the job's user can reach.
+        self.trainer = f"{D}/bin/ckpt-toy-trainer"
+        self.ckptd = os.path.realpath(f"{D}/bin/ckptd")
+        self.ckptctl = f"{D}/bin/ckptctl"
+        self.uid = pwd.getpwnam(USER).pw_uid
+        self.root = f"{D}/ckpt/{USER}"
+
+    def train(self, job, extra, iters):
+        return (f"export LD_LIBRARY_PATH={D}/lib\n"
+                f"srun -n2 bash -c 'exec {self.trainer} --socket \"$CKPTD_SOCKET\" --job {job} "
+                f"--rank $SLURM_PROCID --world-size $SLURM_NTASKS --state-mib 8 --tensors 4 "
+                f"--iters {iters} --compute-ms 20 {extra}'\n")
+
+    def committed(self, job):
+        d = f"{self.root}/{job}"
+        if not os.path.isdir(d):
+            return []
+        return sorted(int(v[1:]) for v in os.listdir(d)
+                      if v.startswith("v") and os.path.exists(f"{d}/{v}/COMMITTED"))
+
+    def daemons(self):
+        """ckptd processes of the test user, by pid."""
+        found = []
+        for p in os.listdir("/proc"):
+            if not p.isdigit():
+                continue
+            try:
+                exe = os.readlink(f"/proc/{p}/exe")
+                st = os.stat(f"/proc/{p}")
+            except OSError:
+                continue
+            if exe == self.ckptd and st.st_uid == self.uid:
+                found.append(int(p))
+        return found
+
+    def assert_node_clean(self, what):
+        assert not self.daemons(), f"{what}: ckptd still running: {self.daemons()}"
+        shm = [f for f in os.listdir("/dev/shm") if f.startswith("ckpt-")
+               and os.stat(f"/dev/shm/{f}").st_uid == self.uid]
+        assert not shm, f"{what}: shared memory left in /dev/shm: {shm}"
+        left = os.listdir(f"{D}/run/ckptd-jobs")
+        assert not left, f"{what}: left in the run base: {left}"
+        tmp = [os.path.join(dp, f) for dp, _, fs in os.walk(self.root) for f in fs if f.endswith(".tmp")]
+        assert not tmp, f"{what}: temporary files left: {tmp}"
+
+    def verify_versions(self, job):
+        """Every committed version's shards pass their checksums; versions without COMMITTED
+        are newer than `latest` (absent for readers)."""
+        d = f"{self.root}/{job}"
+        with open(f"{d}/latest") as f:
+            latest = int(f.read().strip().lstrip("v"))
+        committed = self.committed(job)
+        assert latest in committed, f"latest {latest} is not committed ({committed})"
+        for v in committed:
+            shards = [f"{d}/v{v:010d}/rank-{r:05d}.safetensors" for r in range(2)]
+            run([self.ckptctl, "verify"] + shards)
+        partial = sorted(int(v[1:]) for v in os.listdir(d) if v.startswith("v") and int(v[1:]) not in committed)
+        for v in partial:
+            assert v > latest, f"version {v} has no COMMITTED but is not newer than latest {latest}"
+        return latest, committed, partial
+
+
+def case_two_ranks(env):
+    job = sbatch("two-ranks", env.train("two", "", 6))
+    state, code = wait_done(job)
+    assert (state, code) == ("COMPLETED", "0:0"), f"job {job}: {state} {code}\n{output('two-ranks')}"
+    out = output("two-ranks")
+    m = re.search(r"daemon at (\S+)", out)
+    assert m and m.group(1) == f"{D}/run/ckptd-jobs/job-{job}/ckptd.sock", out
+    latest, committed, partial = env.verify_versions("two")
+    assert committed == list(range(1, 7)) and latest == 6 and not partial, (latest, committed, partial)
+    env.assert_node_clean("after a completed job")
+    print(f"ok: job {job}, 2 ranks, versions {committed} committed and verified")
+
+
+def case_scancel_and_resume(env):
+    job = sbatch("cancel", env.train("resumable", "", 100000))
+    eventually("3 committed versions", lambda: len(env.committed("resumable")) >= 3)
+    run(["scancel", str(job)])
+    state, _ = wait_done(job)
+    assert state == "CANCELLED", state
+    latest, committed, partial = env.verify_versions("resumable")
+    env.assert_node_clean("after scancel")
+    print(f"ok: scancel of job {job}: {len(committed)} versions committed and verified (latest {latest}), "
+          f"{len(partial)} newer without COMMITTED; no daemon, shm, socket dir or .tmp left")
+
+    job2 = sbatch("resume", env.train("resumable", "--resume", latest + 3))
+    state, code = wait_done(job2)
+    out = output("resume")
+    assert (state, code) == ("COMPLETED", "0:0"), f"job {job2}: {state} {code}\n{out}"
+    restored = re.findall(r"restored version (\d+) .*every byte verified", out)
+    assert restored == [str(latest)] * 2, f"expected both ranks to restore {latest}: {out}"
+    assert env.committed("resumable")[-1] == latest + 3
+    env.verify_versions("resumable")
+    env.assert_node_clean("after the resumed job")
+    print(f"ok: job {job2} resumed both ranks from version {latest}, byte-exact, and went on to {latest + 3}")
+
+
+def case_two_jobs(env):
+    # Each job waits for the other to be running before it trains, so both daemons serve at once.
+    barrier = (f"touch {D}/jobs/started-$SLURM_JOB_NAME\n"
+               f"for i in $(seq 600); do [ -e {D}/jobs/started-$OTHER ] && break; sleep 0.1; done\n"
+               f"[ -e {D}/jobs/started-$OTHER ]\n"
+               f"ls {D}/run/ckptd-jobs > {D}/jobs/$SLURM_JOB_NAME.running\n")
+    a = sbatch("conc-a", "OTHER=conc-b\n" + barrier + env.train("conc-a", "", 8))
+    b = sbatch("conc-b", "OTHER=conc-a\n" + barrier + env.train("conc-b", "", 8))
+    for job, name in ((a, "conc-a"), (b, "conc-b")):
+        state, code = wait_done(job)
+        assert (state, code) == ("COMPLETED", "0:0"), f"job {job}: {state} {code}\n{output(name)}"
+        assert env.committed(name) == list(range(1, 9)), env.committed(name)
+        env.verify_versions(name)
+    with open(f"{D}/jobs/conc-a.running") as f:
+        running = f.read().split()
+    assert f"job-{a}" in running and f"job-{b}" in running, running
+    env.assert_node_clean("after two concurrent jobs")
+    print(f"ok: jobs {a} and {b} of one user ran at once, each with its own daemon, and both committed")
+
+
+def expect_prolog_failure(env, name, message):
+    job = sbatch(name, "echo should-not-run\n")
+    eventually("the node to drain", lambda: "drain" in node_state())
+    reason = run(["sinfo", "-h", "-R", "-o", "%E"]).stdout.strip()
+    with open(f"{D}/log/ckptd/slurm-scripts.log") as f:
+        log = f.read()
+    lines = [ln for ln in log.splitlines() if f"prolog job {job}: FAILED" in ln]
+    assert lines and re.search(message, lines[-1]), f"prolog log of job {job}: {lines}"
+    # slurmd logs the prolog's output too, where an operator looks first.
+    with open(f"{D}/log/slurmd.log") as f:
+        slurmd_log = f.read()
+    assert re.search(rf"prolog failed: rc:1 output:.*prolog job {job}: FAILED: .*{message}", slurmd_log), \
+        f"slurmd.log has no failure message of job {job}"
+    run(["scancel", str(job)])
+    eventually(f"job {job} to end", lambda: job_field(job, "JobState") in ("CANCELLED", None))
+    run(["scontrol", "update", f"nodename={HOST}", "state=resume"])
+    eventually("the node to be idle again", node_idle)
+    assert "should-not-run" not in (output(name) if os.path.exists(f"{D}/jobs/{name}.out") else "")
+    env.assert_node_clean(f"after the failed prolog of job {job}")
+    print(f"ok: {name}: the prolog failed (node reason '{reason}'): {lines[-1].split('FAILED: ')[1]}")
+
+
+def case_bad_config(env):
+    conf = f"{D}/etc/ckptd.conf"
+    with open(conf) as f:
+        good = f.read()
+    try:
+        with open(conf, "a") as f:
+            f.write("local-keep = 0\n")
+        expect_prolog_failure(env, "bad-config", r"did not start: exited with status 2.*local-keep")
+    finally:
+        with open(conf, "w") as f:
+            f.write(good)
+    moved = env.root + ".away"
+    os.rename(env.root, moved)
+    try:
+        expect_prolog_failure(env, "no-root", rf"checkpoint root {re.escape(env.root)} does not exist")
+    finally:
+        os.rename(moved, env.root)
+
+
+def case_epilog_never_signals_unverified(env):
+    """The epilog, given a recorded pid whose start time (or executable) differs from the
+    live process's, signals nothing and removes the stale record."""
+    victim = subprocess.Popen(as_user(["sleep", "300"]))
+    try:
+        stat = open(f"/proc/{victim.pid}/stat").read()
+        start = stat.rsplit(") ", 1)[1].split()[19]
+        exe = os.readlink(f"/proc/{victim.pid}/exe")
+        base = f"{D}/run/ckptd-jobs"
+        for record in (f"{victim.pid} {int(start) + 1} {env.uid} {exe}",  # pid reused
+                       f"{victim.pid} {start} {env.uid} {env.ckptd}"):  # another program
+            with open(f"{base}/job-424242.pid", "w") as f:
+                f.write(record + "\n")
+            epilog_env = dict(SLURM_ENV, CKPTD_ENV_FILE=f"{D}/etc/ckptd.env", SLURM_JOB_ID="424242",
+                              SLURM_JOB_USER=USER, SLURM_JOB_UID=str(env.uid))
+            p = run(["bash", EPILOG], env=epilog_env)
+            assert victim.poll() is None, f"the epilog signalled pid {victim.pid} (record '{record}')"
+            assert "not signalling" in p.stderr, p.stderr
+            assert not os.path.exists(f"{base}/job-424242.pid"), "stale record not removed"
+    finally:
+        victim.kill()
+        victim.wait()
+    print("ok: the epilog left a process with a mismatching start time or executable alone")
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    if os.geteuid() != 0:
+        skip("needs root (starts slurmctld, slurmd and munged, and adds a user)")
+    for tool in ("slurmctld", "slurmd", "sbatch", "srun", "munged", "mungekey", "setpriv", "useradd"):
+        if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
+            skip(f"{tool} is not installed (Debian: slurm-wlm, munge)")
+    for b in ("ckptd", "ckptctl", "ckpt-toy-trainer"):
+        if not os.access(os.path.join(build, b), os.X_OK):
+            skip(f"{b} is not built in {build}")
+    made_user = False
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+             "--shell", "/bin/bash", USER])
+        made_user = True
+    try:
+        run(["bash", CLUSTER, "start", build], env=dict(os.environ, CKPTD_SLURM_DIR=D))
+        env = Env()
+        os.makedirs(env.root, mode=0o700)
+        os.chown(env.root, env.uid, pwd.getpwnam(USER).pw_gid)
+        case_two_ranks(env)
+        case_scancel_and_resume(env)
+        case_two_jobs(env)
+        case_bad_config(env)
+        case_epilog_never_signals_unverified(env)
+        print("PASS")
+        return 0
+    except AssertionError as e:
+        print(f"FAIL: {e}")
+        for f in ("log/ckptd/slurm-scripts.log", "log/slurmd.log"):
+            try:
+                with open(f"{D}/{f}") as fh:
+                    print(f"--- {f} (tail)\n" + "".join(fh.readlines()[-30:]))
+            except OSError:
+                pass
+        return 1
+    finally:
+        run(["scancel", "-u", USER], check=False)
+        run(["bash", CLUSTER, "stop"], check=False, env=dict(os.environ, CKPTD_SLURM_DIR=D))
+        if made_user:
+            run(["userdel", USER], check=False)
+        if os.environ.get("CKPTD_KEEP_TEST_DIR") != "1":
+            shutil.rmtree(D, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
