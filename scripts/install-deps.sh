@@ -18,6 +18,9 @@ packages=(
   python3-matplotlib
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.
   pybind11-dev python3-dev python3-torch python3-pytest python3-numpy python3-pip
+  # tests/ops/: a real one-node Slurm (with munge) runs deploy/slurm/, and a GlusterFS
+  # volume holds the multi-daemon tests' root (util-linux: setpriv).
+  slurm-wlm munge glusterfs-server glusterfs-client util-linux
 )
 
 missing=()
