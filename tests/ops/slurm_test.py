@@ -9,7 +9,7 @@ one user at once, each with its own daemon; a broken config and a missing root f
 prolog with a message (the node drains; the test resumes it); an epilog never signals a
 process the prolog did not record. Every wait polls with a deadline.
 
-Usage: slurm_test.py BUILD_DIR. Exit 77 (ctest SKIP_RETURN_CODE) when the machine cannot
+Usage: slurm_test.py BUILD_DIR [CASE...] (CASE: a case_* name without the prefix). Exit 77 (ctest SKIP_RETURN_CODE) when the machine cannot
 host the cluster, saying why.
 """
 import os
@@ -216,7 +216,9 @@ def case_two_jobs(env):
 
 def expect_prolog_failure(env, name, message):
     job = sbatch(name, "echo should-not-run\n")
-    eventually("the node to drain", lambda: "drain" in node_state())
+    eventually("the node to drain or the job to end",
+               lambda: "drain" in node_state() or job_field(job, "JobState") == "COMPLETED")
+    assert "drain" in node_state(), f"job {job} ran although its daemon could not start:\n{output(name)}"
     reason = run(["sinfo", "-h", "-R", "-o", "%E"]).stdout.strip()
     with open(f"{D}/log/ckptd/slurm-scripts.log") as f:
         log = f.read()
@@ -260,10 +262,13 @@ def case_epilog_never_signals_unverified(env):
     live process's, signals nothing and removes the stale record."""
     victim = subprocess.Popen(as_user(["sleep", "300"]))
     try:
+        sleep_exe = os.path.realpath(shutil.which("sleep"))
+        eventually("setpriv to exec sleep", lambda: os.readlink(f"/proc/{victim.pid}/exe") == sleep_exe)
         stat = open(f"/proc/{victim.pid}/stat").read()
         start = stat.rsplit(") ", 1)[1].split()[19]
         exe = os.readlink(f"/proc/{victim.pid}/exe")
         base = f"{D}/run/ckptd-jobs"
+        os.makedirs(base, mode=0o755, exist_ok=True)  # made by the first prolog otherwise
         for record in (f"{victim.pid} {int(start) + 1} {env.uid} {exe}",  # pid reused
                        f"{victim.pid} {start} {env.uid} {env.ckptd}"):  # another program
             with open(f"{base}/job-424242.pid", "w") as f:
@@ -280,8 +285,74 @@ def case_epilog_never_signals_unverified(env):
     print("ok: the epilog left a process with a mismatching start time or executable alone")
 
 
+def identity(pid):
+    """What the prolog records: PID START-TIME UID EXE."""
+    start = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[19]
+    uid = os.stat(f"/proc/{pid}").st_uid
+    return f"{pid} {start} {uid} {os.readlink(f'/proc/{pid}/exe')}"
+
+
+def case_epilog_sigkill_after_timeout(env):
+    """A daemon that cannot finish its shard in flight (held at the publish pause seam) gets
+    CKPTD_STOP_TIMEOUT_S after SIGTERM, then SIGKILL, logged first; the epilog then removes
+    its .tmp files, its socket directory and the shared memory of the SIGKILLed trainer."""
+    job = "434343"
+    base = f"{D}/run/ckptd-jobs"
+    jobdir = f"{base}/job-{job}"
+    envfile = f"{D}/etc/ckptd-stop2.env"
+    with open(f"{D}/etc/ckptd.env") as f, open(envfile, "w") as g:
+        g.write(f.read() + "CKPTD_STOP_TIMEOUT_S=2\n")
+    gid = pwd.getpwnam(USER).pw_gid
+    os.makedirs(base, mode=0o755, exist_ok=True)  # made by the first prolog otherwise
+    os.makedirs(jobdir, mode=0o700)
+    os.chown(jobdir, env.uid, gid)
+    pause = f"{D}/jobs/pause-{job}"
+    open(pause, "w").close()
+    r, w = os.pipe()
+    daemon = subprocess.Popen(
+        as_user([env.ckptd, "--socket", f"{jobdir}/ckptd.sock", "--root", env.root, "--pool-mib", "64",
+                 "--chunk-mib", "4", "--node-id", f"{HOST}-job{job}", "--ready-fd", str(w)]),
+        pass_fds=(w,), env=dict(os.environ, CKPTD_TEST_PAUSE=f"publish:2:{pause}"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    assert os.read(r, 16).startswith(b"ready"), "the paused daemon did not start"
+    os.close(r)
+    trainer = subprocess.Popen(
+        as_user(["env", f"LD_LIBRARY_PATH={D}/lib", env.trainer, "--socket", f"{jobdir}/ckptd.sock",
+                 "--job", "sigkill", "--state-mib", "4", "--tensors", "2", "--iters", "2",
+                 "--compute-ms", "1", "--quiet"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        eventually("the daemon to hold version 2 at publish", lambda: os.path.exists(pause + ".reached"))
+        tmp_glob = lambda: [os.path.join(dp, f) for dp, _, fs in os.walk(env.root) for f in fs
+                            if f.endswith(f".{HOST}-job{job}.tmp")]
+        assert tmp_glob(), "no .tmp of the held shard"
+        trainer.kill()  # Slurm has killed the job's tasks before the epilog runs
+        trainer.wait()
+        shm = [f for f in os.listdir("/dev/shm") if f.startswith(f"ckpt-{env.uid}-{trainer.pid}-")]
+        assert shm, "the SIGKILLed trainer left no shared memory to clean (test premise)"
+        with open(f"{base}/job-{job}.pid", "w") as f:
+            f.write(identity(daemon.pid) + "\n")
+        p = run(["bash", EPILOG], env=dict(SLURM_ENV, CKPTD_ENV_FILE=envfile, SLURM_JOB_ID=job,
+                                             SLURM_JOB_USER=USER, SLURM_JOB_UID=str(env.uid)))
+        assert daemon.wait(timeout=5) == -9, "the daemon was not SIGKILLed"
+        assert f"did not stop within 2 s of SIGTERM; sending SIGKILL" in p.stderr, p.stderr
+        assert not tmp_glob(), f"the epilog left {tmp_glob()}"
+        assert not os.path.exists(jobdir) and not os.path.exists(f"{base}/job-{job}.pid")
+        assert not any(os.path.exists(f"/dev/shm/{f}") for f in shm), f"shared memory {shm} left"
+    finally:
+        for proc in (trainer, daemon):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        os.remove(pause)
+        os.remove(envfile)
+    env.assert_node_clean("after the SIGKILL path of the epilog")
+    print("ok: a daemon held mid-flush got 2 s after SIGTERM, then a logged SIGKILL; its .tmp, socket dir "
+          "and the killed trainer's shared memory were removed")
+
+
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__)
         return 2
     build = os.path.abspath(sys.argv[1])
@@ -305,11 +376,12 @@ def main():
         env = Env()
         os.makedirs(env.root, mode=0o700)
         os.chown(env.root, env.uid, pwd.getpwnam(USER).pw_gid)
-        case_two_ranks(env)
-        case_scancel_and_resume(env)
-        case_two_jobs(env)
-        case_bad_config(env)
-        case_epilog_never_signals_unverified(env)
+        cases = [case_two_ranks, case_scancel_and_resume, case_two_jobs, case_bad_config,
+                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout]
+        only = sys.argv[2:]
+        for case in cases:
+            if not only or case.__name__[len("case_"):] in only:
+                case(env)
         print("PASS")
         return 0
     except AssertionError as e:
