@@ -136,7 +136,8 @@ class Env:
         shm = [f for f in os.listdir("/dev/shm") if f.startswith("ckpt-")
                and os.stat(f"/dev/shm/{f}").st_uid == self.uid]
         assert not shm, f"{what}: shared memory left in /dev/shm: {shm}"
-        left = os.listdir(f"{D}/run/ckptd-jobs")
+        base = f"{D}/run/ckptd-jobs"
+        left = os.listdir(base) if os.path.isdir(base) else []
         assert not left, f"{what}: left in the run base: {left}"
         tmp = [os.path.join(dp, f) for dp, _, fs in os.walk(self.root) for f in fs if f.endswith(".tmp")]
         assert not tmp, f"{what}: temporary files left: {tmp}"
@@ -351,6 +352,48 @@ def case_epilog_sigkill_after_timeout(env):
           "and the killed trainer's shared memory were removed")
 
 
+def case_node_mode(env):
+    """CKPTD_SLURM_MODE=node: the prolog only checks, as the job's user, that the node daemon
+    answers, and the TaskProlog exports its socket; with the node daemon down the prolog
+    fails the job."""
+    sockdir = f"{D}/run/node"
+    os.makedirs(sockdir, mode=0o755)
+    node_root = f"{D}/ckpt-node"
+    os.makedirs(node_root, mode=0o755)
+    socket = f"{sockdir}/ckptd.sock"
+    r, w = os.pipe()
+    daemon = subprocess.Popen([env.ckptd, "--socket", socket, "--socket-mode", "0666", "--root", node_root,
+                               "--allow-uid", str(env.uid), "--pool-mib", "64", "--chunk-mib", "4",
+                               "--ready-fd", str(w)], pass_fds=(w,),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    envfile = f"{D}/etc/ckptd.env"
+    with open(envfile) as f:
+        good = f.read()
+    try:
+        assert os.read(r, 16).startswith(b"ready"), "the node daemon did not start"
+        os.close(r)
+        with open(envfile, "a") as f:
+            f.write(f"CKPTD_SLURM_MODE=node\nCKPTD_NODE_SOCKET={socket}\n")
+        job = sbatch("node-mode", env.train("nodemode", "", 3))
+        state, code = wait_done(job)
+        out = output("node-mode")
+        assert (state, code) == ("COMPLETED", "0:0"), f"job {job}: {state} {code}\n{out}"
+        assert f"daemon at {socket}" in out, out
+        assert all(os.path.exists(f"{node_root}/nodemode/v{v:010d}/COMMITTED") for v in (1, 2, 3))
+        assert daemon.poll() is None, "the epilog stopped the node daemon"
+        daemon.terminate()
+        daemon.wait()
+        expect_prolog_failure(env, "node-mode-down", rf"node mode: no ckptd socket at {re.escape(socket)}")
+    finally:
+        with open(envfile, "w") as f:
+            f.write(good)
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    print(f"ok: node mode: job {job} used the node daemon at {socket}; with it down the prolog failed the job")
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -377,7 +420,7 @@ def main():
         os.makedirs(env.root, mode=0o700)
         os.chown(env.root, env.uid, pwd.getpwnam(USER).pw_gid)
         cases = [case_two_ranks, case_scancel_and_resume, case_two_jobs, case_bad_config,
-                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout]
+                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout, case_node_mode]
         only = sys.argv[2:]
         for case in cases:
             if not only or case.__name__[len("case_"):] in only:
