@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by prolog.sh, epilog.sh and task_prolog.sh: settings and the identity checks of
 # the per-job daemon. Sourced, never run.
 
@@ -56,13 +57,14 @@ proc_identity() {
 }
 
 # Succeeds when the process recorded in $job_state is still that very process (same pid,
-# start time, real uid and executable); a reused pid fails it.
+# start time, real uid and executable); a reused pid fails it. An executable replaced on
+# disk since (a package upgrade under a running job) reads "EXE (deleted)" and still counts.
 recorded_daemon_alive() {
   local recorded now
   recorded="$(cat "$job_state" 2>/dev/null)" || return 1
   [ -n "$recorded" ] || return 1
   now="$(proc_identity "${recorded%% *}")" || return 1
-  [ "$now" = "$recorded" ]
+  [ "$now" = "$recorded" ] || [ "$now" = "$recorded (deleted)" ]
 }
 
 # %u in a configured path is the job's user.

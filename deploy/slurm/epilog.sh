@@ -15,8 +15,6 @@ uid="${SLURM_JOB_UID:-$(id -u "$user" 2>/dev/null)}"
 rc=0
 killed=0
 
-still_there() { recorded_daemon_alive; }
-
 if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   recorded="$(cat "$job_state" 2>/dev/null)"
   pid="${recorded%% *}"
@@ -26,14 +24,14 @@ if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   else
     kill -TERM "$pid"
     deadline=$((SECONDS + CKPTD_STOP_TIMEOUT_S))
-    while still_there && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-    if still_there; then
+    while recorded_daemon_alive && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    if recorded_daemon_alive; then
       ckptd_log "ckptd pid $pid did not stop within $CKPTD_STOP_TIMEOUT_S s of SIGTERM; sending SIGKILL (its shards in flight are lost)"
       kill -KILL "$pid"
       killed=1
       deadline=$((SECONDS + 10))
-      while still_there && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-      if still_there; then
+      while recorded_daemon_alive && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+      if recorded_daemon_alive; then
         ckptd_log "ckptd pid $pid survived SIGKILL"
         rc=1
       fi

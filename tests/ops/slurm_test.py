@@ -89,6 +89,14 @@ def wait_done(job, limit=120):
     return job_field(job, "JobState"), job_field(job, "ExitCode")
 
 
+def exit_status(proc, limit):
+    """The process's exit status, or None if it still runs after `limit` seconds."""
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def output(name):
     with open(f"{D}/jobs/{name}.out") as f:
         return f.read()
@@ -335,7 +343,7 @@ def case_epilog_sigkill_after_timeout(env):
             f.write(identity(daemon.pid) + "\n")
         p = run(["bash", EPILOG], env=dict(SLURM_ENV, CKPTD_ENV_FILE=envfile, SLURM_JOB_ID=job,
                                              SLURM_JOB_USER=USER, SLURM_JOB_UID=str(env.uid)))
-        assert daemon.wait(timeout=5) == -9, "the daemon was not SIGKILLed"
+        assert exit_status(daemon, 5) == -9, f"the daemon was not SIGKILLed: {p.stderr}"
         assert f"did not stop within 2 s of SIGTERM; sending SIGKILL" in p.stderr, p.stderr
         assert not tmp_glob(), f"the epilog left {tmp_glob()}"
         assert not os.path.exists(jobdir) and not os.path.exists(f"{base}/job-{job}.pid")
@@ -394,6 +402,42 @@ def case_node_mode(env):
     print(f"ok: node mode: job {job} used the node daemon at {socket}; with it down the prolog failed the job")
 
 
+def case_epilog_stops_upgraded_daemon(env):
+    """A daemon whose executable was replaced on disk while the job ran (/proc/PID/exe reads
+    "EXE (deleted)") is still the recorded process: the epilog stops it."""
+    job = "454545"
+    base = f"{D}/run/ckptd-jobs"
+    jobdir = f"{base}/job-{job}"
+    os.makedirs(base, mode=0o755, exist_ok=True)  # made by the first prolog otherwise
+    os.makedirs(jobdir, mode=0o700)
+    os.chown(jobdir, env.uid, pwd.getpwnam(USER).pw_gid)
+    binary = f"{D}/bin/ckptd-old"
+    shutil.copy2(env.ckptd, binary)
+    r, w = os.pipe()
+    daemon = subprocess.Popen(as_user([binary, "--socket", f"{jobdir}/ckptd.sock", "--root", env.root,
+                                       "--pool-mib", "16", "--chunk-mib", "1", "--ready-fd", str(w)]),
+                              pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    try:
+        assert os.read(r, 16).startswith(b"ready"), "the daemon did not start"
+        os.close(r)
+        with open(f"{base}/job-{job}.pid", "w") as f:
+            f.write(identity(daemon.pid) + "\n")
+        os.remove(binary)  # the upgrade
+        p = run(["bash", EPILOG], env=dict(SLURM_ENV, CKPTD_ENV_FILE=f"{D}/etc/ckptd.env", SLURM_JOB_ID=job,
+                                             SLURM_JOB_USER=USER, SLURM_JOB_UID=str(env.uid)))
+        assert exit_status(daemon, 30) == 0, f"the replaced daemon was not stopped: {p.stderr}"
+        assert f"ckptd pid {daemon.pid} stopped" in p.stderr, p.stderr
+        assert not os.path.exists(jobdir)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if os.path.exists(binary):
+            os.remove(binary)
+    print("ok: the epilog stopped a daemon whose executable had been replaced on disk")
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -420,7 +464,8 @@ def main():
         os.makedirs(env.root, mode=0o700)
         os.chown(env.root, env.uid, pwd.getpwnam(USER).pw_gid)
         cases = [case_two_ranks, case_scancel_and_resume, case_two_jobs, case_bad_config,
-                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout, case_node_mode]
+                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout, case_epilog_stops_upgraded_daemon,
+                 case_node_mode]
         only = sys.argv[2:]
         for case in cases:
             if not only or case.__name__[len("case_"):] in only:
