@@ -44,6 +44,14 @@ proc_start_time() {
   echo "${20}"
 }
 
+# Succeeds while process $1 runs (exists and is not a zombie waiting to be reaped).
+proc_running() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [ "${stat%% *}" != Z ]
+}
+
 proc_uid() { awk '/^Uid:/ { print $2; exit }' "/proc/$1/status" 2>/dev/null; }
 
 # Prints "PID START UID EXE" of a running process, or fails.

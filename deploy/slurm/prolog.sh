@@ -99,19 +99,27 @@ pid=$!
 # Opening the read end waits for the daemon's write end; ckptd holds the only write end, so
 # its exit ends the read at once (EOF) and the timeout covers a daemon that hangs.
 line=""
+read_rc=0
 exec {ready_fd}<"$work/ready"
-read -r -t "$CKPTD_READY_TIMEOUT_S" -u "$ready_fd" line || true
+read -r -t "$CKPTD_READY_TIMEOUT_S" -u "$ready_fd" line || read_rc=$?
 exec {ready_fd}<&-
 if [ "$line" != ready ]; then
-  status="still running"
-  if ! kill -0 "$pid" 2>/dev/null; then
+  if [ $read_rc -gt 128 ]; then
+    status="not ready after ${CKPTD_READY_TIMEOUT_S} s; killed"
+  else
+    # End of file: the daemon closed its end, which it does by exiting; give the exit a
+    # moment to complete (a zombie still answers kill -0), then collect its status.
+    deadline=$((SECONDS + 10))
+    while proc_running "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+    status="closed its ready descriptor without serving; killed"
+  fi
+  if proc_running "$pid"; then
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  else
     rc=0
     wait "$pid" || rc=$?
     status="exited with status $rc"
-  else
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    status="not ready after ${CKPTD_READY_TIMEOUT_S} s; killed"
   fi
   rm -rf --one-file-system "$job_dir"
   errors="$(tail -n 5 "$job_log" | tr '\n' ' ')"

@@ -258,6 +258,31 @@ def case_bad_config(env):
     finally:
         with open(conf, "w") as f:
             f.write(good)
+    # A daemon that never says ready is killed after CKPTD_READY_TIMEOUT_S.
+    envfile = f"{D}/etc/ckptd.env"
+    with open(envfile) as f:
+        good_env = f.read()
+    hang = f"{D}/bin/hang"
+    with open(hang, "w") as f:
+        f.write("#!/bin/sh\nexec sleep 300\n")
+    os.chmod(hang, 0o755)
+    try:
+        with open(envfile, "a") as f:
+            f.write(f"CKPTD_BIN={hang}\nCKPTD_READY_TIMEOUT_S=2\n")
+        expect_prolog_failure(env, "hang", r"did not start: not ready after 2 s; killed")
+        hung = []
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if (os.stat(f"/proc/{p}").st_uid == env.uid
+                        and open(f"/proc/{p}/cmdline", "rb").read() == b"sleep\x00300\x00"):
+                    hung.append(p)
+            except OSError:
+                pass
+        assert not hung, f"the hung daemon stand-in is still running: {hung}"
+    finally:
+        with open(envfile, "w") as f:
+            f.write(good_env)
+        os.remove(hang)
     moved = env.root + ".away"
     os.rename(env.root, moved)
     try:
