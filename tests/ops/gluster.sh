@@ -33,6 +33,8 @@ start() {
     command -v "$t" >/dev/null || { log "$t is not installed (Debian: glusterfs-server, glusterfs-client)"; exit 77; }
   done
   [ -c /dev/fuse ] || { log "/dev/fuse is missing: no FUSE on this machine"; exit 77; }
+  # glusterd places bricks by host name, which must resolve to this machine.
+  getent hosts "$host" >/dev/null || { log "host name $host does not resolve (glusterd needs it)"; exit 77; }
   grep -qw fuse /proc/filesystems || { log "the kernel has no fuse file system"; exit 77; }
   stop
   mkdir -p "$D"/bricks "$D"/log

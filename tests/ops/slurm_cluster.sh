@@ -90,9 +90,10 @@ CONF
   chmod 0644 "$D/etc/ckptd.env" "$D/etc/ckptd.conf"
 
   # More CPUs than the machine has (config_overrides), so two 2-rank jobs run at once.
+  # Addresses are given: a container's host name may not resolve.
   cat >"$D/etc/slurm.conf" <<CONF
 ClusterName=ckptdtest
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=16817
@@ -126,7 +127,7 @@ PrologEpilogTimeout=120
 Prolog=$D/etc/prolog
 Epilog=$D/etc/epilog
 TaskProlog=$D/etc/task_prolog
-NodeName=$host CPUs=8 RealMemory=2000 State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=8 RealMemory=2000 State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
   cat >"$D/etc/cgroup.conf" <<CONF
