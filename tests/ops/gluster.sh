@@ -40,6 +40,8 @@ start() {
   mkdir -p "$D"/bricks "$D"/log
   [ -d /var/lib/glusterd ] || { mkdir -p /var/lib/glusterd && touch "$D/made-var-lib-glusterd"; }
   if ! pgrep -x glusterd >/dev/null; then
+    # What glusterd adds to its state directory goes again when stop stops it.
+    ls -A /var/lib/glusterd >"$D/var-lib-glusterd-before"
     glusterd -p "$D/glusterd.pid" --log-file="$D/log/glusterd.log"
     touch "$D/started-glusterd"
   fi
@@ -91,7 +93,14 @@ stop() {
       fi
     fi
   fi
-  if [ -f "$D/made-var-lib-glusterd" ]; then rm -rf /var/lib/glusterd; fi
+  if [ -f "$D/made-var-lib-glusterd" ]; then
+    rm -rf /var/lib/glusterd
+  elif [ -f "$D/var-lib-glusterd-before" ]; then
+    local e
+    for e in $(ls -A /var/lib/glusterd); do
+      grep -qxF "$e" "$D/var-lib-glusterd-before" || rm -rf "/var/lib/glusterd/${e:?}"
+    done
+  fi
   rm -rf "$D"
 }
 

@@ -22,6 +22,8 @@ cleanup() {
   local p
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  # Trainers killed with -9 never unlinked their shared memory (libckpt: /ckpt-UID-PID-N).
+  for p in "${pids[@]}"; do rm -f "/dev/shm/ckpt-$(id -u)-$p-"* "/dev/shm/ckpt-release-$p-"*; done
   bash "$here/tests/ops/gluster.sh" stop || true
   rm -rf "$work"
 }
