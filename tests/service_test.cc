@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -27,9 +28,15 @@ bool Contains(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
 }
 
+// $CKPTD_BINARY, as DaemonProcess starts it, else the one built with the tests.
+std::string Binary() {
+  const char* binary = std::getenv("CKPTD_BINARY");
+  return binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY;
+}
+
 // ckptd with `args` under a 60 s limit (exit 124 would mean it served instead).
 ProcessResult Ckptd(std::vector<std::string> args) {
-  std::vector<std::string> argv = {"/usr/bin/timeout", "60", CKPTD_BINARY};
+  std::vector<std::string> argv = {"/usr/bin/timeout", "60", Binary()};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv);
 }
@@ -281,7 +288,7 @@ TEST_CASE("a daemon that is not root and cannot make /run/ckptd says to set --so
   fs::create_directories(dir.path() + "/root");
   ::chown((dir.path() + "/root").c_str(), 65534, 65534);
   auto r = RunProcess({"/usr/bin/env", "-u", "CKPTD_SOCKET", "/usr/sbin/runuser", "-u", "nobody", "--",
-                       "/usr/bin/timeout", "60", CKPTD_BINARY, "--root", dir.path() + "/root", "--pool-mib",
+                       "/usr/bin/timeout", "60", Binary(), "--root", dir.path() + "/root", "--pool-mib",
                        "16", "--chunk-mib", "1"});
   INFO(r.output);
   CHECK(r.exit_code == 2);
