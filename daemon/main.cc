@@ -1,13 +1,15 @@
 // ckptd: the node-local checkpoint daemon.
 //
-// Sets up the socket (its directory 0700, the socket itself --socket-mode), accepts
+// Sets up the socket (a directory it creates 0700 plus search permission for whom
+// --socket-mode admits, the socket itself --socket-mode and --socket-group), accepts
 // connections itself (rpc/acceptor.h: SO_PEERCRED, the connection limits, no spinning when
 // descriptors run out), and hands them to a gRPC server that runs CheckpointService
 // (daemon/rpc/) over the Daemon's parts (daemon/daemon.h). Picks the implementations: POSIX
 // storage, the shm importer, the CUDA backend where built. SIGTERM/SIGINT stop it
 // gracefully: no new calls, waiting calls end at once, running ones get up to
-// kShutdownGrace, in-flight shards finish. Readiness is announced on --ready-fd and to
-// systemd (NOTIFY_SOCKET).
+// kShutdownGrace, in-flight shards finish. SIGHUP reopens the log file and reloads what can
+// change safely (Reload). Readiness is announced on --ready-fd and to systemd
+// (NOTIFY_SOCKET). Exit statuses: docs/ops/service.md.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
