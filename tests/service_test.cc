@@ -117,7 +117,7 @@ TEST_CASE("an unknown or misspelled config key is an error naming it and the key
   CHECK(Contains(r.output, "--keep_last"));
 }
 
-TEST_CASE("--version prints the version and exits 0", "[service][config]") {
+TEST_CASE("ckptd --version prints the version and exits 0", "[service][config]") {
   auto r = Ckptd({"--version"});
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -125,7 +125,8 @@ TEST_CASE("--version prints the version and exits 0", "[service][config]") {
   CHECK(r.output.find_first_of("0123456789") == 6);
 }
 
-TEST_CASE("--check-config prints the effective config and exits 0, or the error and 2", "[service][config]") {
+TEST_CASE("ckptd --check-config prints the effective config and exits 0, or the error and 2",
+          "[service][config]") {
   TempDir dir("svc");
   fs::create_directories(dir.path() + "/root");
   const std::string conf = dir.path() + "/ckptd.conf";
@@ -288,15 +289,15 @@ TEST_CASE("a daemon that is not root and cannot make /run/ckptd says to set --so
   fs::create_directories(dir.path() + "/root");
   ::chown((dir.path() + "/root").c_str(), 65534, 65534);
   auto r = RunProcess({"/usr/bin/env", "-u", "CKPTD_SOCKET", "/usr/sbin/runuser", "-u", "nobody", "--",
-                       "/usr/bin/timeout", "60", Binary(), "--root", dir.path() + "/root", "--pool-mib",
-                       "16", "--chunk-mib", "1"});
+                       "/usr/bin/timeout", "60", Binary(), "--root", dir.path() + "/root", "--pool-mib", "16",
+                       "--chunk-mib", "1"});
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(Contains(r.output, "/run/ckptd"));
   CHECK(Contains(r.output, "--socket PATH or CKPTD_SOCKET=PATH"));
 }
 
-TEST_CASE("--socket-group and --socket-mode set the socket's group and mode", "[service][socket]") {
+TEST_CASE("ckptd --socket-group and --socket-mode set the socket's group and mode", "[service][socket]") {
   if (::geteuid() != 0) {
     WARN("needs root to give the socket to another group; skipped");
     return;

@@ -250,7 +250,9 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
 }
 
 Status Catalog::ApplyRetention(const std::string& job) {
-  const auto [keep_last, keep_every] = retention();
+  // Plain copies: clang before 16 cannot capture a structured binding in the lambda below.
+  const Retention kept = retention();
+  const std::uint32_t keep_last = kept.keep_last, keep_every = kept.keep_every;
   if (keep_last == 0) return Status::Ok();
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
