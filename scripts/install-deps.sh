@@ -18,6 +18,8 @@ packages=(
   python3-matplotlib
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.
   pybind11-dev python3-dev python3-torch python3-pytest python3-numpy python3-pip
+  # systemd-analyze verify/security on deploy/ckptd.service (tests/systemd_unit_test.sh).
+  systemd
 )
 
 missing=()
