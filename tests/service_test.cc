@@ -431,3 +431,23 @@ TEST_CASE(
   CHECK(d.WaitExit(std::chrono::milliseconds(0)) == -1);
   CHECK(d.Stop() == 0);
 }
+
+TEST_CASE(
+    "a second daemon on a served socket exits 1 and one with an unopenable log file exits 2 while the first "
+    "serves on",
+    "[service][config]") {
+  TempDir dir("svc");
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/s/ckptd.sock";
+  DaemonProcess d(o);
+  auto second = Ckptd(Flags(dir, {"--root", o.root}));
+  INFO(second.output);
+  CHECK(second.exit_code == 1);
+  CHECK(Contains(second.output, "another daemon is serving " + o.socket));
+  auto log = Ckptd(Flags(dir, {"--root", o.root, "--log-file", dir.path() + "/no/such/dir/ckptd.log"}));
+  INFO(log.output);
+  CHECK(log.exit_code == 2);
+  CHECK(Contains(log.output, "open log file " + dir.path() + "/no/such/dir/ckptd.log"));
+  CHECK(d.Status().daemon_version() != "");
+}
