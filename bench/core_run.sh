@@ -41,7 +41,7 @@ if [ -z "$compute_ms" ]; then
 fi
 
 # No memory tier: the restore reads the disk, to be set against fio's read figure.
-start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --root "$work/root" --pool-mib 1024 \
+start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --create-root --root "$work/root" --pool-mib 1024 \
   --keep-last 2 --memory-mib 0
 echo "== trainer: $state_mib MiB in 16 tensors, checkpoint every iteration, $iters iterations, compute $compute_ms ms"
 "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \

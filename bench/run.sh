@@ -124,7 +124,7 @@ for mib in $sizes; do
         if [ "$strategy" != lazy ]; then
           trainers train "$strategy" "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms"
         else
-          start_ckptd "$build/ckptd" "$work/ckptd-$id.log" --socket "$work/ckptd.sock" --root "$work/root-$id" \
+          start_ckptd "$build/ckptd" "$work/ckptd-$id.log" --socket "$work/ckptd.sock" --create-root --root "$work/root-$id" \
             --pool-mib 1024 --keep-last 2 --memory-mib 0
           trainers train lazy "$id" "$mib" "$ranks" "$every" "$n" "$compute_ms"
           "$build/ckptctl" --socket "$work/ckptd.sock" status --json >"$work/res/$id.status.json"

@@ -74,7 +74,7 @@ echo "   persistent $read_persistent MB/s, local $read_local MB/s"
 start_daemon() {  # MEMORY_MIB [extra ckptd flags]
   local memory=$1
   shift
-  start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --root "$work/persistent" \
+  start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --create-root --root "$work/persistent" \
     --pool-mib 1024 --memory-mib "$memory" "$@"
 }
 trainer() {  # TAG [extra trainer flags]

@@ -87,7 +87,7 @@ class Daemon:
         r, w = os.pipe()
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "--socket", str(self.sock), "--root", str(self.root), "--pool-mib", str(pool_mib),
+            [str(binary), "--socket", str(self.sock), "--root", str(self.root), "--create-root", "--pool-mib", str(pool_mib),
              "--ready-fd", str(w), "--log-level", "warn"],
             pass_fds=(w,), stdout=self.log, stderr=subprocess.STDOUT)
         os.close(w)

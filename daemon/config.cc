@@ -1,8 +1,10 @@
 #include "daemon/config.h"
 
+#include <grp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "common/safe_file.h"
 #include "common/socket_path.h"
@@ -39,16 +42,65 @@ Result<std::string> ReadConfigFile(const std::string& path) {
   }
 }
 
+// Keys are compared without case, dashes and underscores: `keep_last` and `KeepLast` are
+// both taken for a misspelling of keep-last.
+std::string Normalized(const std::string& name) {
+  std::string n;
+  for (char ch : name) {
+    if (ch != '-' && ch != '_') n += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  return n;
+}
+
+// The error for a key of the config file that no option has, with the option it most
+// likely means.
+std::string UnknownKeyError(const CLI::App& app, const std::string& key, const std::string& file) {
+  std::string msg = "unknown key '" + key + "' in " + (file.empty() ? std::string("the config") : file);
+  for (const CLI::Option* opt : app.get_options()) {
+    const std::string name = opt->get_single_name();
+    if (opt->get_configurable() && !name.empty() && Normalized(name) == Normalized(key)) {
+      return msg + " (did you mean '" + name + "'? keys are the long flags without the dashes)";
+    }
+  }
+  return msg + " (keys are the long flags without the dashes; see ckptd --help)";
+}
+
+// A group given by name or number; nullopt if no such group.
+std::optional<gid_t> ResolveGroup(const std::string& name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos && name.size() < 10) {
+    return static_cast<gid_t>(std::stoul(name));
+  }
+  struct group entry {};
+  std::vector<char> buf(16384);
+  struct group* found = nullptr;
+  if (::getgrnam_r(name.c_str(), &entry, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return std::nullopt;
+  }
+  return found->gr_gid;
+}
+
 // Defines every option, lets `parse` feed the app (argv or config-file text), then checks
 // what no single option can.
-std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* exit_code) {
+std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* exit_code, std::ostream& out,
+                            std::ostream& err) {
   Config c;
   c.socket_path = DefaultSocketPath();
   CLI::App app{"ckptd: node-local checkpoint daemon (lazy snapshots, safetensors shards)"};
-  std::string config_file;
+  // Unknown flags and unknown keys in the file are errors (CLI11 ignores unknown keys by
+  // default, which ran `keep_last = 3` as "keep every version").
+  app.allow_extras(false);
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.set_version_flag("--version", std::string("ckptd ") + CKPTD_VERSION);
+  std::string& config_file = c.config_file;
   app.add_option("--config", config_file, "Read options from this file (key = value, same names as flags)")
       ->configurable(false);
-  app.add_option("--socket", c.socket_path, "Unix socket to serve on")->capture_default_str();
+  app.add_flag("--check-config", c.check_config,
+               "Validate the flags, the config file and the directories they name; print the effective "
+               "config and exit 0, or print the error and exit 2")
+      ->configurable(false);
+  app.add_option("--socket", c.socket_path,
+                 "Unix socket to serve on ($CKPTD_SOCKET, else /run/ckptd/ckptd.sock)")
+      ->capture_default_str();
   std::string socket_mode = "0600";
   app.add_option("--socket-mode", socket_mode, "Permission bits of the socket, octal")
       ->check([](const std::string& v) {
@@ -57,9 +109,18 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                    : "must be octal permission bits such as 0600";
       })
       ->capture_default_str();
-  app.add_option("--root,--persistent", c.root,
-                 "Persistent tier: the checkpoint root, shared by all nodes (COMMITTED and latest live here)")
+  std::string socket_group;
+  app.add_option(
+      "--socket-group", socket_group,
+      "Group of the socket (name or number; default: the daemon's), for a socket-mode such as 0660");
+  app.add_option(
+         "--root,--persistent", c.root,
+         "Persistent tier: the checkpoint root, shared by all nodes (COMMITTED and latest live here); "
+         "must exist unless --create-root")
       ->capture_default_str();
+  app.add_flag("--create-root", c.create_root,
+               "Create --root and --local if missing (default: a missing one is an error, so that an "
+               "unmounted file system is never replaced by a local directory)");
   app.add_option(
       "--local", c.local_dir,
       "Local tier (node-local NVMe or /dev/shm): shards land here first, then are promoted to --root");
@@ -131,39 +192,64 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn or error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
-  app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
+  app.add_option("--log-file", c.log_file,
+                 "Append the log to this file instead of stdout/stderr; SIGHUP reopens it (logrotate)");
+  app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving")->configurable(false);
+  // What the file is being parsed from, for the unknown-key error ("" while parsing argv).
+  std::string parsing_file;
   try {
     parse(app);
     if (!config_file.empty()) {
       auto text = ReadConfigFile(config_file);
       if (!text.ok()) {
-        std::cerr << "ckptd: --config: " << text.status().message() << "\n";
+        err << "ckptd: --config: " << text.status().message() << "\n";
         *exit_code = 2;
         return std::nullopt;
       }
       // After the flags: an option given on the command line wins over the file.
+      parsing_file = config_file;
       std::istringstream in(text.value());
       app.parse_from_stream(in);
     }
+  } catch (const CLI::ConfigError& e) {
+    static const std::string kExtras = "INI was not able to parse ";
+    const std::string what = e.what();
+    err << "ckptd: "
+        << (what.rfind(kExtras, 0) == 0 ? UnknownKeyError(app, what.substr(kExtras.size()), parsing_file)
+                                        : what)
+        << "\n";
+    *exit_code = 2;
+    return std::nullopt;
   } catch (const CLI::ParseError& e) {
     // CLI11's own codes (105, 109, ...) differ by error; a usage error exits 2, as documented.
-    *exit_code = app.exit(e) == 0 ? 0 : 2;
+    *exit_code = app.exit(e, out, err) == 0 ? 0 : 2;
     return std::nullopt;
   }
+  auto fail = [&](const std::string& message) {
+    err << "ckptd: " << message << "\n";
+    *exit_code = 2;
+    return std::nullopt;
+  };
   c.socket_mode = static_cast<std::uint32_t>(std::strtoul(socket_mode.c_str(), nullptr, 8));
+  if (c.socket_mode & ~0777u) {
+    return fail("--socket-mode " + socket_mode + ": only permission bits (at most 0777) apply to a socket");
+  }
+  if (!socket_group.empty()) {
+    c.socket_group = ResolveGroup(socket_group);
+    if (!c.socket_group) return fail("--socket-group " + socket_group + ": no such group");
+  }
+  if (c.socket_path.empty() || c.socket_path.front() != '/') {
+    return fail("--socket '" + c.socket_path + "' must be an absolute path");
+  }
   if (job_group >= 0) c.job_group = static_cast<gid_t>(job_group);
   if (auto numa = NumaPlacement::Parse(pool_numa); numa.ok()) {
     c.pool_numa = numa.value();
   } else {
-    std::cerr << "ckptd: " << numa.status().message() << "\n";
-    *exit_code = 2;
-    return std::nullopt;
+    return fail(numa.status().message());
   }
   if (c.chunk_mib * 4 > c.pool_mib) {
-    std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of " << c.chunk_mib
-              << " MiB\n";
-    *exit_code = 2;
-    return std::nullopt;
+    return fail("--pool-mib (" + std::to_string(c.pool_mib) + ") must hold at least 4 chunks of " +
+                std::to_string(c.chunk_mib) + " MiB");
   }
   if (c.node_id.empty()) {
     char host[256] = {};
@@ -188,19 +274,23 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     }
   }
   if (!c.local_dir.empty() && c.local_dir == c.root) {
-    std::cerr << "ckptd: --local and --root are the same directory (" << c.root
-              << "); give one directory only, or two different ones\n";
-    *exit_code = 2;
-    return std::nullopt;
+    return fail("--local and --root are the same directory (" + c.root +
+                "); give one directory only, or two different ones");
   }
+  c.effective = app.config_to_str(/*default_also=*/true, /*write_description=*/false);
   *exit_code = 0;
   return c;
 }
 
 }  // namespace
 
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code, std::ostream& out,
+                                  std::ostream& err) {
+  return Parse([&](CLI::App& app) { app.parse(argc, argv); }, exit_code, out, err);
+}
+
 std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
-  return Parse([&](CLI::App& app) { app.parse(argc, argv); }, exit_code);
+  return ParseConfig(argc, argv, exit_code, std::cout, std::cerr);
 }
 
 std::optional<Config> ParseConfigText(const std::string& text, int* exit_code) {
@@ -209,7 +299,7 @@ std::optional<Config> ParseConfigText(const std::string& text, int* exit_code) {
         std::istringstream in(text);
         app.parse_from_stream(in);
       },
-      exit_code);
+      exit_code, std::cout, std::cerr);
 }
 
 }  // namespace ckpt

@@ -1,11 +1,13 @@
 // Config: everything ckptd can be told, with its defaults. ParseConfig is the one place
 // that reads flags and the optional config file (INI/TOML key = value, same names as the
-// long flags without dashes; flags win over the file).
+// long flags without dashes; flags win over the file). An unknown flag or key is an error
+// naming it (exit 2), so a misspelled key never runs a daemon with a default instead.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,13 +19,22 @@ namespace ckpt {
 enum class DirectIoMode { kAuto, kOn, kOff };
 
 struct Config {
-  // Unix socket path. Default: $XDG_RUNTIME_DIR/ckptd.sock, else /tmp/ckptd-$UID/ckptd.sock.
+  // The --config file ("" if none): SIGHUP reads it again.
+  std::string config_file;
+  // Unix socket path. Default: $CKPTD_SOCKET if set, else /run/ckptd/ckptd.sock
+  // (common/socket_path.h).
   std::string socket_path;
-  // Permission bits of the socket file. The directory the daemon creates is always 0700.
+  // Permission bits of the socket file. A socket directory the daemon creates is 0700;
+  // one that exists (systemd's RuntimeDirectory=) is left as it is.
   std::uint32_t socket_mode = 0600;
+  // Group of the socket file (nullopt: the daemon's), so socket-mode 0660 admits a group.
+  std::optional<gid_t> socket_group;
   // The persistent tier: the checkpoint root, shared by every node of a job (the parallel
-  // file system); created if missing. COMMITTED markers and `latest` live here.
+  // file system). COMMITTED markers and `latest` live here. It must exist unless
+  // create_root (so that an unmounted file system is an error, not a local directory).
   std::string root = "/var/lib/ckptd";
+  // Create --root and --local if they are missing (mode 0700).
+  bool create_root = false;
   // The local tier (node-local NVMe or /dev/shm); empty: none, shards go straight to root.
   // With one, shards are written here first and promoted to root in the background.
   std::string local_dir;
@@ -76,6 +87,13 @@ struct Config {
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.
   std::string log_level = "info";
+  // Append the log to this file instead of stdout/stderr ("": none); SIGHUP reopens it.
+  std::string log_file;
+  // --check-config: validate, print `effective`, exit 0 (or 2 with the error).
+  bool check_config = false;
+  // Every configurable option in force, as `key = value` lines (what --check-config prints;
+  // a reload compares two of these to name the keys that changed).
+  std::string effective;
   // If >= 0, write "ready\n" to this fd once serving, then close it (for tests and
   // launchers). systemd's NOTIFY_SOCKET is honoured independently.
   int ready_fd = -1;
@@ -88,9 +106,12 @@ struct Config {
 // The default socket path for the current user (also used by the client and ckptctl).
 std::string DefaultSocketPath();
 
-// Parses argv. On --help or a bad flag prints to stdout/stderr and returns nullopt with
-// *exit_code set (0 for --help, 2 for errors).
+// Parses argv. On --help, --version or a bad flag or key prints to stdout/stderr and
+// returns nullopt with *exit_code set (0 for --help and --version, 2 for errors).
 std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code);
+// The same, printing to `out` and `err` (a reload logs what it would print).
+std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code, std::ostream& out,
+                                  std::ostream& err);
 // Parses the text of a config file as --config would read it, without flags. Errors as for
 // ParseConfig. Used by the config fuzzer (tests/fuzz/).
 std::optional<Config> ParseConfigText(const std::string& text, int* exit_code);

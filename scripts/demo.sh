@@ -23,7 +23,7 @@ trap cleanup EXIT
 
 echo "== 1. start ckptd (tiers: memory, local $local_tier, persistent $root; pool 256 MiB)"
 mkfifo "$work/ready"
-"$build/ckptd" --socket "$sock" --root "$root" --local "$local_tier" --keep-last 3 --pool-mib 256 \
+"$build/ckptd" --socket "$sock" --create-root --root "$root" --local "$local_tier" --keep-last 3 --pool-mib 256 \
   --memory-mib 2048 --ready-fd 4 4>"$work/ready" \
   >"$work/ckptd.log" 2>&1 &
 daemon=$!

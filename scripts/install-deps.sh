@@ -21,6 +21,8 @@ packages=(
   # tests/ops/: a real one-node Slurm (with munge) runs deploy/slurm/, and a GlusterFS
   # volume holds the multi-daemon tests' root (util-linux: setpriv).
   slurm-wlm munge glusterfs-server glusterfs-client util-linux
+  # systemd-analyze verify/security on deploy/ckptd.service (tests/systemd_unit_test.sh).
+  systemd
 )
 
 missing=()

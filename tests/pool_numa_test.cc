@@ -22,7 +22,7 @@ DaemonOptions Options(const TempDir& dir, const std::string& numa) {
 }
 
 std::vector<std::string> Argv(const TempDir& dir, const std::string& numa) {
-  return {CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/sock/ckptd.sock",
+  return {CKPTD_BINARY, "--create-root", "--root", dir.path() + "/root", "--socket", dir.path() + "/sock/ckptd.sock",
           "--pool-mib", "64",     "--chunk-mib",        "4",        "--pool-numa",
           numa};
 }

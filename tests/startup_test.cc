@@ -19,7 +19,7 @@ namespace {
 ProcessResult RunDaemon(const TempDir& dir, std::vector<std::string> args) {
   std::vector<std::string> argv = {
       "/usr/bin/timeout", "60", CKPTD_BINARY,  "--socket", dir.path() + "/s/ckptd.sock",
-      "--pool-mib",       "16", "--chunk-mib", "1"};
+      "--pool-mib",       "16", "--chunk-mib", "1", "--create-root"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv);
 }

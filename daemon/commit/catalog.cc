@@ -22,9 +22,15 @@ Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32
                  std::uint32_t keep_every, Reporter report)
     : storage_(std::move(storage)),
       tree_(std::move(root)),
-      keep_last_(keep_last),
-      keep_every_(keep_every),
+      retention_(std::uint64_t{keep_last} << 32 | keep_every),
       report_(std::move(report)) {}
+
+Catalog::Retention Catalog::retention() const {
+  const std::uint64_t r = retention_.load();
+  return {static_cast<std::uint32_t>(r >> 32), static_cast<std::uint32_t>(r)};
+}
+
+void Catalog::SetRetention(Retention r) { retention_.store(std::uint64_t{r.keep_last} << 32 | r.keep_every); }
 
 void Catalog::Report(const std::string& message) {
   if (report_) {
@@ -50,7 +56,7 @@ Status Catalog::Recover() {
   if (!jobs.ok()) return jobs.status();
   for (const auto& job : jobs.value()) {
     if (!CheckJobId(job).empty()) continue;  // not ours
-    MutexLock lock(commit_mu_);  // recovery rewrites `latest`, as commits do
+    MutexLock lock(commit_mu_);              // recovery rewrites `latest`, as commits do
     if (Status s = RecoverJob(job); !s.ok()) return s.With("recover job " + job);
   }
   return Status::Ok();
@@ -244,17 +250,20 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
 }
 
 Status Catalog::ApplyRetention(const std::string& job) {
-  if (keep_last_ == 0) return Status::Ok();
+  // Plain copies: clang before 16 cannot capture a structured binding in the lambda below.
+  const Retention kept = retention();
+  const std::uint32_t keep_last = kept.keep_last, keep_every = kept.keep_every;
+  if (keep_last == 0) return Status::Ok();
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
   std::vector<std::uint64_t> committed;
   for (const auto& e : versions.value()) {
     if (e.committed) committed.push_back(e.version);
   }
-  if (committed.size() <= keep_last_) return Status::Ok();
-  committed.resize(committed.size() - keep_last_);  // the ones to delete, oldest first
-  if (keep_every_ > 0) {
-    std::erase_if(committed, [&](std::uint64_t v) { return v % keep_every_ == 0; });
+  if (committed.size() <= keep_last) return Status::Ok();
+  committed.resize(committed.size() - keep_last);  // the ones to delete, oldest first
+  if (keep_every > 0) {
+    std::erase_if(committed, [&](std::uint64_t v) { return v % keep_every == 0; });
   }
   for (std::uint64_t v : committed) {
     if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it

@@ -55,6 +55,13 @@ class Catalog {
           std::uint32_t keep_every = 0, Reporter report = nullptr);
 
   const std::string& root() const { return tree_.root(); }
+  struct Retention {
+    std::uint32_t keep_last = 0;
+    std::uint32_t keep_every = 0;
+  };
+  // The retention in force; a reload (SIGHUP) changes it for the commits that follow.
+  Retention retention() const;
+  void SetRetention(Retention r);
   std::string JobDir(const std::string& job) const;
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
@@ -121,8 +128,9 @@ class Catalog {
 
   std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;
-  std::uint32_t keep_last_;
-  std::uint32_t keep_every_;
+  // keep_last in the high half, keep_every in the low one: a reload changes both at once
+  // without taking commit_mu_ (held across a commit's disk flushes).
+  std::atomic<std::uint64_t> retention_;
   // Commits and rollbacks do I/O (fdatasync, fsync) and are serialised by commit_mu_;
   // latest_mu_ guards only the cache, so Snapshot calls asking Latest() never wait for a
   // commit's disk flushes.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "common/safe_file.h"
@@ -142,6 +143,17 @@ Status PosixStorage::MakeDirs(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return FailedPrecondition(dir + " exists but is not a directory");
+  }
+  return Status::Ok();
+}
+
+Status PosixStorage::SetOwner(const std::string& path, uid_t uid, gid_t gid) {
+  if (::fchownat(AT_FDCWD, path.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == EPERM) {
+      return PermissionDenied("chown " + path + " to uid " + std::to_string(uid) + ": " +
+                              std::strerror(errno));
+    }
+    return IoError("chown " + path + " to uid " + std::to_string(uid) + " gid " + std::to_string(gid), errno);
   }
   return Status::Ok();
 }

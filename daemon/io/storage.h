@@ -6,6 +6,8 @@
 // Every method returns a Status naming the path and the operating-system error.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,8 +47,11 @@ class Storage {
   // fsync of a directory, making renames and creations in it durable. Here and in List,
   // `dir` must be a directory, not a symbolic link to one (FailedPrecondition).
   virtual Status SyncDir(const std::string& dir) = 0;
-  // mkdir -p, mode 0700 for created directories.
+  // mkdir -p, mode 0700 for created directories. Existing ones are left as they are.
   virtual Status MakeDirs(const std::string& dir) = 0;
+  // chown of `path` itself (a symbolic link there is not followed). Only for directories
+  // the daemon has just created (a job's, for its owner): never an existing one.
+  virtual Status SetOwner(const std::string& path, uid_t uid, gid_t gid) = 0;
   virtual Status Remove(const std::string& path) = 0;
   // Names in `dir` (without . and ..); NotFound if it does not exist.
   virtual Result<std::vector<std::string>> List(const std::string& dir) = 0;
@@ -75,6 +80,7 @@ class PosixStorage : public Storage {
   Status Link(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& dir) override;
   Status MakeDirs(const std::string& dir) override;
+  Status SetOwner(const std::string& path, uid_t uid, gid_t gid) override;
   Status Remove(const std::string& path) override;
   Result<std::vector<std::string>> List(const std::string& dir) override;
   bool Exists(const std::string& path) override;
@@ -100,6 +106,7 @@ class StorageWrapper : public Storage {
   Status Link(const std::string& f, const std::string& t) override { return target_->Link(f, t); }
   Status SyncDir(const std::string& d) override { return target_->SyncDir(d); }
   Status MakeDirs(const std::string& d) override { return target_->MakeDirs(d); }
+  Status SetOwner(const std::string& p, uid_t u, gid_t g) override { return target_->SetOwner(p, u, g); }
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Result<std::vector<std::string>> List(const std::string& d) override { return target_->List(d); }
   bool Exists(const std::string& p) override { return target_->Exists(p); }

@@ -111,11 +111,13 @@ void AddTiers(Daemon& daemon, v1::StatusReply* reply) {
   auto* t = reply->add_tiers();
   t->set_name("persistent");
   t->set_dir(config.root);
-  t->set_retention(config.keep_last == 0
+  const Catalog::Retention retention = daemon.catalog().retention();  // SIGHUP may change it
+  t->set_retention(retention.keep_last == 0
                        ? std::string("every version")
-                       : "last " + std::to_string(config.keep_last) + " committed versions" +
-                             (config.keep_every ? ", and every " + std::to_string(config.keep_every) + "th"
-                                                : std::string()));
+                       : "last " + std::to_string(retention.keep_last) + " committed versions" +
+                             (retention.keep_every
+                                  ? ", and every " + std::to_string(retention.keep_every) + "th"
+                                  : std::string()));
   reply->set_promotions_pending(daemon.promoter() ? daemon.promoter()->pending() : 0);
 }
 

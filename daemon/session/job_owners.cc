@@ -1,6 +1,7 @@
 #include "daemon/session/job_owners.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -51,7 +52,7 @@ Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
     owner.uid = peer.uid;
     if (job_group_ && InGroup(peer, *job_group_)) owner.group = *job_group_;
     const bool existed = storage_->Exists(tree_.JobDir(job));
-    Status created = Create(job, owner);
+    Status created = Create(job, owner, owner.group.value_or(peer.gid));
     if (created.ok()) {
       if (existed) {
         spdlog::warn("job {} had no owner file (made by an older ckptd): adopted by {}, its first registrant",
@@ -71,8 +72,9 @@ Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
                           std::to_string(peer.uid) + " may not register it");
 }
 
-Status JobOwners::Create(const std::string& job, const JobOwner& owner) {
+Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gid) {
   const std::string dir = tree_.JobDir(job);
+  const bool existed = storage_->Exists(dir);
   // The job directory is durable before the file in it (and before any shard).
   if (Status st = storage_->MakeDirs(dir); !st.ok()) return st;
   if (Status st = storage_->SyncDir(tree_.root()); !st.ok()) return st;
@@ -94,6 +96,18 @@ Status JobOwners::Create(const std::string& job, const JobOwner& owner) {
   Status linked = storage_->Link(tmp, path);
   storage_->Remove(tmp);
   if (!linked.ok()) return linked;
+  // Only the winner of the claim hands the directory over, and only one that did not exist
+  // before it: an existing directory (made by an operator, or by an older ckptd) keeps its
+  // owner and mode.
+  if (!existed && owner.uid != ::geteuid()) {
+    Status chowned = storage_->SetOwner(dir, owner.uid, gid);
+    if (chowned.code() == StatusCode::kPermissionDenied) {
+      spdlog::debug("job {}: its directory stays uid {}'s ({}): this daemon may not chown", job, ::geteuid(),
+                    chowned.message());
+    } else if (!chowned.ok()) {
+      return chowned;
+    }
+  }
   return storage_->SyncDir(dir);
 }
 

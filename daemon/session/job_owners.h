@@ -43,14 +43,18 @@ class JobOwners {
   Status CheckAccess(const std::string& job, const PeerCredentials& peer, std::string_view action)
       EXCLUDES(claim_mu_);
   // For a registration: CheckAccess, and a job without an owner file becomes `peer`'s (its
-  // directory is created, durably, first).
+  // directory is created, durably, first). A job directory this creates belongs to `peer`
+  // (uid, and the job's group or else the peer's primary group) where the daemon may chown
+  // (root, CAP_CHOWN); a daemon that may not leaves it its own. An existing one is never
+  // chown'ed.
   Status Claim(const std::string& job, const PeerCredentials& peer) EXCLUDES(claim_mu_);
 
  private:
   // The owner file's content; nullopt if there is none.
   Result<std::optional<JobOwner>> Read(const std::string& job);
   // Creates the owner file unless one exists; AlreadyExists if another writer was first.
-  Status Create(const std::string& job, const JobOwner& owner) REQUIRES(claim_mu_);
+  // `gid`: the group of the job directory, if this creates it.
+  Status Create(const std::string& job, const JobOwner& owner, gid_t gid) REQUIRES(claim_mu_);
 
   const std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;

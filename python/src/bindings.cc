@@ -290,8 +290,8 @@ PYBIND11_MODULE(_ckpt, m) {
             return ClientHolder(c.release());
           },
           py::arg("socket") = "", py::arg("reconnect_budget") = py::none(),
-          "Connects to the daemon at `socket` (default: $CKPTD_SOCKET, else $XDG_RUNTIME_DIR/ckptd.sock, "
-          "else /tmp/ckptd-$UID/ckptd.sock). Does not wait for the daemon: the first call fails if none "
+          "Connects to the daemon at `socket` (default: $CKPTD_SOCKET if set and not empty, else "
+          "/run/ckptd/ckptd.sock, the node daemon's). Does not wait for the daemon: the first call fails if none "
           "serves there. reconnect_budget: seconds a call waits for a daemon that went away (a restart) "
           "before it fails; None: $CKPT_RECONNECT_BUDGET_S, else 120; 0: one attempt, no waiting.")
       .def(

@@ -94,7 +94,7 @@ class Daemon:
         Path(self.root).mkdir(parents=True, exist_ok=True)
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
-        argv = [self.binary, "--root", self.root, "--socket", self.socket,
+        argv = [self.binary, "--root", self.root, "--create-root", "--socket", self.socket,
                 "--pool-mib", str(self.pool_mib), "--ready-fd", str(w),
                 "--log-level", "debug", *self.extra_args]
         with open(self.log_path, "ab") as log:

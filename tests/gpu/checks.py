@@ -90,7 +90,7 @@ class Daemon:
         self.log = self.dir / "ckptd.log"
         self.bindir = bindir
         r, w = os.pipe()
-        cmd = [str(Path(bindir) / "ckptd"), "--socket", self.socket, "--root", self.root, "--ready-fd", str(w),
+        cmd = [str(Path(bindir) / "ckptd"), "--socket", self.socket, "--root", self.root, "--create-root", "--ready-fd", str(w),
                *map(str, args)]
         self.started = time.perf_counter()
         with open(self.log, "ab") as log:

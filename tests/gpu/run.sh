@@ -233,7 +233,7 @@ run_mode() {  # $1 stream|host
   local job="gpu-$mode"
   mkdir -p "$d"
   mkfifo "$d/ready"
-  "$bin/ckptd" --socket "$d/ckptd.sock" --root "$d/root" --pool-mib "$pool_mib" --chunk-mib "$chunk_mib" \
+  "$bin/ckptd" --socket "$d/ckptd.sock" --create-root --root "$d/root" --pool-mib "$pool_mib" --chunk-mib "$chunk_mib" \
     --keep-last 2 --ready-fd 3 3>"$d/ready" >"$out_dir/ckptd-$mode.log" 2>&1 &
   daemon=$!
   if ! read -r -t 120 line <"$d/ready" || [ "$line" != ready ]; then

@@ -22,17 +22,24 @@
 namespace ckpt::test {
 namespace {
 
-pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int keep_fd) {
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int keep_fd, int err_fd = -1,
+            const std::vector<std::string>& env = {}) {
+  // Built before fork: the child of a threaded process must not allocate.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // The added variables first: getenv() finds the first of two with one name.
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     ::dup2(out_fd, 1);
-    ::dup2(out_fd, 2);
+    ::dup2(err_fd >= 0 ? err_fd : out_fd, 2);
     if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
   return pid;
@@ -72,10 +79,15 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
                                    std::to_string(ready[1]),
                                    "--log-level",
                                    "debug"};
+  if (options_.create_root) argv.push_back("--create-root");
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
   int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  pid_ = Spawn(argv, log, ready[1]);
+  int err = options_.stderr_path.empty()
+                ? -1
+                : ::open(options_.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  pid_ = Spawn(argv, log, ready[1], err, options_.env);
   ::close(log);
+  if (err >= 0) ::close(err);
   ::close(ready[1]);
   pollfd p{ready[0], POLLIN, 0};
   char buf[16] = {};

@@ -21,6 +21,12 @@ struct DaemonOptions {
   std::uint64_t pool_mib = 64;
   std::uint64_t chunk_mib = 4;
   std::vector<std::string> extra_args;
+  // --create-root: most tests start on a fresh path (a missing root is an error otherwise).
+  bool create_root = true;
+  // NAME=VALUE pairs added to the daemon's environment.
+  std::vector<std::string> env;
+  // If set, the daemon's stderr goes here and only its stdout to Log().
+  std::string stderr_path;
 };
 
 class DaemonProcess {
@@ -46,6 +52,7 @@ class DaemonProcess {
   std::uint64_t PeakRssBytes() const;
   // What the daemon logged so far.
   std::string Log() const;
+  const std::string& log_path() const { return log_path_; }
 
   std::unique_ptr<v1::Checkpoint::Stub> Stub() const;
   v1::StatusReply Status() const;

@@ -152,8 +152,8 @@ struct DaemonStatus {
 
 class Client {
  public:
-  // Connects to the daemon at `socket_path` (default: $CKPTD_SOCKET, else
-  // $XDG_RUNTIME_DIR/ckptd.sock, else /tmp/ckptd-$UID/ckptd.sock). Does not block; the
+  // Connects to the daemon at `socket_path` (default: $CKPTD_SOCKET if set and not empty,
+  // else /run/ckptd/ckptd.sock, the node daemon's). Does not block; the
   // first call fails with a clear error if no daemon serves there (the first registration
   // does not wait for a daemon: only one that served this client is waited for). Throws if
   // $CKPT_RECONNECT_BUDGET_S is needed and is not a number of seconds.
