@@ -65,6 +65,24 @@ std::string UnknownKeyError(const CLI::App& app, const std::string& key, const s
   return msg + " (keys are the long flags without the dashes; see ckptd --help)";
 }
 
+// CLI11 keeps the first of two settings of one key and drops the second without a word
+// (`pool-mib = 64` then `pool-mib = 5` ran with 64): a key set twice is an error, except
+// for the options that take a list (allow-uid).
+void CheckRepeatedKeys(CLI::App& app, const std::string& text, const std::string& file) {
+  std::istringstream in(text);
+  std::map<std::string, int> seen;
+  for (const CLI::ConfigItem& item : CLI::ConfigINI().from_config(in)) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    std::string key = item.name;
+    for (auto p = item.parents.rbegin(); p != item.parents.rend(); ++p) key = *p + "." + key;
+    if (++seen[key] != 2) continue;
+    const CLI::Option* opt = app.get_option_no_throw("--" + key);
+    if (opt != nullptr && opt->get_items_expected_max() > 1) continue;
+    throw CLI::ConfigError("key '" + key + "' is set twice in " + (file.empty() ? std::string("the config") : file) +
+                           " (each key may appear once)");
+  }
+}
+
 // A group given by name or number; nullopt if no such group.
 std::optional<gid_t> ResolveGroup(const std::string& name) {
   if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos && name.size() < 10) {
@@ -208,6 +226,7 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       }
       // After the flags: an option given on the command line wins over the file.
       parsing_file = config_file;
+      CheckRepeatedKeys(app, text.value(), config_file);
       std::istringstream in(text.value());
       app.parse_from_stream(in);
     }
@@ -296,6 +315,7 @@ std::optional<Config> ParseConfig(int argc, char** argv, int* exit_code) {
 std::optional<Config> ParseConfigText(const std::string& text, int* exit_code) {
   return Parse(
       [&](CLI::App& app) {
+        CheckRepeatedKeys(app, text, "");
         std::istringstream in(text);
         app.parse_from_stream(in);
       },

@@ -184,8 +184,11 @@ void VersionFails(const std::string& file, const Fault& f, bool promotion = fals
   }
   INFO(saw);
   CHECK(saw.find(kInjected) != std::string::npos);
-  const std::string status = StatusError(CkptctlStatus(*daemon));
-  CHECK(!status.empty());
+  // The caller may hear of the failure (a shard's waiters wake when it fails) a moment before
+  // the daemon adds it to the errors `ckptctl status` shows.
+  std::string status;
+  CHECK(Eventually([&] { return !(status = StatusError(CkptctlStatus(*daemon))).empty(); },
+                   std::chrono::seconds(10)));
   CHECK(!fs::exists(a.options.root + "/" + kJob + "/" + VersionDirName(2) + "/COMMITTED"));
   CHECK(ReadLatestFile(a.options.root) == 1);
   CheckTree(a.options.root);
@@ -229,8 +232,11 @@ void RegistrationFails(const Fault& f) {
   }
   INFO(saw);
   CHECK(saw.find(kInjected) != std::string::npos);
-  const std::string status = StatusError(CkptctlStatus(*daemon));
-  CHECK(!status.empty());
+  // The caller may hear of the failure (a shard's waiters wake when it fails) a moment before
+  // the daemon adds it to the errors `ckptctl status` shows.
+  std::string status;
+  CHECK(Eventually([&] { return !(status = StatusError(CkptctlStatus(*daemon))).empty(); },
+                   std::chrono::seconds(10)));
   CheckTree(a.options.root);
   CheckVersion1(a.options.root, state);
 

@@ -117,6 +117,24 @@ TEST_CASE("an unknown or misspelled config key is an error naming it and the key
   CHECK(Contains(r.output, "--keep_last"));
 }
 
+// Before: CLI11 kept the first of two settings and dropped the second without a word.
+TEST_CASE("a key set twice in the config file is an error; a list key may repeat", "[service][config]") {
+  TempDir dir("svc");
+  fs::create_directories(dir.path() + "/root");
+  const std::string conf = dir.path() + "/ckptd.conf";
+  WriteText(conf, "pool-mib = 64\nkeep-last = 2\npool-mib = 128\n");
+  auto r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--config", conf, "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(Contains(r.output, "key 'pool-mib' is set twice in " + conf));
+
+  WriteText(conf, "allow-uid = 1000\nallow-uid = 1001\n");
+  r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--config", conf, "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(Contains(r.output, "1001"));
+}
+
 TEST_CASE("ckptd --version prints the version and exits 0", "[service][config]") {
   auto r = Ckptd({"--version"});
   INFO(r.output);
