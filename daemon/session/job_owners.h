@@ -45,6 +45,8 @@ class JobOwners {
   // For a registration: CheckAccess, and a job without an owner file becomes `peer`'s (its
   // directory is created, durably, first).
   Status Claim(const std::string& job, const PeerCredentials& peer) EXCLUDES(claim_mu_);
+  // The job's owner, read from its owner file; nullopt if it has none.
+  Result<std::optional<JobOwner>> Owner(const std::string& job) { return Read(job); }
 
  private:
   // The owner file's content; nullopt if there is none.
