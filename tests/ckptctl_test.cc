@@ -338,6 +338,11 @@ TEST_CASE(
   state.Fill(1);
   Client client = Client::connect(daemon.socket());
   client.register_items("watch", 0, 1, state.Items());
+  // Destroyed first: a failed check never leaves the shard (and the daemon's stop) held.
+  struct Release {
+    std::string pause;
+    ~Release() { fs::remove(pause); }
+  } release{pause};
   client.snapshot(1);
   client.wait_snapshot(1);
   REQUIRE(Eventually([&] { return fs::exists(pause + ".reached"); }));
