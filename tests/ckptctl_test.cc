@@ -205,7 +205,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "ckptctl jobs lists a job once it exists, with its commit; other uids see only their own and their "
+    "ckptctl jobs lists a job once it exists, with its commit, other uids see only their own and their "
     "group's",
     "[tools][multi-user][root]") {
   if (::geteuid() != 0) {
@@ -324,7 +324,7 @@ TEST_CASE("ckptctl jobs: a job appears after its first commit with its version c
 }
 
 TEST_CASE(
-    "ckptctl status --watch: frames show a shard held in flight with its progress; Ctrl-C ends it with 0, "
+    "ckptctl status --watch: frames show a shard held in flight with its progress, Ctrl-C ends it with 0, "
     "the daemon going away with 1",
     "[tools]") {
   TempDir dir("ctlwatch");
