@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
@@ -27,17 +28,17 @@ std::string DescribeGid(std::uint32_t gid) {
   return out;
 }
 
-// Whether the daemon lists `job` among those the caller may see; false also when the
-// question fails (its error is printed).
-bool JobKnown(const std::string& socket, const std::string& job) {
+// Whether the daemon lists `job` among those the caller may see; nullopt (its error printed)
+// when the question fails.
+std::optional<bool> JobKnown(const std::string& socket, const std::string& job) {
   auto stub = Connect(socket);
   grpc::ClientContext ctx;
   SetDeadline(ctx, 30);
   ckpt::v1::JobsReply r;
   grpc::Status s = stub->Jobs(&ctx, ckpt::v1::JobsRequest(), &r);
   if (!s.ok()) {
-    Fail("jobs", s, socket);
-    return false;
+    Fail("ls: ask which jobs exist", s, socket);
+    return std::nullopt;
   }
   for (const auto& j : r.jobs()) {
     if (j.job() == job) return true;
@@ -109,10 +110,14 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
   if (!s.ok()) return Fail("ls", s, socket);
   // The daemon lists a job id nobody created as empty (it takes any id); a job that exists
   // with no version yet is listed as empty too, and is not an error.
-  if (r.versions().empty() && !JobKnown(socket, job)) {
-    std::cerr << "ckptctl: ls: no job '" << job << "' on the daemon at " << socket
-              << " (`ckptctl jobs` lists the jobs you may see)\n";
-    return kNotFound;
+  if (r.versions().empty()) {
+    const std::optional<bool> known = JobKnown(socket, job);
+    if (!known) return kFailure;
+    if (!*known) {
+      std::cerr << "ckptctl: ls: no job '" << job << "' on the daemon at " << socket
+                << " (`ckptctl jobs` lists the jobs you may see)\n";
+      return kNotFound;
+    }
   }
   if (json) {
     nlohmann::ordered_json doc = ToJson(r);
