@@ -10,6 +10,26 @@
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
 
+namespace {
+
+// CLI11's own PositiveNumber and NonNegativeNumber print their range up to DBL_MAX in full.
+const CLI::Validator NonNegative(
+    [](std::string& value) {
+      double v = -1;
+      return CLI::detail::lexical_cast(value, v) && v >= 0 ? std::string()
+                                                           : "must be a number of 0 or more, not " + value;
+    },
+    "NON-NEGATIVE");
+const CLI::Validator Positive(
+    [](std::string& value) {
+      double v = 0;
+      return CLI::detail::lexical_cast(value, v) && v > 0 ? std::string()
+                                                          : "must be a number above 0, not " + value;
+    },
+    "POSITIVE");
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace ckptctl;
   CLI::App app{"ckptctl: inspect ckptd and its checkpoints"};
@@ -27,10 +47,9 @@ int main(int argc, char** argv) {
   std::uint64_t count = 0;
   auto* watch = status->add_option("--watch", watch_s, "Redraw every SECONDS (default 2) until Ctrl-C")
                     ->expected(0, 1)
-                    ->default_str("2");
-  status->add_option("--count", count, "With --watch: stop after N frames")
-      ->needs(watch)
-      ->check(CLI::PositiveNumber);
+                    ->default_str("2")
+                    ->check(Positive);
+  status->add_option("--count", count, "With --watch: stop after N frames")->needs(watch)->check(Positive);
   json_flag(status);
 
   std::string job;
@@ -60,7 +79,7 @@ int main(int argc, char** argv) {
     sub->add_option("--job", tree.job, "Job id under --root")->needs(root);
     root->needs(sub->get_option("--job"));
     sub->add_option("--version", tree.version, "Version (default: the newest committed)")->needs(root);
-    sub->add_option("--rank", tree.rank, rank_help)->needs(root)->check(CLI::NonNegativeNumber);
+    sub->add_option("--rank", tree.rank, rank_help)->needs(root)->check(NonNegative);
     json_flag(sub);
   };
   auto* verify = app.add_subcommand("verify", "Check shard files against their checksums (no daemon needed)");
