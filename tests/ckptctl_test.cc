@@ -3,6 +3,7 @@
 // `status --watch` (frames, the progress of a shard held in flight by the publish pause,
 // Ctrl-C, and the daemon going away).
 #include <ckpt/client.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -392,4 +393,40 @@ TEST_CASE(
   daemon.Stop();
   CHECK(WaitProcess(pid) == 1);
   CHECK(Contains(ReadFile(log2), "went away"));
+}
+
+TEST_CASE("ckptctl status --watch on a terminal redraws each frame in place", "[tools]") {
+  TempDir dir("ctltty");
+  DaemonProcess daemon(Options(dir));
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const std::string slave_name = ::ptsname(master);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    const int slave = ::open(slave_name.c_str(), O_RDWR);
+    if (slave < 0) ::_exit(126);
+    ::dup2(slave, 1);
+    ::execl(CKPTCTL_BINARY, CKPTCTL_BINARY, "--socket", daemon.socket().c_str(), "status", "--watch", "0.05",
+            "--count", "2", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Read until the child exits and the terminal has nothing more (EIO once no one holds it).
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(master);
+  CHECK(WaitProcess(pid) == 0);
+  INFO(out);
+  std::size_t clears = 0;
+  for (std::size_t at = out.find("\x1b[H\x1b[2J"); at != std::string::npos;
+       at = out.find("\x1b[H\x1b[2J", at + 1))
+    ++clears;
+  CHECK(clears == 2);
+  CHECK(out.find("\r\n\r\nckptd ") == std::string::npos);  // no blank line between frames: drawn over
 }
