@@ -318,7 +318,7 @@ TEST_CASE("ckptctl status reports clients, shards and pool, as text and JSON", "
   auto doc = nlohmann::json::parse(json.output);
   CHECK(doc["clients"].size() == 1);
   CHECK(doc["clients"][0]["job"] == "ctl");
-  CHECK(doc["pool_bytes"].get<std::string>() == std::to_string(64ull << 20));
+  CHECK(doc["pool_bytes"].get<std::uint64_t>() == 64ull << 20);  // a number (docs/ops/ckptctl.md)
   ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "ls", "--job", "ctl"});
   CHECK(ls.output.find("latest committed 1") != std::string::npos);
   std::string shard = ShardPath(daemon.root(), "ctl", 1, 0);

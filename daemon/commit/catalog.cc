@@ -381,6 +381,28 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
   return out;
 }
 
+Result<std::vector<std::string>> Catalog::Jobs() {
+  auto names = storage_->List(root());
+  if (!names.ok()) return names.status();
+  std::vector<std::string> out;
+  for (auto& name : names.value()) {
+    if (CheckJobId(name).empty()) out.push_back(std::move(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::uint64_t Catalog::VersionBytes(const std::string& job, const VersionEntry& entry) {
+  std::uint64_t bytes = 0;
+  for (std::uint32_t rank : entry.ranks) {
+    auto size = storage_->FileSize(ShardPath(job, entry.version, rank));
+    // Retention may delete a version between the listing and here: it holds nothing now.
+    if (!size.ok()) continue;
+    bytes += size.value();
+  }
+  return bytes;
+}
+
 void Catalog::Pin(const std::string& job, std::uint64_t version) {
   MutexLock lock(commit_mu_);
   pinned_.insert({job, version});

@@ -99,6 +99,10 @@ class Catalog {
   bool IsCommitted(const std::string& job, std::uint64_t version);
   // Versions of the job on storage, oldest first.
   Result<std::vector<VersionEntry>> List(const std::string& job);
+  // The job directories under the root (names that are job ids), sorted.
+  Result<std::vector<std::string>> Jobs();
+  // Bytes of the shard files of `entry` (the ranks List found in it; one deleted since counts 0).
+  std::uint64_t VersionBytes(const std::string& job, const VersionEntry& entry);
   // Rollback: moves committed versions newer than `version` under JOB/set-aside/ and
   // points `latest` at `version`. Returns how many were set aside.
   Result<int> SetAsideNewerThan(const std::string& job, std::uint64_t version);

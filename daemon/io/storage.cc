@@ -182,6 +182,12 @@ Result<std::vector<std::string>> PosixStorage::List(const std::string& dir) {
 
 bool PosixStorage::Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+Result<std::uint64_t> PosixStorage::FileSize(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return IoError("stat " + path, errno);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
 bool PosixStorage::SupportsDirectIo(const std::string& dir) {
   // Named as this daemon's temporary files are, so that daemons of other nodes probing the
   // same shared directory do not share (and remove) one probe file.

@@ -56,6 +56,8 @@ class Storage {
   // Names in `dir` (without . and ..); NotFound if it does not exist.
   virtual Result<std::vector<std::string>> List(const std::string& dir) = 0;
   virtual bool Exists(const std::string& path) = 0;
+  // Size in bytes of the file at `path` (lstat: a symbolic link is not followed).
+  virtual Result<std::uint64_t> FileSize(const std::string& path) = 0;
   // Whether `dir` accepts O_DIRECT writes (probed with a small file).
   virtual bool SupportsDirectIo(const std::string& dir) = 0;
 
@@ -84,6 +86,7 @@ class PosixStorage : public Storage {
   Status Remove(const std::string& path) override;
   Result<std::vector<std::string>> List(const std::string& dir) override;
   bool Exists(const std::string& path) override;
+  Result<std::uint64_t> FileSize(const std::string& path) override;
   bool SupportsDirectIo(const std::string& dir) override;
 };
 
@@ -110,6 +113,7 @@ class StorageWrapper : public Storage {
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Result<std::vector<std::string>> List(const std::string& d) override { return target_->List(d); }
   bool Exists(const std::string& p) override { return target_->Exists(p); }
+  Result<std::uint64_t> FileSize(const std::string& p) override { return target_->FileSize(p); }
   bool SupportsDirectIo(const std::string& d) override { return target_->SupportsDirectIo(d); }
 
  private:

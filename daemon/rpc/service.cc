@@ -7,6 +7,7 @@
 
 #include "common/names.h"
 #include "daemon/rpc/convert.h"
+#include "daemon/rpc/jobs_report.h"
 #include "daemon/rpc/status_report.h"
 #include "proto/level_codec.h"
 
@@ -198,6 +199,14 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
   spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)",
                req->job(), done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
   return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::Jobs(grpc::ServerContext* ctx, const v1::JobsRequest*, v1::JobsReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  return ToGrpc(FillJobsReport(daemon_, peer.value(), reply));
 }
 
 }  // namespace ckpt

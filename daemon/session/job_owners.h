@@ -48,6 +48,8 @@ class JobOwners {
   // (root, CAP_CHOWN); a daemon that may not leaves it its own. An existing one is never
   // chown'ed.
   Status Claim(const std::string& job, const PeerCredentials& peer) EXCLUDES(claim_mu_);
+  // The job's owner, read from its owner file; nullopt if it has none.
+  Result<std::optional<JobOwner>> Owner(const std::string& job) { return Read(job); }
 
  private:
   // The owner file's content; nullopt if there is none.

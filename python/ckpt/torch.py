@@ -214,11 +214,30 @@ class _Slot:
 # ----------------------------------------------------------------------------------------
 
 
+def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """This process's (rank, world size): torch.distributed's when it is initialised (an
+    explicit value must then agree with it: a checkpoint written under the wrong rank would
+    restore another rank's state), else the explicit values, else (0, 1)."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+    d_rank, d_world = dist.get_rank(), dist.get_world_size()
+    for what, given, actual in (("rank", rank, d_rank), ("world_size", world_size, d_world)):
+        if given is not None and int(given) != actual:
+            raise ValueError(f"{what}={given} was given, but torch.distributed is initialised with rank "
+                             f"{d_rank} of world size {d_world}: leave {what} out, or pass {actual}")
+    return d_rank, d_world
+
+
 class Checkpointer:
     """Checkpoints a trainer's model, optimizer, scheduler and other state through ckptd.
 
-    client_or_socket: a ckpt.Client, or the daemon's socket path (None: the default socket).
-    job, rank, world_size: the checkpoint namespace and this process's place in it.
+    client_or_socket: a ckpt.Client, or the daemon's socket path (None: the default socket,
+      found as the C++ client finds it: $CKPTD_SOCKET, else /run/ckptd/ckptd.sock).
+    job, rank, world_size: the checkpoint namespace and this process's place in it. rank and
+      world_size default to torch.distributed's when it is available and initialised, else
+      to 0 and 1; one given explicitly that disagrees with an initialised torch.distributed
+      is a ValueError saying both.
     model: a torch.nn.Module; optimizer: a torch.optim.Optimizer; scheduler: anything with
       state_dict()/load_state_dict() (an LR scheduler).
     extra_state: a dict of your own (data-loader position, counters): pickled at each save,
@@ -240,10 +259,12 @@ class Checkpointer:
     """
 
     def __init__(self, client_or_socket: Union[Client, str, os.PathLike, None], job: str, *,
-                 rank: int = 0, world_size: int = 1, model: Optional[torch.nn.Module] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                  extra_state: Optional[Dict[str, Any]] = None, rng: bool = True,
                  wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None, **objects: Any):
+        rank, world_size = _rank_and_world(rank, world_size)
         if isinstance(client_or_socket, Client):
             if reconnect_budget is not None:
                 raise ValueError("reconnect_budget applies to a client the Checkpointer connects: pass it to "

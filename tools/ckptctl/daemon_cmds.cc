@@ -1,0 +1,191 @@
+// The subcommands that ask a running ckptd: status (one report), ls, jobs, prefetch.
+#include <grp.h>
+#include <pwd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/common.h"
+#include "tools/ckptctl/json.h"
+#include "tools/ckptctl/status_view.h"
+
+namespace ckptctl {
+namespace {
+
+// "uid 1000 (alice)", or "uid 1000" for a uid without a name here.
+std::string DescribeUid(std::uint32_t uid) {
+  std::string out = "uid " + std::to_string(uid);
+  if (const passwd* pw = ::getpwuid(uid)) out += std::string(" (") + pw->pw_name + ")";
+  return out;
+}
+
+std::string DescribeGid(std::uint32_t gid) {
+  std::string out = "gid " + std::to_string(gid);
+  if (const group* gr = ::getgrgid(gid)) out += std::string(" (") + gr->gr_name + ")";
+  return out;
+}
+
+// Whether the daemon lists `job` among those the caller may see; nullopt (its error printed)
+// when the question fails.
+std::optional<bool> JobKnown(const std::string& socket, const std::string& job) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 30);
+  ckpt::v1::JobsReply r;
+  grpc::Status s = stub->Jobs(&ctx, ckpt::v1::JobsRequest(), &r);
+  if (!s.ok()) {
+    Fail("ls: ask which jobs exist", s, socket);
+    return std::nullopt;
+  }
+  for (const auto& j : r.jobs()) {
+    if (j.job() == job) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int Status(const std::string& socket, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 10);
+  ckpt::v1::StatusReply r;
+  grpc::Status s = stub->Status(&ctx, ckpt::v1::StatusRequest(), &r);
+  if (!s.ok()) return Fail("status", s, socket);
+  if (json) {
+    PrintJson(StatusJson(r));
+    return kOk;
+  }
+  std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(),
+              r.uptime_s(), socket.c_str());
+  std::printf("root %s (%s)\n", r.root().c_str(), r.direct_io() ? "O_DIRECT" : "buffered + fdatasync");
+  std::printf("pool %s used of %s (%s chunks; NUMA %s)\n", Human(r.pool_used_bytes()).c_str(),
+              Human(r.pool_bytes()).c_str(), Human(r.chunk_bytes()).c_str(), r.pool_numa().c_str());
+  std::printf("gpu: %s\n", r.device_backend().c_str());
+  std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
+              Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
+              Human(r.bytes_read_total()).c_str(), r.versions_committed());
+  std::printf("restored: %s from memory, %s from local, %s from persistent; %u promotion(s) pending\n",
+              Human(r.restored_bytes_memory()).c_str(), Human(r.restored_bytes_local()).c_str(),
+              Human(r.restored_bytes_persistent()).c_str(), r.promotions_pending());
+  std::printf("\ntiers\n");
+  for (const auto& t : r.tiers()) {
+    if (t.name() == "memory") {
+      std::printf("  %-10s %" PRIu64 " shard(s), %s of %s; keeps %s\n", t.name().c_str(), t.shards(),
+                  Human(t.bytes()).c_str(), Human(t.budget_bytes()).c_str(), t.retention().c_str());
+    } else {
+      std::printf("  %-10s %s; keeps %s\n", t.name().c_str(), t.dir().c_str(), t.retention().c_str());
+    }
+  }
+  std::printf("\nclients (%d)\n", r.clients_size());
+  for (const auto& c : r.clients()) {
+    std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n",
+                c.job().c_str(), c.rank(), c.world_size(), c.pid(), c.alive() ? "alive" : "EXITED", c.items(),
+                Human(c.tensor_bytes()).c_str(), c.last_version());
+  }
+  std::printf("\nshards (recent %d)\n", r.shards_size());
+  for (const auto& sh : r.shards()) {
+    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n",
+                sh.job().c_str(), sh.version(), sh.rank(),
+                sh.error().empty() ? LevelWord(sh.level()) : "FAILED", Human(sh.copied_bytes()).c_str(),
+                Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
+                sh.error().empty() ? "" : "  ", sh.error().c_str());
+  }
+  std::printf("\nerrors (%d)\n", r.errors_size());
+  for (const auto& e : r.errors()) std::printf("  %s\n", e.c_str());
+  return kOk;
+}
+
+int Ls(const std::string& socket, const std::string& job, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 30);
+  ckpt::v1::ListRequest req;
+  req.set_job(job);
+  ckpt::v1::ListReply r;
+  grpc::Status s = stub->List(&ctx, req, &r);
+  if (!s.ok()) return Fail("ls", s, socket);
+  // The daemon lists a job id nobody created as empty (it takes any id); a job that exists
+  // with no version yet is listed as empty too, and is not an error.
+  if (r.versions().empty()) {
+    const std::optional<bool> known = JobKnown(socket, job);
+    if (!known) return kFailure;
+    if (!*known) {
+      std::cerr << "ckptctl: ls: no job '" << job << "' on the daemon at " << socket
+                << " (`ckptctl jobs` lists the jobs you may see)\n";
+      return kNotFound;
+    }
+  }
+  if (json) {
+    nlohmann::ordered_json doc = ToJson(r);
+    doc["job"] = job;
+    PrintJson(doc);
+    return kOk;
+  }
+  std::printf("job %s: latest committed %" PRIu64 "\n", job.c_str(), r.latest());
+  auto join = [](const auto& ranks) {
+    std::string out;
+    for (auto rk : ranks) out += (out.empty() ? "" : ",") + std::to_string(rk);
+    return out.empty() ? std::string("-") : out;
+  };
+  std::printf("  %-11s %-11s %-16s %-16s %s\n", "version", "state", "persistent ranks", "local ranks",
+              "memory ranks");
+  for (const auto& v : r.versions()) {
+    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(),
+                v.committed() ? "committed" : "incomplete", join(v.durable_ranks()).c_str(),
+                join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
+  }
+  return kOk;
+}
+
+int Jobs(const std::string& socket, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 30);
+  ckpt::v1::JobsReply r;
+  grpc::Status s = stub->Jobs(&ctx, ckpt::v1::JobsRequest(), &r);
+  if (!s.ok()) return Fail("jobs", s, socket);
+  if (json) {
+    PrintJson(ToJson(r));
+    return kOk;
+  }
+  std::printf("%-24s %-28s %-10s %-9s %-10s %-11s %s\n", "job", "owner", "latest", "versions", "committed",
+              "bytes", "sessions");
+  for (const auto& j : r.jobs()) {
+    std::string owner = j.has_owner() ? DescribeUid(j.owner_uid()) : std::string("(no owner file)");
+    if (j.has_group()) owner += ", shared with " + DescribeGid(j.owner_gid());
+    std::printf("%-24s %-28s %-10" PRIu64 " %-9u %-10u %-11s %u\n", j.job().c_str(), owner.c_str(),
+                j.latest_committed(), j.versions(), j.committed_versions(), Human(j.bytes()).c_str(),
+                j.sessions());
+    if (!j.error().empty()) std::printf("  error: %s\n", j.error().c_str());
+  }
+  if (r.jobs().empty()) std::printf("(no jobs you may see)\n");
+  return kOk;
+}
+
+int Prefetch(const std::string& socket, const std::string& job, std::uint64_t version,
+             const std::vector<std::uint32_t>& ranks, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  ckpt::v1::PrefetchRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  for (auto r : ranks) req.add_ranks(r);
+  ckpt::v1::PrefetchReply r;
+  grpc::Status s = stub->Prefetch(&ctx, req, &r);
+  if (!s.ok()) return Fail("prefetch", s, socket);
+  if (json) {
+    nlohmann::ordered_json doc = ToJson(r);
+    doc["job"] = job;
+    PrintJson(doc);
+    return kOk;
+  }
+  std::printf("job %s version %" PRIu64 ": %u shard(s) copied to the local tier, %u into memory, %s read\n",
+              job.c_str(), r.version(), r.local_shards(), r.memory_shards(), Human(r.bytes()).c_str());
+  return kOk;
+}
+
+}  // namespace ckptctl

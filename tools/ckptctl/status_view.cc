@@ -1,0 +1,128 @@
+#include "tools/ckptctl/status_view.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+
+#include "tools/ckptctl/common.h"
+#include "tools/ckptctl/json.h"
+
+namespace ckptctl {
+namespace {
+
+std::string Format(const char* fmt, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+std::string Rate(double bytes_per_s) {
+  return Human(static_cast<std::uint64_t>(std::max(0.0, bytes_per_s))) + "/s";
+}
+
+int Percent(std::uint64_t part, std::uint64_t total) {
+  return total == 0 ? 100 : static_cast<int>(std::min<std::uint64_t>(100, part * 100 / total));
+}
+
+}  // namespace
+
+std::optional<Throughput> ThroughputBetween(const ckpt::v1::StatusReply& before,
+                                            const ckpt::v1::StatusReply& after, double interval_s) {
+  if (interval_s <= 0 || before.daemon_instance() != after.daemon_instance()) return std::nullopt;
+  auto delta = [](std::uint64_t a, std::uint64_t b) { return b >= a ? static_cast<double>(b - a) : 0.0; };
+  Throughput t;
+  t.interval_s = interval_s;
+  t.copy_bytes_per_s = delta(before.bytes_copied_total(), after.bytes_copied_total()) / interval_s;
+  t.write_bytes_per_s = delta(before.bytes_written_total(), after.bytes_written_total()) / interval_s;
+  return t;
+}
+
+bool InFlight(const ckpt::v1::ShardStatus& shard) {
+  return shard.error().empty() &&
+         (shard.level() == ckpt::v1::LEVEL_UNSPECIFIED || shard.level() == ckpt::v1::LEVEL_CAPTURED ||
+          shard.level() == ckpt::v1::LEVEL_LOCAL);
+}
+
+nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r) {
+  nlohmann::ordered_json doc = ToJson(r);
+  for (int i = 0; i < r.shards_size(); ++i) doc["shards"][i]["in_flight"] = InFlight(r.shards(i));
+  return doc;
+}
+
+std::string ProgressBar(std::uint64_t written, std::uint64_t copied, std::uint64_t total, int width) {
+  auto cells = [&](std::uint64_t part) {
+    return total == 0 ? width : static_cast<int>(std::min<std::uint64_t>(part, total) * width / total);
+  };
+  const int w = cells(written);
+  const int c = std::max(w, cells(copied));
+  return "[" + std::string(w, '#') + std::string(c - w, '=') + std::string(width - c, '.') + "]";
+}
+
+std::string RenderFrame(const ckpt::v1::StatusReply& r, const std::optional<Throughput>& rate,
+                        const std::string& socket) {
+  std::string out;
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  out += Format("ckptd %s  pid %d  up %" PRIu64 " s  %s  %s\n", r.daemon_version().c_str(), r.pid(),
+                r.uptime_s(), socket.c_str(), when);
+  out += Format("pool        %s %s of %s (%d%%)\n",
+                ProgressBar(r.pool_used_bytes(), r.pool_used_bytes(), r.pool_bytes(), 20).c_str(),
+                Human(r.pool_used_bytes()).c_str(), Human(r.pool_bytes()).c_str(),
+                Percent(r.pool_used_bytes(), r.pool_bytes()));
+  if (rate) {
+    out += Format("throughput  copy %s  write %s  (last %.1f s)\n", Rate(rate->copy_bytes_per_s).c_str(),
+                  Rate(rate->write_bytes_per_s).c_str(), rate->interval_s);
+  } else {
+    out += "throughput  (from the next frame on)\n";
+  }
+  out += Format("totals      copied %s  written %s  read %s  %" PRIu64 " version(s) committed\n",
+                Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
+                Human(r.bytes_read_total()).c_str(), r.versions_committed());
+  out += "tiers      ";
+  for (const auto& t : r.tiers()) {
+    if (t.name() == "memory") {
+      out += Format(" memory %s of %s (%" PRIu64 " shard(s));", Human(t.bytes()).c_str(),
+                    Human(t.budget_bytes()).c_str(), t.shards());
+    } else {
+      out += Format(" %s %s;", t.name().c_str(), t.dir().c_str());
+    }
+  }
+  out += Format(" %u promotion(s) pending\n", r.promotions_pending());
+  out += Format("\nsessions (%d)\n", r.clients_size());
+  for (const auto& c : r.clients()) {
+    out += Format("  job %-16s rank %u/%u  pid %-7d %-6s %u items %s  last version %" PRIu64 "\n",
+                  c.job().c_str(), c.rank(), c.world_size(), c.pid(), c.alive() ? "alive" : "EXITED",
+                  c.items(), Human(c.tensor_bytes()).c_str(), c.last_version());
+  }
+  int in_flight = 0;
+  for (const auto& sh : r.shards()) in_flight += InFlight(sh) ? 1 : 0;
+  out += Format("\nin flight (%d)\n", in_flight);
+  for (const auto& sh : r.shards()) {
+    if (!InFlight(sh)) continue;
+    out += Format("  job %-16s v%-6" PRIu64 " rank %-4u %-9s %s copied %3d%%  written %3d%%  of %s\n",
+                  sh.job().c_str(), sh.version(), sh.rank(), LevelWord(sh.level()),
+                  ProgressBar(sh.written_bytes(), sh.copied_bytes(), sh.total_bytes(), 20).c_str(),
+                  Percent(sh.copied_bytes(), sh.total_bytes()), Percent(sh.written_bytes(), sh.total_bytes()),
+                  Human(sh.total_bytes()).c_str());
+  }
+  // The finished shards: the newest few, which is what a watcher follows.
+  constexpr int kFinishedShown = 5;
+  int finished = 0;
+  for (const auto& sh : r.shards()) finished += InFlight(sh) ? 0 : 1;
+  out += Format("\nrecently done (%d, newest %d)\n", finished, std::min(finished, kFinishedShown));
+  int skip = finished - kFinishedShown;
+  for (const auto& sh : r.shards()) {
+    if (InFlight(sh) || skip-- > 0) continue;
+    out += Format("  job %-16s v%-6" PRIu64 " rank %-4u %-9s %s  durable after %.1f ms%s%s\n",
+                  sh.job().c_str(), sh.version(), sh.rank(),
+                  sh.error().empty() ? LevelWord(sh.level()) : "FAILED", Human(sh.total_bytes()).c_str(),
+                  sh.durable_ms(), sh.error().empty() ? "" : "  ", sh.error().c_str());
+  }
+  if (r.errors_size() > 0)
+    out += Format("\nerrors (%d), newest: %s\n", r.errors_size(), r.errors().rbegin()->c_str());
+  return out;
+}
+
+}  // namespace ckptctl

@@ -1,0 +1,39 @@
+// The status report as ckptctl shows it: its JSON (status --json), and the frames of
+// status --watch, with the throughput computed from the totals of two reports.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "ckpt/v1/ckpt.pb.h"
+
+namespace ckptctl {
+
+// Bytes per second copied and written between two reports.
+struct Throughput {
+  double interval_s = 0;
+  double copy_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+};
+
+// From the totals of `before` and `after`, taken `interval_s` apart; nullopt when they
+// cannot be compared (another daemon instance, or no time between them).
+std::optional<Throughput> ThroughputBetween(const ckpt::v1::StatusReply& before,
+                                            const ckpt::v1::StatusReply& after, double interval_s);
+
+// Whether a shard is still on its way to the persistent tier.
+bool InFlight(const ckpt::v1::ShardStatus& shard);
+
+// The reply as JSON (json.h), each shard with "in_flight" added.
+nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r);
+
+// "[######====..........]": `width` cells, '#' written, '=' copied but not yet written,
+// '.' still to copy.
+std::string ProgressBar(std::uint64_t written, std::uint64_t copied, std::uint64_t total, int width);
+
+// One frame of status --watch.
+std::string RenderFrame(const ckpt::v1::StatusReply& r, const std::optional<Throughput>& rate,
+                        const std::string& socket);
+
+}  // namespace ckptctl
