@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
 
+#include "common/listen_address.h"
 #include "common/safe_file.h"
 #include "common/socket_path.h"
 
@@ -132,6 +134,13 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
+  app.add_option("--metrics-listen", c.metrics_listen,
+                 "Serve Prometheus metrics on http://ADDR:PORT/metrics (e.g. 127.0.0.1:9464; off by default)");
+  app.add_option("--metrics-textfile", c.metrics_textfile,
+                 "Write Prometheus metrics to this file (node_exporter textfile collector), atomically");
+  app.add_option("--metrics-interval-s", c.metrics_interval_s, "Seconds between writes of --metrics-textfile")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   try {
     parse(app);
     if (!config_file.empty()) {
@@ -158,6 +167,23 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     std::cerr << "ckptd: " << numa.status().message() << "\n";
     *exit_code = 2;
     return std::nullopt;
+  }
+  if (!c.metrics_listen.empty()) {
+    if (auto addr = ParseListenAddress(c.metrics_listen); !addr.ok()) {
+      std::cerr << "ckptd: --metrics-listen: " << addr.status().message() << "\n";
+      *exit_code = 2;
+      return std::nullopt;
+    }
+  }
+  if (!c.metrics_textfile.empty()) {
+    // Absolute, so that its temporary file goes to the same directory whatever the cwd.
+    std::error_code ec;
+    c.metrics_textfile = std::filesystem::absolute(c.metrics_textfile, ec).lexically_normal().string();
+    if (ec || c.metrics_textfile.back() == '/') {
+      std::cerr << "ckptd: --metrics-textfile: '" << c.metrics_textfile << "' is not a file path\n";
+      *exit_code = 2;
+      return std::nullopt;
+    }
   }
   if (c.chunk_mib * 4 > c.pool_mib) {
     std::cerr << "ckptd: --pool-mib (" << c.pool_mib << ") must hold at least 4 chunks of " << c.chunk_mib

@@ -32,6 +32,7 @@
 #include "daemon/daemon.h"
 #include "daemon/io/fault_storage.h"
 #include "daemon/io/shm_importer.h"
+#include "daemon/metrics/metrics_export.h"
 #include "daemon/rpc/acceptor.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/service.h"
@@ -246,6 +247,11 @@ int Run(const Config& config) {
     spdlog::critical("cannot start the gRPC server");
     return 1;
   }
+  auto metrics = metrics::MetricsExport::Start(config, *daemon.value());
+  if (!metrics.ok()) {
+    spdlog::critical("cannot start: {}", metrics.status().message());
+    return 1;
+  }
   spdlog::info(
       "serving on {} (uid {}); open-file limit {}, connections at most {} ({} per uid)", config.socket_path,
       ::geteuid(), open_files, connection_limits.total,
@@ -282,6 +288,7 @@ int Run(const Config& config) {
   }
   server->Shutdown(std::chrono::system_clock::now() + kReplyFlush);
   daemon.value()->Shutdown();
+  metrics.value()->Stop();  // the final figures, once in-flight shards are done
   if (g_sticky_error) {
     spdlog::critical("stopped after a sticky CUDA error; exit status {}", kStickyErrorExit);
     return kStickyErrorExit;

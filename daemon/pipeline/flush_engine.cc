@@ -1,9 +1,11 @@
 #include "daemon/pipeline/flush_engine.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/test_pause.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/tiers/memory_tier.h"
 #include "format/paths.h"
 
@@ -11,6 +13,11 @@ namespace ckpt {
 namespace {
 
 std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// The tier a shard's file is written to (the memory tier's image is counted apart).
+metrics::TierLabel FirstTier(const ShardJob& shard) {
+  return shard.publish_level() == Level::kLocal ? metrics::TierLabel::kLocal : metrics::TierLabel::kPersistent;
+}
 
 }  // namespace
 
@@ -74,8 +81,12 @@ void FlushEngine::Write(Task& task) {
         storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset, shard.tmp_path());
     if (s.ok()) {
       // The memory tier's copy, while the chunk is at hand.
-      if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
+      if (shard.image) {
+        std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
+        metrics::Metrics().Written(metrics::TierLabel::kMemory, task.len);
+      }
       shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
+      metrics::Metrics().Written(FirstTier(shard), task.len);
       // Hashed after the write is issued, so that the writes of a shard stay in flight
       // together while its item pieces are hashed in order (see ItemHasher). False only
       // when an earlier chunk's writer gave up: the shard has failed.
@@ -107,6 +118,9 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     if (on_failed_) on_failed_(shard);
     return;
   }
+  metrics::Metrics().Flushed(FirstTier(*shard), std::chrono::duration<double>(
+                                                   std::chrono::steady_clock::now() - shard->created)
+                                                   .count());
   shard->Reach(shard->publish_level());
 }
 

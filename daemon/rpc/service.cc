@@ -1,11 +1,15 @@
 #include "daemon/rpc/service.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "common/names.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "daemon/metrics/exposition.h"
 #include "daemon/rpc/convert.h"
 #include "daemon/rpc/status_report.h"
 #include "proto/level_codec.h"
@@ -67,6 +71,10 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
+  if (req->has_previous_stall_ns()) {
+    // The stall happened whatever becomes of this snapshot.
+    metrics::Metrics().SnapshotStall(static_cast<double>(req->previous_stall_ns()) / 1e9);
+  }
   Session& session = *s.value();
   MutexLock lock(session.mu);
   auto shard = daemon_.admission().Admit(session, FromProto(*req), gate_.CancelCheckOf(ctx));
@@ -197,6 +205,30 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
   ToProto(done.value(), reply);
   spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)",
                req->job(), done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest*,
+                                           v1::GetMetricsReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  metrics::LabelFilter filter;
+  if (peer->uid != 0 && peer->uid != ::geteuid()) {
+    // As in Status: another uid learns nothing of jobs it may not use.
+    filter = [this, viewer = peer.value(), seen = std::map<std::string, bool>()](
+                 const metrics::Labels& labels) mutable {
+      for (const auto& [name, value] : labels) {
+        if (name != "job") continue;
+        auto [it, fresh] = seen.try_emplace(value, false);
+        if (fresh) it->second = daemon_.owners().CheckAccess(value, viewer, "see").ok();
+        return it->second;
+      }
+      return true;
+    };
+  }
+  reply->set_text(metrics::RenderMetrics(daemon_, filter));
   return grpc::Status::OK;
 }
 
