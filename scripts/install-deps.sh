@@ -18,6 +18,8 @@ packages=(
   python3-matplotlib
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.
   pybind11-dev python3-dev python3-torch python3-pytest python3-numpy python3-pip
+  # promtool checks the metrics text, and the scrape test runs a real Prometheus server.
+  prometheus
 )
 
 missing=()

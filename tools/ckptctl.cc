@@ -151,6 +151,18 @@ int Prefetch(const std::string& socket, const std::string& job, std::uint64_t ve
   return 0;
 }
 
+// The daemon's metrics, as GET /metrics serves them (docs/ops/metrics.md); --json wraps the
+// text in {"text": ...}.
+int Metrics(const std::string& socket, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  ckpt::v1::GetMetricsReply r;
+  grpc::Status s = stub->GetMetrics(&ctx, ckpt::v1::GetMetricsRequest(), &r);
+  if (!s.ok()) return Fail("metrics", s, socket);
+  std::fputs(json ? (ToJson(r) + "\n").c_str() : r.text().c_str(), stdout);
+  return 0;
+}
+
 int Inspect(const std::string& path) {
   auto info = ckpt::ReadShardHeader(path);
   if (!info.ok()) {
@@ -212,11 +224,14 @@ int main(int argc, char** argv) {
   std::string path;
   auto* inspect = app.add_subcommand("inspect", "Print a shard's header (no daemon needed)");
   inspect->add_option("shard", path, "Shard file")->required()->check(CLI::ExistingFile);
+  auto* metrics = app.add_subcommand("metrics", "The daemon's metrics in Prometheus text format");
+  metrics->add_flag("--json", json, "Print JSON");
   CLI11_PARSE(app, argc, argv);
   if (*status) return Status(socket, json);
   if (*ls) return Ls(socket, job, json);
   if (*prefetch) return Prefetch(socket, job, version, ranks);
   if (*verify) return Verify(paths);
   if (*inspect) return Inspect(path);
+  if (*metrics) return Metrics(socket, json);
   return 2;
 }

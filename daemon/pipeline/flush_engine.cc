@@ -112,15 +112,15 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     if (on_failed_) on_failed_(shard);
     return;
   }
+  // Before the hook, which may promote and commit it: whoever sees the commit sees this.
+  metrics::Metrics().Flushed(FirstTier(*shard),
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - shard->created).count());
   // Commit runs before waiters of `durable` wake, so a waiter sees the commit decision.
   if (on_durable_) on_durable_(shard);
   if (shard->failed()) {  // e.g. its done marker could not be written
     if (on_failed_) on_failed_(shard);
     return;
   }
-  metrics::Metrics().Flushed(FirstTier(*shard), std::chrono::duration<double>(
-                                                   std::chrono::steady_clock::now() - shard->created)
-                                                   .count());
   shard->Reach(shard->publish_level());
 }
 
