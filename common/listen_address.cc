@@ -9,7 +9,8 @@ namespace ckpt {
 
 Result<ListenAddress> ParseListenAddress(const std::string& text) {
   auto bad = [&](const std::string& why) {
-    return InvalidArgument("listen address '" + text + "' " + why + " (expected ADDR:PORT, e.g. 127.0.0.1:9464 or [::1]:9464)");
+    return InvalidArgument("listen address '" + text + "' " + why +
+                           " (expected ADDR:PORT, e.g. 127.0.0.1:9464 or [::1]:9464)");
   };
   std::string host, port;
   if (!text.empty() && text.front() == '[') {

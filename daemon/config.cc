@@ -134,8 +134,9 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving");
-  app.add_option("--metrics-listen", c.metrics_listen,
-                 "Serve Prometheus metrics on http://ADDR:PORT/metrics (e.g. 127.0.0.1:9464; off by default)");
+  app.add_option(
+      "--metrics-listen", c.metrics_listen,
+      "Serve Prometheus metrics on http://ADDR:PORT/metrics (e.g. 127.0.0.1:9464; off by default)");
   app.add_option("--metrics-textfile", c.metrics_textfile,
                  "Write Prometheus metrics to this file (node_exporter textfile collector), atomically");
   app.add_option("--metrics-interval-s", c.metrics_interval_s, "Seconds between writes of --metrics-textfile")

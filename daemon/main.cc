@@ -225,6 +225,12 @@ int Run(const Config& config) {
     spdlog::critical("cannot start: {}", daemon.status().message());
     return 1;
   }
+  // Before the socket exists: a port in use stops the start with nothing left behind.
+  auto metrics = metrics::MetricsExport::Start(config, *daemon.value());
+  if (!metrics.ok()) {
+    spdlog::critical("cannot start: {}", metrics.status().message());
+    return 1;
+  }
   CheckpointService service(*daemon.value(), &peers);
   UniqueFd listener = Listen(config);
   if (!listener.valid()) return 1;
@@ -245,11 +251,6 @@ int Run(const Config& config) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     spdlog::critical("cannot start the gRPC server");
-    return 1;
-  }
-  auto metrics = metrics::MetricsExport::Start(config, *daemon.value());
-  if (!metrics.ok()) {
-    spdlog::critical("cannot start: {}", metrics.status().message());
     return 1;
   }
   spdlog::info(

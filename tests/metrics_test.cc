@@ -54,7 +54,8 @@ std::map<std::string, double> ParseExposition(const std::string& text) {
       std::istringstream words(line.substr(7));
       std::string name, type;
       words >> name >> type;
-      if (type != "counter" && type != "gauge" && type != "histogram") throw std::runtime_error("type: " + line);
+      if (type != "counter" && type != "gauge" && type != "histogram")
+        throw std::runtime_error("type: " + line);
       typed.insert(name);
       continue;
     }
@@ -64,14 +65,16 @@ std::map<std::string, double> ParseExposition(const std::string& text) {
     std::string name = m[1];
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
       const std::string s = suffix;
-      if (!typed.count(name) && name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      if (!typed.count(name) && name.size() > s.size() &&
+          name.compare(name.size() - s.size(), s.size(), s) == 0) {
         name = name.substr(0, name.size() - s.size());
       }
     }
     if (!typed.count(name)) throw std::runtime_error("sample before its # TYPE: " + line);
     const std::string value = m[m.size() - 1];
-    out[line.substr(0, line.size() - value.size() - 1)] =
-        value == "+Inf" ? INFINITY : value == "-Inf" ? -INFINITY : std::stod(value);
+    out[line.substr(0, line.size() - value.size() - 1)] = value == "+Inf"   ? INFINITY
+                                                          : value == "-Inf" ? -INFINITY
+                                                                            : std::stod(value);
   }
   return out;
 }
@@ -96,15 +99,18 @@ HttpReply HttpRequest(int port, const std::string& request) {
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     throw std::runtime_error("connect to 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno));
   }
-  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     throw std::runtime_error("send failed");
   }
   std::string raw;
   char buf[65536];
-  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;)
+    raw.append(buf, static_cast<std::size_t>(n));
   HttpReply r;
   const auto end = raw.find("\r\n\r\n");
-  if (raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) throw std::runtime_error("bad reply: " + raw);
+  if (raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos)
+    throw std::runtime_error("bad reply: " + raw);
   r.status = std::stoi(raw.substr(9, 3));
   r.headers = raw.substr(0, end);
   r.body = raw.substr(end + 4);
@@ -165,7 +171,8 @@ struct Fixture {
     options.root = dir.path() + "/root";
     options.socket = dir.path() + "/sock/ckptd.sock";
     fs::create_directories(options.root);
-    options.extra_args = {"--local", dir.path() + "/local", "--memory-mib", "64", "--metrics-listen", "127.0.0.1:0"};
+    options.extra_args = {"--local", dir.path() + "/local", "--memory-mib",
+                          "64",      "--metrics-listen",    "127.0.0.1:0"};
     options.extra_args.insert(options.extra_args.end(), extra.begin(), extra.end());
     daemon = std::make_unique<DaemonProcess>(options);
     port = MetricsPort(*daemon);
@@ -208,7 +215,10 @@ TEST_CASE("metrics: the text format: HELP, TYPE, escaped label values, cumulativ
   out.Header("ckptd_test_seconds", "histogram", "A histogram.");
   h.Render(out, "ckptd_test_seconds", {{"tier", "local"}});
   const std::string text = out.text();
-  CHECK(text.find("# HELP ckptd_test_total A counter.\\nSecond line with \\\\.\n# TYPE ckptd_test_total counter\n") == 0);
+  CHECK(
+      text.find(
+          "# HELP ckptd_test_total A counter.\\nSecond line with \\\\.\n# TYPE ckptd_test_total counter\n") ==
+      0);
   CHECK(text.find("ckptd_test_total{job=\"a\\\"b\\\\c\\nd\"} 3\n") != std::string::npos);
   CHECK(text.find("ckptd_test_total{job=\"plain\"} 1\n") != std::string::npos);
   CHECK(text.find("hidden") == std::string::npos);  // made after the render
@@ -363,9 +373,10 @@ TEST_CASE("metrics: GET of another path is 404, another method 405, HEAD has hea
 TEST_CASE("metrics: a malformed --metrics-listen exits 2, a port in use exits 1, both say why") {
   TempDir dir("metrics-bad");
   fs::create_directories(dir.path() + "/root");
-  for (const char* bad : {"9464", "127.0.0.1", "127.0.0.1:99999", "::1:9464", "example.org:9464", "127.0.0.1:x"}) {
-    ProcessResult r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
-                                  "--metrics-listen", bad});
+  for (const char* bad :
+       {"9464", "127.0.0.1", "127.0.0.1:99999", "::1:9464", "example.org:9464", "127.0.0.1:x"}) {
+    ProcessResult r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket",
+                                  dir.path() + "/s.sock", "--metrics-listen", bad});
     INFO(bad << ": " << r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("--metrics-listen") != std::string::npos);
@@ -381,12 +392,22 @@ TEST_CASE("metrics: a malformed --metrics-listen exits 2, a port in use exits 1,
   socklen_t len = sizeof addr;
   REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   const std::string taken = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-  ProcessResult r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
-                                "--pool-mib", "16", "--chunk-mib", "4", "--metrics-listen", taken});
+  ProcessResult r =
+      RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
+                  "--pool-mib", "16", "--chunk-mib", "4", "--metrics-listen", taken});
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("bind " + taken) != std::string::npos);
   CHECK(r.output.find("in use") != std::string::npos);
+  CHECK(!fs::exists(dir.path() + "/s.sock"));  // it stopped before making its socket
+  // A textfile in a directory that does not exist: the first write fails the start.
+  const std::string nowhere = dir.path() + "/nodir/ckptd.prom";
+  r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
+                  "--pool-mib", "16", "--chunk-mib", "4", "--metrics-textfile", nowhere});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("cannot start: --metrics-textfile: metrics textfile " + nowhere) != std::string::npos);
+  CHECK(r.output.find("warning") == std::string::npos);  // no second try on the way out
 }
 
 TEST_CASE("metrics: promtool check metrics passes on the daemon's output after a workload") {
@@ -492,9 +513,10 @@ TEST_CASE("metrics: a real Prometheus server scrapes the daemon and reports its 
   for (int attempt = 0; attempt < 5 && pid < 0; ++attempt) {
     web = FreePort();
     log = f.dir.path() + "/prometheus-" + std::to_string(attempt) + ".log";
-    pid = StartProcess({prometheus, "--config.file=" + config, "--storage.tsdb.path=" + f.dir.path() + "/tsdb",
-                        "--web.listen-address=127.0.0.1:" + std::to_string(web)},
-                       log);
+    pid =
+        StartProcess({prometheus, "--config.file=" + config, "--storage.tsdb.path=" + f.dir.path() + "/tsdb",
+                      "--web.listen-address=127.0.0.1:" + std::to_string(web)},
+                     log);
     bool up = Eventually(
         [&] {
           try {

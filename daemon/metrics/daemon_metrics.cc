@@ -15,13 +15,20 @@ std::function<std::unique_ptr<Histogram>()> Durations() {
 
 const char* ErrorKindName(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kCopy: return "copy";
-    case ErrorKind::kWrite: return "write";
-    case ErrorKind::kPromote: return "promote";
-    case ErrorKind::kCommit: return "commit";
-    case ErrorKind::kCatalog: return "catalog";
-    case ErrorKind::kRestore: return "restore";
-    case ErrorKind::kRestoreVerify: return "restore_verify";
+    case ErrorKind::kCopy:
+      return "copy";
+    case ErrorKind::kWrite:
+      return "write";
+    case ErrorKind::kPromote:
+      return "promote";
+    case ErrorKind::kCommit:
+      return "commit";
+    case ErrorKind::kCatalog:
+      return "catalog";
+    case ErrorKind::kRestore:
+      return "restore";
+    case ErrorKind::kRestoreVerify:
+      return "restore_verify";
   }
   return "unknown";
 }
@@ -80,10 +87,10 @@ void DaemonMetrics::Render(Exposition& out, const LabelFilter& filter) const {
   committed_.Render(out, filter);
   failed_.Render(out, filter);
   errors_family_.Render(out, nullptr);
-  out.Header("ckptd_snapshot_stall_seconds",
-             "histogram",
-             "Time trainers blocked in wait_snapshot, as their clients measured and reported it on their next "
-             "Snapshot call.");
+  out.Header(
+      "ckptd_snapshot_stall_seconds", "histogram",
+      "Time trainers blocked in wait_snapshot, as their clients measured and reported it on their next "
+      "Snapshot call.");
   stall_.Render(out, "ckptd_snapshot_stall_seconds", {});
 }
 

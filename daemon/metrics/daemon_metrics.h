@@ -53,7 +53,9 @@ class DaemonMetrics {
   // Per shard / version / call.
   void Flushed(TierLabel tier, double seconds) { flush_seconds_[static_cast<int>(tier)]->Observe(seconds); }
   void Promoted(std::uint64_t bytes, double seconds);
-  void Restored(TierLabel tier, double seconds) { restore_seconds_[static_cast<int>(tier)]->Observe(seconds); }
+  void Restored(TierLabel tier, double seconds) {
+    restore_seconds_[static_cast<int>(tier)]->Observe(seconds);
+  }
   void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
   // Counts a version once, however many of its shards fail.
   void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
@@ -73,11 +75,13 @@ class DaemonMetrics {
                           "memory)."};
   Counter& copied_host_;
   Counter& copied_device_;
-  Family<Counter> written_family_{"ckptd_bytes_written_total",
-                                  "Bytes of shard data written to a tier (memory: into the memory tier's copy)."};
+  Family<Counter> written_family_{
+      "ckptd_bytes_written_total",
+      "Bytes of shard data written to a tier (memory: into the memory tier's copy)."};
   std::array<Counter*, 3> written_{};
-  Family<Counter> promoted_family_{"ckptd_bytes_promoted_total",
-                                   "Bytes of shard files promoted from the local tier to the persistent tier."};
+  Family<Counter> promoted_family_{
+      "ckptd_bytes_promoted_total",
+      "Bytes of shard files promoted from the local tier to the persistent tier."};
   Counter& promoted_;
   Family<Histogram> flush_family_;
   std::array<Histogram*, 3> flush_seconds_{};
@@ -89,8 +93,8 @@ class DaemonMetrics {
                              "Versions whose commit this daemon wrote or saw, by job."};
   Family<Counter> failed_{"ckptd_versions_failed_total",
                           "Versions of which a shard served by this daemon failed, by job."};
-  Family<Counter> errors_family_{"ckptd_errors_total",
-                                 "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
+  Family<Counter> errors_family_{
+      "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};
   Histogram stall_;
 

@@ -8,7 +8,7 @@ namespace ckpt::metrics {
 namespace {
 
 void GaugeLine(Exposition& out, const std::string& name, const std::string& help, double value,
-           const Labels& labels = {}) {
+               const Labels& labels = {}) {
   out.Header(name, "gauge", help);
   out.Sample(name, labels, value);
 }
@@ -28,9 +28,9 @@ double StartTimeSeconds(const Daemon& daemon) {
 std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
   Exposition out;
   GaugeLine(out, "ckptd_build_info", "Always 1; the labels say which ckptd this is.", 1,
-        {{"version", CKPTD_VERSION}});
+            {{"version", CKPTD_VERSION}});
   GaugeLine(out, "ckptd_start_time_seconds", "When the daemon started, in seconds since the Unix epoch.",
-        StartTimeSeconds(daemon));
+            StartTimeSeconds(daemon));
 
   Metrics().Render(out, filter);
 
@@ -45,21 +45,23 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
 
   const HostPool& pool = daemon.pool();
   GaugeLine(out, "ckptd_pool_capacity_bytes", "Size of the host pool, allocated at start.",
-        static_cast<double>(pool.pool_bytes()));
+            static_cast<double>(pool.pool_bytes()));
   GaugeLine(out, "ckptd_pool_used_bytes", "Bytes of the host pool held by data in flight.",
-        static_cast<double>(pool.used_bytes()));
+            static_cast<double>(pool.used_bytes()));
 
   const MemoryTier::Stats memory = daemon.tiers().memory().GetStats();
   GaugeLine(out, "ckptd_memory_tier_used_bytes", "Bytes of shard images the memory tier holds.",
-        static_cast<double>(memory.bytes));
+            static_cast<double>(memory.bytes));
   GaugeLine(out, "ckptd_memory_tier_budget_bytes", "The memory tier's budget (0: no memory tier).",
-        static_cast<double>(memory.budget));
-  GaugeLine(out, "ckptd_memory_tier_shards", "Shard images the memory tier holds.", static_cast<double>(memory.images));
+            static_cast<double>(memory.budget));
+  GaugeLine(out, "ckptd_memory_tier_shards", "Shard images the memory tier holds.",
+            static_cast<double>(memory.images));
 
   GaugeLine(out, "ckptd_sessions_open", "Trainer sessions (registrations) open.",
-        static_cast<double>(daemon.sessions().All().size()));
-  GaugeLine(out, "ckptd_promotions_pending", "Shards queued or being promoted from the local to the persistent tier.",
-        daemon.promoter() ? static_cast<double>(daemon.promoter()->pending()) : 0.0);
+            static_cast<double>(daemon.sessions().All().size()));
+  GaugeLine(out, "ckptd_promotions_pending",
+            "Shards queued or being promoted from the local to the persistent tier.",
+            daemon.promoter() ? static_cast<double>(daemon.promoter()->pending()) : 0.0);
   return out.Take();
 }
 

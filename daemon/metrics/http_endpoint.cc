@@ -3,13 +3,12 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-
-#include <spdlog/spdlog.h>
 
 #include "daemon/metrics/exposition.h"
 
@@ -21,7 +20,8 @@ constexpr std::size_t kMaxRequestBytes = 8192;
 // Waits for `events` on fd until `deadline`; false on timeout or error.
 bool PollUntil(int fd, short events, std::chrono::steady_clock::time_point deadline) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, events, 0};
     const int n = ::poll(&p, 1, static_cast<int>(left.count()));
@@ -76,9 +76,9 @@ Result<std::unique_ptr<MetricsHttpEndpoint>> MetricsHttpEndpoint::Start(const Li
   }
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return IoError("metrics listener: pipe", errno);
-  return std::unique_ptr<MetricsHttpEndpoint>(new MetricsHttpEndpoint(std::move(fd), UniqueFd(pipe_fds[0]),
-                                                                      UniqueFd(pipe_fds[1]),
-                                                                      FormatListenAddress(bound), std::move(render)));
+  return std::unique_ptr<MetricsHttpEndpoint>(
+      new MetricsHttpEndpoint(std::move(fd), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]),
+                              FormatListenAddress(bound), std::move(render)));
 }
 
 MetricsHttpEndpoint::MetricsHttpEndpoint(UniqueFd listener, UniqueFd stop_read, UniqueFd stop_write,
@@ -101,7 +101,8 @@ void MetricsHttpEndpoint::Loop() {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_read_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      spdlog::error("metrics listener {}: poll: {}; no more scrapes are served", bound_, std::strerror(errno));
+      spdlog::error("metrics listener {}: poll: {}; no more scrapes are served", bound_,
+                    std::strerror(errno));
       return;
     }
     if (fds[1].revents) return;
@@ -143,13 +144,17 @@ void MetricsHttpEndpoint::Serve(int fd) {
   target = target.substr(0, target.find('?'));  // Prometheus may add parameters
   const bool head = method == "HEAD";
   if (method != "GET" && !head) {
-    SendAll(fd, Reply("405 Method Not Allowed", "text/plain", "only GET and HEAD\n", false, "Allow: GET, HEAD\r\n"),
-            deadline);
+    SendAll(
+        fd,
+        Reply("405 Method Not Allowed", "text/plain", "only GET and HEAD\n", false, "Allow: GET, HEAD\r\n"),
+        deadline);
     return;
   }
   if (target != "/metrics") {
-    SendAll(fd, Reply("404 Not Found", "text/plain", "not found: " + target + " (metrics are at /metrics)\n", head),
-            deadline);
+    SendAll(
+        fd,
+        Reply("404 Not Found", "text/plain", "not found: " + target + " (metrics are at /metrics)\n", head),
+        deadline);
     return;
   }
   SendAll(fd, Reply("200 OK", kContentType, render_(), head), deadline);

@@ -18,9 +18,10 @@ Result<std::unique_ptr<MetricsExport>> MetricsExport::Start(const Config& config
     spdlog::info("metrics on http://{}/metrics", out->http_->bound());
   }
   if (!config.metrics_textfile.empty()) {
-    out->textfile_ = std::make_unique<TextfileWriter>(std::make_shared<PosixStorage>(), config.metrics_textfile,
-                                                      std::chrono::seconds(config.metrics_interval_s), render);
-    if (Status s = out->textfile_->WriteNow(); !s.ok()) return s.With("--metrics-textfile");
+    out->textfile_ =
+        std::make_unique<TextfileWriter>(std::make_shared<PosixStorage>(), config.metrics_textfile,
+                                         std::chrono::seconds(config.metrics_interval_s), render);
+    if (Status s = out->textfile_->Start(); !s.ok()) return s.With("--metrics-textfile");
     spdlog::info("metrics written to {} every {} s", config.metrics_textfile, config.metrics_interval_s);
   }
   return out;

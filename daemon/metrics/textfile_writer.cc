@@ -4,16 +4,21 @@
 
 namespace ckpt::metrics {
 
-TextfileWriter::TextfileWriter(std::shared_ptr<Storage> storage, std::string path, std::chrono::seconds interval,
-                               std::function<std::string()> render)
-    : storage_(std::move(storage)), path_(std::move(path)), interval_(interval), render_(std::move(render)) {
+TextfileWriter::TextfileWriter(std::shared_ptr<Storage> storage, std::string path,
+                               std::chrono::seconds interval, std::function<std::string()> render)
+    : storage_(std::move(storage)), path_(std::move(path)), interval_(interval), render_(std::move(render)) {}
+
+Status TextfileWriter::Start() {
+  if (Status s = WriteNow(); !s.ok()) return s;
   thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
 }
 
 TextfileWriter::~TextfileWriter() { Stop(); }
 
 Status TextfileWriter::WriteNow() {
-  if (Status s = storage_->WriteFileAtomic(path_, render_()); !s.ok()) return s.With("metrics textfile " + path_);
+  if (Status s = storage_->WriteFileAtomic(path_, render_()); !s.ok())
+    return s.With("metrics textfile " + path_);
   return Status::Ok();
 }
 
@@ -36,7 +41,8 @@ void TextfileWriter::Stop() {
     stop_ = stopped_ = true;
   }
   wake_.SignalAll();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;  // never started
+  thread_.join();
   // The figures of the end: in-flight shards have finished by now.
   if (Status s = WriteNow(); !s.ok()) spdlog::warn("{}", s.message());
 }

@@ -25,12 +25,14 @@ class TextfileWriter {
   TextfileWriter(const TextfileWriter&) = delete;
   TextfileWriter& operator=(const TextfileWriter&) = delete;
 
-  // Writes the file once, now (the first write, at start, tells whether the path works).
-  Status WriteNow();
-  // Stops the thread and writes the final figures. Idempotent.
+  // Writes the file once, now, and then starts writing every interval. An error (the
+  // path cannot be written) starts nothing.
+  Status Start();
+  // Stops the thread and, if Start succeeded, writes the final figures. Idempotent.
   void Stop() EXCLUDES(mu_);
 
  private:
+  Status WriteNow();
   void Loop() EXCLUDES(mu_);
 
   const std::shared_ptr<Storage> storage_;

@@ -16,7 +16,8 @@ std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a
 
 // The tier a shard's file is written to (the memory tier's image is counted apart).
 metrics::TierLabel FirstTier(const ShardJob& shard) {
-  return shard.publish_level() == Level::kLocal ? metrics::TierLabel::kLocal : metrics::TierLabel::kPersistent;
+  return shard.publish_level() == Level::kLocal ? metrics::TierLabel::kLocal
+                                                : metrics::TierLabel::kPersistent;
 }
 
 }  // namespace
@@ -113,8 +114,9 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     return;
   }
   // Before the hook, which may promote and commit it: whoever sees the commit sees this.
-  metrics::Metrics().Flushed(FirstTier(*shard),
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - shard->created).count());
+  metrics::Metrics().Flushed(
+      FirstTier(*shard),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - shard->created).count());
   // Commit runs before waiters of `durable` wake, so a waiter sees the commit decision.
   if (on_durable_) on_durable_(shard);
   if (shard->failed()) {  // e.g. its done marker could not be written

@@ -217,8 +217,8 @@ grpc::Status CheckpointService::GetMetrics(grpc::ServerContext* ctx, const v1::G
   metrics::LabelFilter filter;
   if (peer->uid != 0 && peer->uid != ::geteuid()) {
     // As in Status: another uid learns nothing of jobs it may not use.
-    filter = [this, viewer = peer.value(), seen = std::map<std::string, bool>()](
-                 const metrics::Labels& labels) mutable {
+    filter = [this, viewer = peer.value(),
+              seen = std::map<std::string, bool>()](const metrics::Labels& labels) mutable {
       for (const auto& [name, value] : labels) {
         if (name != "job") continue;
         auto [it, fresh] = seen.try_emplace(value, false);

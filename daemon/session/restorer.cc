@@ -68,10 +68,11 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   const auto start = std::chrono::steady_clock::now();
   Result<Restored> done = RestoreTimed(s, requested, cancelled);
   if (done.ok()) {
-    metrics::Metrics().Restored(done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
-                                : done->tier == Tier::kLocal ? metrics::TierLabel::kLocal
-                                                             : metrics::TierLabel::kPersistent,
-                                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics::Metrics().Restored(
+        done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
+        : done->tier == Tier::kLocal ? metrics::TierLabel::kLocal
+                                     : metrics::TierLabel::kPersistent,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   } else if (done.status().code() != StatusCode::kCancelled) {
     metrics::Metrics().Error(metrics::ErrorKind::kRestore);
   }

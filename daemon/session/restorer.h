@@ -60,7 +60,8 @@ class Restorer {
 
  private:
   // Restore without its metrics (duration, error count).
-  Result<Restored> RestoreTimed(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
+  Result<Restored> RestoreTimed(Session& s, std::uint64_t requested, const CancelCheck& cancelled)
+      REQUIRES(s.mu);
   Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
   // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size.
   Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);

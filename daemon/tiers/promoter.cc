@@ -87,8 +87,8 @@ void Promoter::Promote(const Task& task) {
     }
     return;
   }
-  metrics::Metrics().Promoted(task.file_bytes,
-                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  metrics::Metrics().Promoted(
+      task.file_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (!hooks_.on_persisted(m, task.shard)) {
     if (task.shard) hooks_.on_failed(task.shard);
     return;
