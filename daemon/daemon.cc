@@ -1,9 +1,9 @@
 #include "daemon/daemon.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <filesystem>
+
+#include <spdlog/spdlog.h>
 
 #include "daemon/metrics/daemon_metrics.h"
 

@@ -41,6 +41,8 @@ DaemonMetrics::DaemonMetrics()
                     "Time from a Snapshot call to its shard's file durable on its first tier (local, or "
                     "persistent without a local tier); copy and write overlap.",
                     Durations()),
+      flush_local_(flush_family_.With({{"tier", "local"}})),
+      flush_persistent_(flush_family_.With({{"tier", "persistent"}})),
       promote_family_("ckptd_promotion_duration_seconds",
                       "Time to copy one shard from the local tier to the persistent tier.", Durations()),
       promote_seconds_(promote_family_.With({{"tier", "persistent"}})),
@@ -52,8 +54,6 @@ DaemonMetrics::DaemonMetrics()
   // Every tier and kind is shown from the start, at 0, so that rate() and alerts see the
   // first increase.
   for (int t = 0; t < 3; ++t) written_[t] = &written_family_.With({{"tier", kTierNames[t]}});
-  for (int t = 1; t < 3; ++t) flush_seconds_[t] = &flush_family_.With({{"tier", kTierNames[t]}});
-  flush_seconds_[0] = flush_seconds_[1];  // shards are never flushed to the memory tier alone
   for (int t = 0; t < 3; ++t) restore_seconds_[t] = &restore_family_.With({{"tier", kTierNames[t]}});
   for (std::size_t k = 0; k < kErrorKinds; ++k) {
     errors_[k] = &errors_family_.With({{"kind", ErrorKindName(static_cast<ErrorKind>(k))}});

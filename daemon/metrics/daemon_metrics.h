@@ -51,7 +51,10 @@ class DaemonMetrics {
   void Written(TierLabel tier, std::uint64_t n) { written_[static_cast<int>(tier)]->Add(n); }
 
   // Per shard / version / call.
-  void Flushed(TierLabel tier, double seconds) { flush_seconds_[static_cast<int>(tier)]->Observe(seconds); }
+  // `tier`: the shard's first file, local or persistent.
+  void Flushed(TierLabel tier, double seconds) {
+    (tier == TierLabel::kLocal ? flush_local_ : flush_persistent_).Observe(seconds);
+  }
   void Promoted(std::uint64_t bytes, double seconds);
   void Restored(TierLabel tier, double seconds) {
     restore_seconds_[static_cast<int>(tier)]->Observe(seconds);
@@ -65,9 +68,6 @@ class DaemonMetrics {
   // Appends every metric above to `out`; series with a job label only where `filter`
   // allows (null: all).
   void Render(Exposition& out, const LabelFilter& filter) const;
-
-  // For tests of the metrics themselves.
-  std::uint64_t errors(ErrorKind kind) const { return errors_[static_cast<std::size_t>(kind)]->value(); }
 
  private:
   Family<Counter> copied_{"ckptd_bytes_copied_total",
@@ -84,7 +84,8 @@ class DaemonMetrics {
       "Bytes of shard files promoted from the local tier to the persistent tier."};
   Counter& promoted_;
   Family<Histogram> flush_family_;
-  std::array<Histogram*, 3> flush_seconds_{};
+  Histogram& flush_local_;
+  Histogram& flush_persistent_;
   Family<Histogram> promote_family_;
   Histogram& promote_seconds_;
   Family<Histogram> restore_family_;

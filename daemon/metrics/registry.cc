@@ -103,12 +103,6 @@ void Histogram::Observe(double v) {
   AtomicAdd(sum_, v);
 }
 
-std::uint64_t Histogram::count() const {
-  std::uint64_t n = 0;
-  for (std::size_t i = 0; i <= bounds_.size(); ++i) n += buckets_[i].load(std::memory_order_relaxed);
-  return n;
-}
-
 void Histogram::Render(Exposition& out, const std::string& name, const Labels& labels) const {
   Labels with_le = labels;
   with_le.emplace_back("le", "");

@@ -75,7 +75,6 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void Observe(double v);
-  std::uint64_t count() const;
   double sum() const { return sum_.load(std::memory_order_relaxed); }
   void Render(Exposition& out, const std::string& name, const Labels& labels) const;
   static constexpr const char* kType = "histogram";

@@ -66,7 +66,7 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
 
 Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Restored> done = RestoreTimed(s, requested, cancelled);
+  Result<Restored> done = RestoreUncounted(s, requested, cancelled);
   if (done.ok()) {
     metrics::Metrics().Restored(
         done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
@@ -79,7 +79,7 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   return done;
 }
 
-Result<Restored> Restorer::RestoreTimed(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
+Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
   for (const auto& [v, shard] : s.shards) {
     if (shard->level() < Level::kCaptured && !shard->failed()) {
       return FailedPrecondition("version " + std::to_string(v) +

@@ -60,7 +60,7 @@ class Restorer {
 
  private:
   // Restore without its metrics (duration, error count).
-  Result<Restored> RestoreTimed(Session& s, std::uint64_t requested, const CancelCheck& cancelled)
+  Result<Restored> RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled)
       REQUIRES(s.mu);
   Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
   // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size.
