@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -234,6 +235,10 @@ struct Client::Impl {
   std::shared_ptr<CudaTensors> cuda GUARDED_BY(mu);
   TrainerSlotBook trainer_slots GUARDED_BY(mu);
   std::uint64_t last_snapshot GUARDED_BY(mu) = 0;  // newest version passed to snapshot() in this session
+  // The stall of the last wait_snapshot, in ns, not yet sent to the daemon (-1: none); the
+  // next snapshot reports it (ckptd_snapshot_stall_seconds). An atomic, so the wait that
+  // measured it takes no lock after its clock stopped.
+  std::atomic<std::int64_t> unreported_stall_ns{-1};
 
   // The release words (client/release_words.h), made at the first GPU registration and kept
   // for the client's life: their floor must only grow across sessions and daemons.
@@ -594,6 +599,12 @@ struct Client::Impl {
     throw *LossReportLocked(version, note);
   }
 
+  // Keeps a wait_snapshot's stall for the next snapshot to report; returns it.
+  std::chrono::nanoseconds NoteStall(std::chrono::nanoseconds stall) {
+    unreported_stall_ns.store(static_cast<std::int64_t>(stall.count()), std::memory_order_relaxed);
+    return stall;
+  }
+
   // A wait for `version` at `level`, stream-ordered if asked and possible (*ordered says
   // whether it was), on the current session, reconnecting when the daemon went away meanwhile.
   // Returns false if answered from the lost versions (then `rep` is untouched), true if by
@@ -813,8 +824,10 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
 void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, void* cuda_stream) {
   const std::string what = "snapshot " + std::to_string(version);
   bool retried = false;  // after a daemon restart found by this call
+  const std::int64_t stall_ns = impl_->unreported_stall_ns.exchange(-1, std::memory_order_relaxed);
   for (;;) {
     v1::SnapshotRequest req;
+    if (stall_ns >= 0) req.set_previous_stall_ns(static_cast<std::uint64_t>(stall_ns));
     Impl::Call call;
     {
       MutexLock lock(impl_->mu);
@@ -921,7 +934,7 @@ std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chron
   v1::WaitReply rep;
   (void)impl_->Wait(version, Level::kCaptured, timeout, false, "wait_snapshot " + std::to_string(version),
                     &used, &ordered, &rep);
-  return std::chrono::steady_clock::now() - start;
+  return impl_->NoteStall(std::chrono::steady_clock::now() - start);
 }
 
 std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream) {
@@ -940,14 +953,14 @@ std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, 
       auto waited = used.cuda->WaitReleaseWord(&used.words->word(rep.daemon_event_slot()),
                                                rep.release_value(), cuda_stream);
       if (!waited.ok()) ThrowWithCode(waited.status().With(what));
-      if (waited.value()) return std::chrono::steady_clock::now() - start;
+      if (waited.value()) return impl_->NoteStall(std::chrono::steady_clock::now() - start);
       impl_->ReleaseWordsUnsupported(used);
     }
     if (Status st = used.cuda->WaitDaemonEvent(rep.daemon_event_slot(), cuda_stream); !st.ok()) {
       ThrowWithCode(st.With(what));
     }
   }
-  return std::chrono::steady_clock::now() - start;
+  return impl_->NoteStall(std::chrono::steady_clock::now() - start);
 }
 
 void Client::wait_durable(std::uint64_t version, Level level, std::chrono::milliseconds timeout) {

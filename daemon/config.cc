@@ -9,12 +9,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <vector>
 
+#include "common/listen_address.h"
 #include "common/safe_file.h"
 #include "common/socket_path.h"
 
@@ -213,6 +215,14 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--log-file", c.log_file,
                  "Append the log to this file instead of stdout/stderr; SIGHUP reopens it (logrotate)");
   app.add_option("--ready-fd", c.ready_fd, "Write 'ready' to this fd once serving")->configurable(false);
+  app.add_option(
+      "--metrics-listen", c.metrics_listen,
+      "Serve Prometheus metrics on http://ADDR:PORT/metrics (e.g. 127.0.0.1:9464; off by default)");
+  app.add_option("--metrics-textfile", c.metrics_textfile,
+                 "Write Prometheus metrics to this file (node_exporter textfile collector), atomically");
+  app.add_option("--metrics-interval-s", c.metrics_interval_s, "Seconds between writes of --metrics-textfile")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   // What the file is being parsed from, for the unknown-key error ("" while parsing argv).
   std::string parsing_file;
   try {
@@ -265,6 +275,19 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     c.pool_numa = numa.value();
   } else {
     return fail(numa.status().message());
+  }
+  if (!c.metrics_listen.empty()) {
+    if (auto addr = ParseListenAddress(c.metrics_listen); !addr.ok()) {
+      return fail("--metrics-listen: " + addr.status().message());
+    }
+  }
+  if (!c.metrics_textfile.empty()) {
+    // Absolute, so that its temporary file goes to the same directory whatever the cwd.
+    std::error_code ec;
+    c.metrics_textfile = std::filesystem::absolute(c.metrics_textfile, ec).lexically_normal().string();
+    if (ec || c.metrics_textfile.back() == '/') {
+      return fail("--metrics-textfile: '" + c.metrics_textfile + "' is not a file path");
+    }
   }
   if (c.chunk_mib * 4 > c.pool_mib) {
     return fail("--pool-mib (" + std::to_string(c.pool_mib) + ") must hold at least 4 chunks of " +

@@ -97,6 +97,12 @@ struct Config {
   // If >= 0, write "ready\n" to this fd once serving, then close it (for tests and
   // launchers). systemd's NOTIFY_SOCKET is honoured independently.
   int ready_fd = -1;
+  // Metrics (docs/ops/metrics.md): serve GET /metrics on this ADDR:PORT (empty: off; port 0
+  // picks a free one, logged), and/or write them to this file every metrics_interval_s and
+  // at shutdown, atomically, for node_exporter's textfile collector (empty: off).
+  std::string metrics_listen;
+  std::string metrics_textfile;
+  std::uint32_t metrics_interval_s = 15;
 
   std::uint64_t pool_bytes() const { return pool_mib << 20; }
   std::uint64_t chunk_bytes() const { return chunk_mib << 20; }

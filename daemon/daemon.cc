@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/metrics/daemon_metrics.h"
+
 namespace ckpt {
 
 Result<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, std::shared_ptr<Storage> storage,
@@ -59,7 +61,10 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
 
   // The persistent tier: its tree, its leftovers, whether it takes O_DIRECT.
   catalog_ = std::make_unique<Catalog>(storage_, config_.root, config_.keep_last, config_.keep_every,
-                                       [this](const std::string& m) { errors_.Record(m); });
+                                       [this](const std::string& m) {
+                                         metrics::Metrics().Error(metrics::ErrorKind::kCatalog);
+                                         errors_.Record(m);
+                                       });
   if (Status s = catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config_.root);
   const bool direct_ok = storage_->SupportsDirectIo(config_.root);
   if (config_.direct_io == DirectIoMode::kOn && !direct_ok) {
@@ -96,7 +101,10 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
       *catalog_, shards_,
       CommitTracker::Hooks{[this](const std::string& job, std::uint64_t v) { OnCommitted(job, v); },
                            [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); },
-                           [this](const std::string& m) { errors_.Record(m); }});
+                           [this](const std::string& m) {
+                             metrics::Metrics().Error(metrics::ErrorKind::kCommit);
+                             errors_.Record(m);
+                           }});
   if (local_) {
     promoter_ = std::make_unique<Promoter>(
         *local_, *memory_, *copier_, *catalog_, persistent_direct_io_,
@@ -104,7 +112,10 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                           return commits_->OnPersisted(m, s);
                         },
                         [this](const std::shared_ptr<ShardJob>& s) { OnFailed(s); },
-                        [this](const std::string& m) { errors_.Record(m); }});
+                        [this](const std::string& m) {
+                          metrics::Metrics().Error(metrics::ErrorKind::kPromote);
+                          errors_.Record(m);
+                        }});
   }
   flush_ = std::make_unique<FlushEngine>(
       storage_, *pool_, config_.writers, [this](const std::shared_ptr<ShardJob>& s) { OnPublished(s); },
@@ -241,12 +252,19 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   if (local_ && shard->ReleaseLocalPin()) local_->Unpin(m.job, m.version);
   memory_->Drop(shard->image);
   shard->image.reset();
+  const Level reached = shard->level();
+  metrics::Metrics().Error(reached < Level::kCaptured ? metrics::ErrorKind::kCopy
+                           : shard->publish_level() == Level::kLocal && reached >= Level::kLocal
+                               ? metrics::ErrorKind::kPromote
+                               : metrics::ErrorKind::kWrite);
+  metrics::Metrics().VersionFailed(m.job, m.version);
   errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " +
                  std::to_string(m.version) + ": " + shard->error().message());
   sessions_->NoteFailure(m.job, m.rank, m.version);
 }
 
 void Daemon::OnCommitted(const std::string& job, std::uint64_t version) {
+  metrics::Metrics().Committed(job);
   memory_->OnCommitted(job, version);
   if (local_) local_->ApplyRetention(job);
 }

@@ -41,6 +41,7 @@
 #include "daemon/io/fault_storage.h"
 #include "daemon/io/shm_importer.h"
 #include "daemon/log.h"
+#include "daemon/metrics/metrics_export.h"
 #include "daemon/rpc/acceptor.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/service.h"
@@ -427,6 +428,12 @@ int Run(Config config, int argc, char** argv) {
     spdlog::critical("cannot start: {}", daemon.status().message());
     return kRuntimeFailureExit;
   }
+  // Before the socket exists: a port in use stops the start with nothing left behind.
+  auto metrics = metrics::MetricsExport::Start(config, *daemon.value());
+  if (!metrics.ok()) {
+    spdlog::critical("cannot start: {}", metrics.status().message());
+    return kRuntimeFailureExit;
+  }
   CheckpointService service(*daemon.value(), &peers);
   auto listened = Listen(config);
   if (!listened.ok()) {
@@ -498,6 +505,7 @@ int Run(Config config, int argc, char** argv) {
   }
   server->Shutdown(std::chrono::system_clock::now() + kReplyFlush);
   daemon.value()->Shutdown();
+  metrics.value()->Stop();  // the final figures, once in-flight shards are done
   if (g_sticky_error) {
     spdlog::critical("stopped after a sticky CUDA error; exit status {}", kStickyErrorExit);
     return kStickyErrorExit;

@@ -23,6 +23,8 @@ packages=(
   slurm-wlm munge glusterfs-server glusterfs-client util-linux
   # systemd-analyze verify/security on deploy/ckptd.service (tests/systemd_unit_test.sh).
   systemd
+  # promtool checks the metrics text, and the scrape test runs a real Prometheus server.
+  prometheus
 )
 
 missing=()

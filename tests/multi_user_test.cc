@@ -291,6 +291,14 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   CHECK_FALSE(Contains(other_status.output, "\"" + job + "\""));
   CHECK(Contains(RunAs(kOwner, Ctl(node1.socket(), {"status", "--json"})).output, "\"" + job + "\""));
   CHECK(Contains(RunProcess(Ctl(node1.socket(), {"status", "--json"})).output, "\"" + job + "\""));
+  // So do the metrics' job-labelled series.
+  const std::string committed = "ckptd_versions_committed_total{job=\"" + job + "\"} 3\n";
+  auto other_metrics = RunAs(kOther, Ctl(node1.socket(), {"metrics"}));
+  CHECK(other_metrics.exit_code == 0);
+  CHECK(Contains(other_metrics.output, "ckptd_bytes_written_total"));
+  CHECK_FALSE(Contains(other_metrics.output, "job=\"" + job + "\""));
+  CHECK(Contains(RunAs(kOwner, Ctl(node1.socket(), {"metrics"})).output, committed));
+  CHECK(Contains(RunProcess(Ctl(node1.socket(), {"metrics"})).output, committed));
 
   // A second daemon on the same root (another node) enforces the same owner.
   DaemonProcess node2(shared.Options("node2"));

@@ -1,4 +1,4 @@
-// ckptctl: look at a running ckptd (status, ls, jobs, prefetch) or at checkpoint files
+// ckptctl: look at a running ckptd (status, ls, jobs, prefetch, metrics) or at checkpoint files
 // (verify, inspect). The subcommands live in tools/ckptctl/ (commands.h); here the command
 // line is parsed and one of them called. Exit codes: tools/ckptctl/common.h.
 #include <CLI/CLI.hpp>
@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   prefetch->add_option("--ranks", ranks, "Ranks this node will serve (default: all)")->delimiter(',');
   json_flag(prefetch);
 
+  auto* metrics = app.add_subcommand("metrics", "The daemon's metrics in Prometheus text format");
+  json_flag(metrics);
+
   // verify and inspect take shard files, or a version of a checkpoint tree.
   std::vector<std::string> paths;
   TreeSelection tree;
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   if (*ls) return Ls(socket, job, json);
   if (*jobs) return Jobs(socket, json);
   if (*prefetch) return Prefetch(socket, job, version, ranks, json);
+  if (*metrics) return Metrics(socket, json);
   if (*verify) return Verify(paths, tree, json);
   if (*inspect) return Inspect(paths, tree, json);
   return kUsage;

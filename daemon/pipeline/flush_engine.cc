@@ -1,9 +1,11 @@
 #include "daemon/pipeline/flush_engine.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/test_pause.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "daemon/tiers/memory_tier.h"
 #include "format/paths.h"
 
@@ -11,6 +13,12 @@ namespace ckpt {
 namespace {
 
 std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// The tier a shard's file is written to (the memory tier's image is counted apart).
+metrics::TierLabel FirstTier(const ShardJob& shard) {
+  return shard.publish_level() == Level::kLocal ? metrics::TierLabel::kLocal
+                                                : metrics::TierLabel::kPersistent;
+}
 
 }  // namespace
 
@@ -74,8 +82,12 @@ void FlushEngine::Write(Task& task) {
         storage_->WriteAt(shard.file().get(), task.chunk.data, len, task.file_offset, shard.tmp_path());
     if (s.ok()) {
       // The memory tier's copy, while the chunk is at hand.
-      if (shard.image) std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
+      if (shard.image) {
+        std::memcpy(shard.image->data() + task.file_offset, task.chunk.data, len);
+        metrics::Metrics().Written(metrics::TierLabel::kMemory, task.len);
+      }
       shard.written_bytes.fetch_add(task.len, std::memory_order_relaxed);
+      metrics::Metrics().Written(FirstTier(shard), task.len);
       // Hashed after the write is issued, so that the writes of a shard stay in flight
       // together while its item pieces are hashed in order (see ItemHasher). False only
       // when an earlier chunk's writer gave up: the shard has failed.
@@ -101,6 +113,10 @@ void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
     if (on_failed_) on_failed_(shard);
     return;
   }
+  // Before the hook, which may promote and commit it: whoever sees the commit sees this.
+  metrics::Metrics().Flushed(
+      FirstTier(*shard),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - shard->created).count());
   // Commit runs before waiters of `durable` wake, so a waiter sees the commit decision.
   if (on_durable_) on_durable_(shard);
   if (shard->failed()) {  // e.g. its done marker could not be written

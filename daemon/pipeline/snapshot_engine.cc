@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/test_pause.h"
+#include "daemon/metrics/daemon_metrics.h"
 
 namespace ckpt {
 SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers, DeviceBackend* backend,
@@ -171,6 +172,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
     }
     flowing = true;
     shard->copied_bytes.fetch_add(p.fill, std::memory_order_relaxed);
+    metrics::Metrics().Copied(shard->device() >= 0, p.fill);
     flush_.Submit(shard, p.chunk, header_bytes + p.data_off, static_cast<std::size_t>(p.fill));
   };
 

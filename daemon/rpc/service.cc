@@ -1,11 +1,15 @@
 #include "daemon/rpc/service.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "common/names.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "daemon/metrics/exposition.h"
 #include "daemon/rpc/convert.h"
 #include "daemon/rpc/jobs_report.h"
 #include "daemon/rpc/status_report.h"
@@ -68,6 +72,10 @@ grpc::Status CheckpointService::Snapshot(grpc::ServerContext* ctx, const v1::Sna
   if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
+  if (req->has_previous_stall_ns()) {
+    // The stall happened whatever becomes of this snapshot.
+    metrics::Metrics().SnapshotStall(static_cast<double>(req->previous_stall_ns()) / 1e9);
+  }
   Session& session = *s.value();
   MutexLock lock(session.mu);
   auto shard = daemon_.admission().Admit(session, FromProto(*req), gate_.CancelCheckOf(ctx));
@@ -207,6 +215,30 @@ grpc::Status CheckpointService::Jobs(grpc::ServerContext* ctx, const v1::JobsReq
   auto peer = auth_.Check(ctx->peer());
   if (!peer.ok()) return ToGrpc(peer.status());
   return ToGrpc(FillJobsReport(daemon_, peer.value(), reply));
+}
+
+grpc::Status CheckpointService::GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest*,
+                                           v1::GetMetricsReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  metrics::LabelFilter filter;
+  if (peer->uid != 0 && peer->uid != ::geteuid()) {
+    // As in Status: another uid learns nothing of jobs it may not use.
+    filter = [this, viewer = peer.value(),
+              seen = std::map<std::string, bool>()](const metrics::Labels& labels) mutable {
+      for (const auto& [name, value] : labels) {
+        if (name != "job") continue;
+        auto [it, fresh] = seen.try_emplace(value, false);
+        if (fresh) it->second = daemon_.owners().CheckAccess(value, viewer, "see").ok();
+        return it->second;
+      }
+      return true;
+    };
+  }
+  reply->set_text(metrics::RenderMetrics(daemon_, filter));
+  return grpc::Status::OK;
 }
 
 }  // namespace ckpt

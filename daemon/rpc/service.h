@@ -37,6 +37,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest*, v1::UnregisterReply*) override;
   grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
   grpc::Status Jobs(grpc::ServerContext*, const v1::JobsRequest*, v1::JobsReply*) override;
+  grpc::Status GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*, v1::GetMetricsReply*) override;
 
   // Shutdown: BeginShutdown(), then AwaitIdle() before the server is shut down.
   CallGate& gate() { return gate_; }

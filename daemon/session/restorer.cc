@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
+#include "daemon/metrics/daemon_metrics.h"
+
 namespace ckpt {
 
 Status Restorer::RollBack(Session& s, std::uint64_t v) {
@@ -61,6 +65,21 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
 }
 
 Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Restored> done = RestoreUncounted(s, requested, cancelled);
+  if (done.ok()) {
+    metrics::Metrics().Restored(
+        done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
+        : done->tier == Tier::kLocal ? metrics::TierLabel::kLocal
+                                     : metrics::TierLabel::kPersistent,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  } else if (done.status().code() != StatusCode::kCancelled) {
+    metrics::Metrics().Error(metrics::ErrorKind::kRestore);
+  }
+  return done;
+}
+
+Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
   for (const auto& [v, shard] : s.shards) {
     if (shard->level() < Level::kCaptured && !shard->failed()) {
       return FailedPrecondition("version " + std::to_string(v) +
@@ -81,6 +100,7 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
     // Only a bad copy is worth another tier: a registration that does not match the shard
     // (FailedPrecondition) or an unreadable region fails on every tier alike.
     if (restored.status().code() != StatusCode::kDataLoss || src.tier == Tier::kPersistent) break;
+    metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
     errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) +
                    ": the " + TierName(src.tier) + " tier's copy failed verification (" +
                    restored.status().message() + "); dropped, restoring from the next tier");

@@ -59,6 +59,9 @@ class Restorer {
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
 
  private:
+  // Restore without its metrics (duration, error count).
+  Result<Restored> RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled)
+      REQUIRES(s.mu);
   Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
   // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size.
   Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
+#include "daemon/metrics/daemon_metrics.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -71,6 +74,7 @@ void Promoter::Promote(const Task& task) {
   if (src.image && src.image->meta.session != m.session) src.image = nullptr;
   ShardCopier::Target dst{catalog_.VersionDir(m.job, m.version), ShardFileName(m.rank), persistent_direct_io_,
                           m.version};
+  const auto start = std::chrono::steady_clock::now();
   auto copied = copier_.Copy(src, dst);
   if (!copied.ok()) {
     Status st = copied.status().With("promote to the persistent tier");
@@ -83,6 +87,8 @@ void Promoter::Promote(const Task& task) {
     }
     return;
   }
+  metrics::Metrics().Promoted(
+      task.file_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (!hooks_.on_persisted(m, task.shard)) {
     if (task.shard) hooks_.on_failed(task.shard);
     return;

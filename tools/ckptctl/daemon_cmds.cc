@@ -1,4 +1,4 @@
-// The subcommands that ask a running ckptd: status (one report), ls, jobs, prefetch.
+// The subcommands that ask a running ckptd: status (one report), ls, jobs, prefetch, metrics.
 #include <grp.h>
 #include <pwd.h>
 
@@ -185,6 +185,23 @@ int Prefetch(const std::string& socket, const std::string& job, std::uint64_t ve
   }
   std::printf("job %s version %" PRIu64 ": %u shard(s) copied to the local tier, %u into memory, %s read\n",
               job.c_str(), r.version(), r.local_shards(), r.memory_shards(), Human(r.bytes()).c_str());
+  return kOk;
+}
+
+// The daemon's metrics, as GET /metrics serves them (docs/ops/metrics.md); --json wraps the
+// text in {"text": ...}.
+int Metrics(const std::string& socket, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 10);
+  ckpt::v1::GetMetricsReply r;
+  grpc::Status s = stub->GetMetrics(&ctx, ckpt::v1::GetMetricsRequest(), &r);
+  if (!s.ok()) return Fail("metrics", s, socket);
+  if (json) {
+    PrintJson(ToJson(r));
+    return kOk;
+  }
+  std::fputs(r.text().c_str(), stdout);
   return kOk;
 }
 

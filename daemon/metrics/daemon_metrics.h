@@ -1,0 +1,111 @@
+// DaemonMetrics: the figures ckptd counts as it works, one set per process (Metrics()),
+// updated where the work happens:
+//
+//   copy (SnapshotEngine)    bytes copied out of trainer memory, by source
+//   write (FlushEngine)      bytes written, by tier (memory: the memory tier's image);
+//                            time from Snapshot call to the shard's file durable
+//   promote (Promoter)       bytes promoted to the persistent tier, and how long it took
+//   commit / fail (Daemon)   versions committed and failed, by job; errors by kind
+//   restore (Restorer)       restore durations, by tier; restore errors
+//   snapshot call (rpc)      the stall the client measured in its last wait_snapshot
+//
+// What the daemon already keeps for its Status report (pool, tiers, sessions, pending
+// promotions, restored bytes) is read from there when rendering (RenderMetrics in
+// daemon/metrics/exposition.h), not counted twice. Data-path updates are relaxed atomic
+// adds on series looked up once, here. Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+
+#include "common/mutex.h"
+#include "daemon/metrics/registry.h"
+
+namespace ckpt::metrics {
+
+// Why background work or a restore failed (the `kind` label of ckptd_errors_total).
+enum class ErrorKind {
+  kCopy,           // copying a shard out of trainer memory
+  kWrite,          // writing a shard to its first tier
+  kPromote,        // copying a shard from the local to the persistent tier
+  kCommit,         // writing or reading commit markers
+  kCatalog,        // the persistent tier's tree (retention, latest, leftovers)
+  kRestore,        // a restore that returned an error
+  kRestoreVerify,  // a tier's copy that failed verification on restore (the next tier was read)
+};
+inline constexpr std::size_t kErrorKinds = 7;
+const char* ErrorKindName(ErrorKind kind);
+
+// Tiers as label values; kMemory is the memory tier's image of a shard.
+enum class TierLabel { kMemory, kLocal, kPersistent };
+
+class DaemonMetrics {
+ public:
+  DaemonMetrics();
+
+  // Data path: one relaxed add each.
+  void Copied(bool from_device, std::uint64_t n) { (from_device ? copied_device_ : copied_host_).Add(n); }
+  void Written(TierLabel tier, std::uint64_t n) { written_[static_cast<int>(tier)]->Add(n); }
+
+  // Per shard / version / call.
+  // `tier`: the shard's first file, local or persistent.
+  void Flushed(TierLabel tier, double seconds) {
+    (tier == TierLabel::kLocal ? flush_local_ : flush_persistent_).Observe(seconds);
+  }
+  void Promoted(std::uint64_t bytes, double seconds);
+  void Restored(TierLabel tier, double seconds) {
+    restore_seconds_[static_cast<int>(tier)]->Observe(seconds);
+  }
+  void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
+  // Counts a version once, however many of its shards fail.
+  void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
+  void Error(ErrorKind kind) { errors_[static_cast<std::size_t>(kind)]->Add(); }
+  void SnapshotStall(double seconds) { stall_.Observe(seconds); }
+
+  // Appends every metric above to `out`; series with a job label only where `filter`
+  // allows (null: all).
+  void Render(Exposition& out, const LabelFilter& filter) const;
+
+ private:
+  Family<Counter> copied_{"ckptd_bytes_copied_total",
+                          "Bytes copied out of trainer memory into the host pool, by source (host or device "
+                          "memory)."};
+  Counter& copied_host_;
+  Counter& copied_device_;
+  Family<Counter> written_family_{
+      "ckptd_bytes_written_total",
+      "Bytes of shard data written to a tier (memory: into the memory tier's copy)."};
+  std::array<Counter*, 3> written_{};
+  Family<Counter> promoted_family_{
+      "ckptd_bytes_promoted_total",
+      "Bytes of shard files promoted from the local tier to the persistent tier."};
+  Counter& promoted_;
+  Family<Histogram> flush_family_;
+  Histogram& flush_local_;
+  Histogram& flush_persistent_;
+  Family<Histogram> promote_family_;
+  Histogram& promote_seconds_;
+  Family<Histogram> restore_family_;
+  std::array<Histogram*, 3> restore_seconds_{};
+  Family<Counter> committed_{"ckptd_versions_committed_total",
+                             "Versions whose commit this daemon wrote or saw, by job."};
+  Family<Counter> failed_{"ckptd_versions_failed_total",
+                          "Versions of which a shard served by this daemon failed, by job."};
+  Family<Counter> errors_family_{
+      "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
+  std::array<Counter*, kErrorKinds> errors_{};
+  Histogram stall_;
+
+  // The versions counted as failed lately, so that the other shards of one do not count it
+  // again (failures are rare: a lock is fine here).
+  mutable Mutex failed_mu_;
+  std::deque<std::pair<std::string, std::uint64_t>> recent_failed_ GUARDED_BY(failed_mu_);
+};
+
+// The process's metrics.
+DaemonMetrics& Metrics();
+
+}  // namespace ckpt::metrics
