@@ -118,7 +118,7 @@ TEST_CASE("an unknown or misspelled config key is an error naming it and the key
 }
 
 // Before: CLI11 kept the first of two settings and dropped the second without a word.
-TEST_CASE("a key set twice in the config file is an error; a list key may repeat", "[service][config]") {
+TEST_CASE("a key set twice in the config file is an error, but a list key may repeat", "[service][config]") {
   TempDir dir("svc");
   fs::create_directories(dir.path() + "/root");
   const std::string conf = dir.path() + "/ckptd.conf";
