@@ -17,6 +17,7 @@
 
 #include "format/paths.h"
 #include "support/daemon_process.h"
+#include "support/run_as.h"
 #include "support/eventually.h"
 #include "support/shard_path.h"
 #include "support/test_dirs.h"
@@ -222,46 +223,10 @@ TEST_CASE(
   std::vector<std::string> allow = {"--socket-mode", "0666", "--job-group", std::to_string(kGroup)};
   for (uid_t u : {kOwner, kOther, kStranger}) allow.insert(allow.end(), {"--allow-uid", std::to_string(u)});
   DaemonProcess daemon(Options(dir, allow));
-  auto as = [&](uid_t uid, std::vector<gid_t> groups, std::vector<std::string> argv) {
-    char path[] = "/tmp/ckpt-ctl-out-XXXXXX";
-    int out = ::mkstemp(path);
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0)
-        ::_exit(120);
-      ::dup2(out, 1);
-      ::dup2(out, 2);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(out);
-    ProcessResult r;
-    r.exit_code = WaitProcess(pid);
-    r.output = ReadFile(path);
-    ::unlink(path);
-    return r;
+  auto as = [](uid_t uid, const std::vector<gid_t>& groups, const std::vector<std::string>& argv) {
+    return RunAs(uid, argv, groups);
   };
-  auto trainer = [&](const std::string& job) {
-    return std::vector<std::string>{TOY_TRAINER_BINARY,
-                                    "--socket",
-                                    daemon.socket(),
-                                    "--job",
-                                    job,
-                                    "--state-mib",
-                                    "1",
-                                    "--tensors",
-                                    "2",
-                                    "--iters",
-                                    "2",
-                                    "--every",
-                                    "1",
-                                    "--compute-ms",
-                                    "0",
-                                    "--quiet"};
-  };
+  auto trainer = [&](const std::string& job) { return ToyTrainerArgs(daemon.socket(), job, 2); };
   auto jobs_of = [&](uid_t uid, std::vector<gid_t> groups) {
     auto r = as(uid, groups, {CKPTCTL_BINARY, "--socket", daemon.socket(), "jobs", "--json"});
     INFO("uid " << uid << ": " << r.output);

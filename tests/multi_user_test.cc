@@ -29,6 +29,7 @@
 #include "format/job_owner.h"
 #include "format/paths.h"
 #include "support/daemon_process.h"
+#include "support/run_as.h"
 #include "support/eventually.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -76,52 +77,6 @@ struct SharedDir {
 void BecomeUid(uid_t uid, const std::vector<gid_t>& groups) {
   if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0)
     ::_exit(120);
-}
-
-// Runs `argv` as `uid` to completion: its exit code and output.
-ProcessResult RunAs(uid_t uid, const std::vector<std::string>& argv, const std::vector<gid_t>& groups = {}) {
-  char path[] = "/tmp/ckpt-mu-out-XXXXXX";
-  int out = ::mkstemp(path);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    BecomeUid(uid, groups);
-    ::dup2(out, 1);
-    ::dup2(out, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(out);
-  ProcessResult r;
-  r.exit_code = WaitProcess(pid);
-  r.output = ReadFile(path);
-  ::unlink(path);
-  return r;
-}
-
-// The toy trainer of `job` (rank 0 of 1, 2 tensors): runs to iteration `iters`, resuming
-// from the newest committed version first with `resume` (it then checks every byte).
-std::vector<std::string> Trainer(const std::string& socket, const std::string& job, int iters, bool resume) {
-  std::vector<std::string> argv = {TOY_TRAINER_BINARY,
-                                   "--socket",
-                                   socket,
-                                   "--job",
-                                   job,
-                                   "--state-mib",
-                                   "1",
-                                   "--tensors",
-                                   "2",
-                                   "--iters",
-                                   std::to_string(iters),
-                                   "--every",
-                                   "1",
-                                   "--compute-ms",
-                                   "0",
-                                   "--quiet"};
-  if (resume) argv.push_back("--resume");
-  return argv;
 }
 
 std::vector<std::string> Ctl(const std::string& socket, const std::vector<std::string>& args) {
@@ -263,7 +218,7 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   DaemonProcess node1(shared.Options("node1"));
   const std::string job = "owned";
   // The owner's run: versions 1 to 3.
-  auto run = RunAs(kOwner, Trainer(node1.socket(), job, 3, false));
+  auto run = RunAs(kOwner, ToyTrainerArgs(node1.socket(), job, 3, false));
   INFO("owner's run: " << run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(ReadFile(shared.root() + "/" + job + "/owner") == "uid=65534\n");
@@ -274,8 +229,8 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
 
   // Another uid can neither register the job (to restore the owner's bytes, or to snapshot
   // over them), nor list it, nor prefetch it.
-  CheckRefused(RunAs(kOther, Trainer(node1.socket(), job, 6, true)), job, kOther, "register");
-  CheckRefused(RunAs(kOther, Trainer(node1.socket(), job, 6, false)), job, kOther, "register");
+  CheckRefused(RunAs(kOther, ToyTrainerArgs(node1.socket(), job, 6, true)), job, kOther, "register");
+  CheckRefused(RunAs(kOther, ToyTrainerArgs(node1.socket(), job, 6, false)), job, kOther, "register");
   auto ls = RunAs(kOther, Ctl(node1.socket(), {"ls", "--job", job}));
   CheckRefused(ls, job, kOther, "list");
   CHECK(Contains(ls.output, "PERMISSION_DENIED"));
@@ -302,10 +257,10 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
 
   // A second daemon on the same root (another node) enforces the same owner.
   DaemonProcess node2(shared.Options("node2"));
-  CheckRefused(RunAs(kOther, Trainer(node2.socket(), job, 6, true)), job, kOther, "register");
+  CheckRefused(RunAs(kOther, ToyTrainerArgs(node2.socket(), job, 6, true)), job, kOther, "register");
   CheckRefused(RunAs(kOther, Ctl(node2.socket(), {"ls", "--job", job})), job, kOther, "list");
   // A job the other uid creates through node2 is its own on node1 as well.
-  REQUIRE(RunAs(kOther, Trainer(node2.socket(), "theirs", 1, false)).exit_code == 0);
+  REQUIRE(RunAs(kOther, ToyTrainerArgs(node2.socket(), "theirs", 1, false)).exit_code == 0);
   auto reverse = RunAs(kOwner, Ctl(node1.socket(), {"ls", "--job", "theirs"}));
   INFO("owner listing the other's job: " << reverse.output);
   CHECK(reverse.exit_code != 0);
@@ -314,7 +269,7 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   // Nothing of the owner's changed: its next restore is its own version 3, byte for byte.
   CHECK(Latest(shared.root(), job) == "3\n");
   CHECK_FALSE(fs::exists(shared.root() + "/" + job + "/" + VersionDirName(4)));
-  auto resume = RunAs(kOwner, Trainer(node2.socket(), job, 4, true));
+  auto resume = RunAs(kOwner, ToyTrainerArgs(node2.socket(), job, 4, true));
   INFO("owner's resume: " << resume.output);
   REQUIRE(resume.exit_code == 0);
   CHECK(Contains(resume.output, "restored version 3"));
@@ -324,7 +279,7 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   auto root_ls = RunProcess(Ctl(node1.socket(), {"ls", "--job", job}));
   INFO("root's listing: " << root_ls.output);
   CHECK(root_ls.exit_code == 0);
-  auto root_resume = RunProcess(Trainer(node2.socket(), job, 4, true));
+  auto root_resume = RunProcess(ToyTrainerArgs(node2.socket(), job, 4, true));
   INFO("root's resume: " << root_resume.output);
   CHECK(root_resume.exit_code == 0);
   CHECK(Contains(root_resume.output, "restored version 4"));
@@ -337,11 +292,11 @@ TEST_CASE("a job without an owner file is adopted by its first registrant, a bro
   SharedDir shared;
   DaemonProcess daemon(shared.Options("d"));
   const std::string job = "legacy";
-  REQUIRE(RunAs(kOwner, Trainer(daemon.socket(), job, 2, false)).exit_code == 0);
+  REQUIRE(RunAs(kOwner, ToyTrainerArgs(daemon.socket(), job, 2, false)).exit_code == 0);
   // As an older ckptd left it: no owner file. Until someone registers it, it is open.
   fs::remove(shared.root() + "/" + job + "/owner");
   CHECK(RunAs(kOther, Ctl(daemon.socket(), {"ls", "--job", job})).exit_code == 0);
-  auto adopt = RunAs(kOwner, Trainer(daemon.socket(), job, 3, true));
+  auto adopt = RunAs(kOwner, ToyTrainerArgs(daemon.socket(), job, 3, true));
   INFO("adoption: " << adopt.output);
   REQUIRE(adopt.exit_code == 0);
   CHECK(ReadFile(shared.root() + "/" + job + "/owner") == "uid=65534\n");
@@ -365,20 +320,20 @@ TEST_CASE("a job group shares a member's jobs with the group's members", "[multi
   SharedDir shared;
   DaemonProcess daemon(shared.Options("d", {"--job-group", std::to_string(kGroup)}));
   const std::string job = "team";
-  REQUIRE(RunAs(kOwner, Trainer(daemon.socket(), job, 2, false), {kGroup}).exit_code == 0);
+  REQUIRE(RunAs(kOwner, ToyTrainerArgs(daemon.socket(), job, 2, false), {kGroup}).exit_code == 0);
   CHECK(ReadFile(shared.root() + "/" + job + "/owner") == "uid=65534\ngroup=4242\n");
   // A member of the group may resume it; a uid outside the group may not.
-  auto member = RunAs(kOther, Trainer(daemon.socket(), job, 3, true), {kGroup});
+  auto member = RunAs(kOther, ToyTrainerArgs(daemon.socket(), job, 3, true), {kGroup});
   INFO("member: " << member.output);
   CHECK(member.exit_code == 0);
   CHECK(Contains(member.output, "restored version 2"));
-  auto stranger = RunAs(kStranger, Trainer(daemon.socket(), job, 4, true));
+  auto stranger = RunAs(kStranger, ToyTrainerArgs(daemon.socket(), job, 4, true));
   INFO("stranger: " << stranger.output);
   CHECK(stranger.exit_code != 0);
   CHECK(Contains(stranger.output, "job 'team' belongs to uid 65534 (shared with group 4242)"));
   CHECK(Latest(shared.root(), job) == "3\n");
   // A job of a uid outside the group is not shared.
-  REQUIRE(RunAs(kStranger, Trainer(daemon.socket(), "solo", 1, false)).exit_code == 0);
+  REQUIRE(RunAs(kStranger, ToyTrainerArgs(daemon.socket(), "solo", 1, false)).exit_code == 0);
   CHECK(ReadFile(shared.root() + "/solo/owner") == "uid=65532\n");
 }
 
@@ -401,7 +356,7 @@ TEST_CASE("per-uid limits on sessions and items refuse that uid only", "[multi-u
     CHECK(Contains(e.what(), "uid 0 has 2 sessions open, the most --max-sessions-per-uid allows (2)"));
   }
   // Another uid is served meanwhile.
-  auto other = RunAs(kOther, Trainer(daemon.socket(), "other", 2, false));
+  auto other = RunAs(kOther, ToyTrainerArgs(daemon.socket(), "other", 2, false));
   INFO("other uid: " << other.output);
   CHECK(other.exit_code == 0);
 
@@ -475,7 +430,7 @@ TEST_CASE("registrations in progress are limited per uid", "[multi-user][root]")
   });
   CHECK(refused);
   // Another uid registers meanwhile.
-  auto other = RunAs(kOther, Trainer(daemon.socket(), "other", 1, false));
+  auto other = RunAs(kOther, ToyTrainerArgs(daemon.socket(), "other", 1, false));
   INFO("other uid: " << other.output);
   CHECK(other.exit_code == 0);
   fs::remove(pause);

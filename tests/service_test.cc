@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "support/daemon_process.h"
+#include "support/run_as.h"
 #include "support/eventually.h"
 #include "support/test_dirs.h"
 
@@ -60,26 +61,6 @@ std::string PersistentRetention(const DaemonProcess& d) {
     if (t.name() == "persistent") return t.retention();
   }
   return "";
-}
-
-// The toy trainer of `job` (rank 0 of 1): `iters` iterations, a checkpoint each.
-std::vector<std::string> Trainer(const std::string& socket, const std::string& job, int iters) {
-  return {TOY_TRAINER_BINARY,
-          "--socket",
-          socket,
-          "--job",
-          job,
-          "--state-mib",
-          "1",
-          "--tensors",
-          "2",
-          "--iters",
-          std::to_string(iters),
-          "--every",
-          "1",
-          "--compute-ms",
-          "0",
-          "--quiet"};
 }
 
 }  // namespace
@@ -236,7 +217,7 @@ TEST_CASE("existing root and local directories keep their owner and mode", "[ser
   o.create_root = false;
   {
     DaemonProcess d(o);
-    auto run = RunProcess(Trainer(d.socket(), "kept", 2));
+    auto run = RunProcess(ToyTrainerArgs(d.socket(), "kept", 2));
     INFO(run.output);
     REQUIRE(run.exit_code == 0);
   }
@@ -269,7 +250,7 @@ TEST_CASE("a job directory the daemon creates belongs to the job's owner", "[ser
   DaemonProcess d(o);
   auto run_as_user = [&](const std::string& job) {
     std::vector<std::string> argv = {"/usr/sbin/runuser", "-u", "nobody", "--"};
-    auto t = Trainer(d.socket(), job, 2);
+    auto t = ToyTrainerArgs(d.socket(), job, 2);
     argv.insert(argv.end(), t.begin(), t.end());
     return RunProcess(argv);
   };
@@ -403,7 +384,7 @@ TEST_CASE("SIGHUP reopens --log-file for logrotate and the daemon keeps serving"
       [&] { return fs::exists(log_file) && Contains(ReadFile(log_file), "SIGHUP: log file reopened"); }));
   CHECK(d.WaitExit(std::chrono::milliseconds(0)) == -1);
   CHECK(d.Status().daemon_version() != "");
-  auto run = RunProcess(Trainer(d.socket(), "afterhup", 1));
+  auto run = RunProcess(ToyTrainerArgs(d.socket(), "afterhup", 1));
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK_FALSE(Contains(ReadFile(log_file + ".1"), "SIGHUP"));
@@ -433,7 +414,7 @@ TEST_CASE(
   CHECK(Contains(log, "idle-timeout-s 600 -> 30"));
   CHECK(PersistentRetention(d) == "last 2 committed versions, and every 5th");
   // The new retention holds for the next commits: of versions 1..4, 3 and 4 remain.
-  auto run = RunProcess(Trainer(d.socket(), "keep", 4));
+  auto run = RunProcess(ToyTrainerArgs(d.socket(), "keep", 4));
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(Eventually([&] { return !fs::exists(dir.path() + "/root/keep/v0000000001"); }));
