@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -172,6 +173,32 @@ Status CheckTierDirs(const Config& config, Storage& storage) {
     }
   }
   return Status::Ok();
+}
+
+// One daemon per socket, decided before the new one touches the root. A second daemon
+// started on the same socket (by hand beside the unit, or a restart loop) would otherwise
+// run recovery first, and recovery removes the temporary files of this node id, which are
+// the live daemon's shards in flight. The lock is a file beside the socket, held (flock)
+// for the daemon's life and never removed, so that no two daemons can hold two different
+// files of the same name.
+Result<UniqueFd> LockSocket(const Config& config) {
+  if (Status s = PrepareSocketDir(config, /*create=*/true); !s.ok()) return s;
+  const std::string path = config.socket_path + ".lock";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == EACCES || err == EPERM || err == EROFS)
+      return InvalidArgument("cannot create " + path + ": " + std::strerror(err) +
+                             NotRootHint(config.socket_path));
+    return IoError("open " + path, err);
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK)
+      return FailedPrecondition("another daemon is serving " + config.socket_path + " (it holds " + path +
+                                ")");
+    return IoError("flock " + path, errno);
+  }
+  return fd;
 }
 
 Result<UniqueFd> Listen(const Config& config) {
@@ -385,6 +412,12 @@ int Run(Config config, int argc, char** argv) {
       spdlog::critical("cannot start: {}", s.message());
       return kConfigErrorExit;
     }
+  }
+
+  auto socket_lock = LockSocket(config);
+  if (!socket_lock.ok()) {
+    spdlog::critical("cannot start: {}", socket_lock.status().message());
+    return ExitCodeFor(socket_lock.status());
   }
 
   // Temporary files on the shared persistent tier carry this daemon's name.

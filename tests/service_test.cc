@@ -4,6 +4,7 @@
 // a job's new directory belongs to its owner, logs go where systemd or an operator expects
 // (priority prefixes under journald, warnings on stderr, --log-file reopened on SIGHUP), and
 // SIGHUP reloads what it can instead of killing the daemon.
+#include <ckpt/client.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,10 +17,12 @@
 #include <fstream>
 
 #include "support/daemon_process.h"
-#include "support/run_as.h"
 #include "support/eventually.h"
+#include "support/run_as.h"
 #include "support/test_dirs.h"
+#include "support/trainer_state.h"
 
+using namespace ckpt;
 using namespace ckpt::test;
 namespace fs = std::filesystem;
 
@@ -429,6 +432,49 @@ TEST_CASE(
   CHECK(PersistentRetention(d) == "last 2 committed versions, and every 5th");
   CHECK(d.WaitExit(std::chrono::milliseconds(0)) == -1);
   CHECK(d.Stop() == 0);
+}
+
+// Before: the second daemon ran recovery on the root before it found the socket served, and
+// recovery removed the first daemon's temporary file of the shard it was writing (same socket,
+// same node id): that version was lost.
+TEST_CASE("a second daemon on a served socket leaves the first daemon's shard in flight alone",
+          "[service][socket]") {
+  TempDir dir("svc");
+  const std::string pause = dir.path() + "/pause";
+  { std::ofstream(pause) << ""; }
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/s/ckptd.sock";
+  o.extra_args = {"--node-id", "samenode"};
+  ::setenv("CKPTD_TEST_PAUSE", ("publish:2:" + pause).c_str(), 1);
+  DaemonProcess d(o);
+  ::unsetenv("CKPTD_TEST_PAUSE");
+  TrainerState state(2, 4096);
+  Client c = Client::connect(d.socket());
+  c.register_items("inflight", 0, 1, state.Items());
+  state.Fill(1);
+  c.snapshot(1);
+  c.wait_durable(1);
+  state.Fill(2);
+  c.snapshot(2);
+  REQUIRE(Eventually([&] { return fs::exists(pause + ".reached"); }));
+  bool tmp_before = false;
+  for (const auto& e : fs::recursive_directory_iterator(o.root + "/inflight"))
+    tmp_before |= e.path().string().find(".tmp") != std::string::npos;
+  REQUIRE(tmp_before);  // the shard of version 2 is written, not yet renamed
+
+  auto second = Ckptd(Flags(dir, {"--root", o.root, "--node-id", "samenode"}));
+  INFO(second.output);
+  CHECK(second.exit_code == 1);
+  CHECK(Contains(second.output, "another daemon is serving " + o.socket));
+  CHECK_FALSE(Contains(second.output, "removed"));
+
+  fs::remove(pause);
+  c.wait_durable(2);
+  CHECK(ReadFile(o.root + "/inflight/latest") == "2\n");
+  state.Fill(3);  // clobbered, so that the restore must bring version 2 back
+  CHECK(c.restore().version == 2);
+  CHECK(state.FirstMismatch(2) == -1);
 }
 
 TEST_CASE(
