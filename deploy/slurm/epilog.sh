@@ -13,7 +13,8 @@ ckptd_script=epilog
 user="${SLURM_JOB_USER:-}"
 uid="${SLURM_JOB_UID:-$(id -u "$user" 2>/dev/null)}"
 rc=0
-killed=0
+# Whether the daemon may have left temporary files: it died by itself, or was SIGKILLed.
+left_tmp=0
 
 if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   recorded="$(cat "$job_state" 2>/dev/null)"
@@ -21,6 +22,7 @@ if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   if ! recorded_daemon_alive; then
     # Exited already, or the pid now belongs to another process: nothing is signalled.
     ckptd_log "ckptd pid ${pid:-?} of the job is gone (recorded: '$recorded', now: '$(proc_identity "${pid:-0}" 2>/dev/null)'); not signalling"
+    left_tmp=1
   else
     kill -TERM "$pid"
     deadline=$((SECONDS + CKPTD_STOP_TIMEOUT_S))
@@ -28,7 +30,7 @@ if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
     if recorded_daemon_alive; then
       ckptd_log "ckptd pid $pid did not stop within $CKPTD_STOP_TIMEOUT_S s of SIGTERM; sending SIGKILL (its shards in flight are lost)"
       kill -KILL "$pid"
-      killed=1
+      left_tmp=1
       deadline=$((SECONDS + 10))
       while recorded_daemon_alive && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
       if recorded_daemon_alive; then
@@ -42,9 +44,11 @@ if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   [ $rc -ne 0 ] || rm -f "$job_state"
 fi
 
-# A killed daemon leaves its temporary files (NAME.NODE-ID.tmp); the node id is this job's
-# own, so no other daemon's files match. A daemon that stopped normally left none.
-if [ $killed -eq 1 ] && [ -n "$user" ]; then
+# A daemon that died (an OOM kill, a crash) or was SIGKILLed leaves its temporary files
+# (NAME.NODE-ID.tmp) of the shards it was writing, and no later daemon removes them: the node
+# id is this job's own, so no other daemon's files match either. A daemon that stopped
+# normally left none.
+if [ $left_tmp -eq 1 ] && [ -n "$user" ]; then
   node_id="$(hostname -s)-job$job_id"
   for dir in "${CKPTD_ROOT:+$(expand_user "$CKPTD_ROOT" "$user")}" \
              "${CKPTD_LOCAL:+$(expand_user "$CKPTD_LOCAL" "$user")}"; do
@@ -58,22 +62,27 @@ if [ $rc -eq 0 ] && [ -d "$job_dir" ]; then
   rm -rf --one-file-system "$job_dir"
 fi
 
-# Shared memory of the job's trainers (libckpt names it /ckpt-UID-PID-N and
+# Shared memory of the job's trainers (libckpt names it exactly /ckpt-UID-PID-N and
 # /ckpt-release-PID-N). Slurm has killed every task of the job by now, but a task killed by
-# a signal never unlinked its regions. Removed: the job user's objects whose creating
-# process is gone; those of the user's other jobs on this node (live pids) stay.
+# a signal never unlinked its regions. Removed: the job user's objects of exactly those
+# names whose creating process is gone and that no process has mapped; those of the user's
+# other jobs on this node stay (their creators live, or, for a trainer in another PID
+# namespace whose pids mean nothing here, they are mapped), and so does any other file of
+# the user's that merely starts with "ckpt-".
+shm_mapped() { grep -qsF -- "$1" /proc/[0-9]*/maps; }
 if [ -n "$uid" ]; then
   for f in /dev/shm/ckpt-*; do
     [ -f "$f" ] && [ "$(stat -c %u "$f" 2>/dev/null)" = "$uid" ] || continue
-    name="${f#/dev/shm/ckpt-}"
-    case "$name" in
-      release-*) name="${name#release-}" ;;
-      *) name="${name#"$uid"-}" ;;
-    esac
-    creator="${name%%-*}"
-    if [[ "$creator" =~ ^[0-9]+$ ]] && [ -d "/proc/$creator" ] && [ "$(proc_uid "$creator")" = "$uid" ]; then
+    name="${f#/dev/shm/}"
+    if [[ "$name" =~ ^ckpt-release-([0-9]+)-[0-9]+$ ]] || [[ "$name" =~ ^ckpt-$uid-([0-9]+)-[0-9]+$ ]]; then
+      creator="${BASH_REMATCH[1]}"
+    else
       continue
     fi
+    if [ -d "/proc/$creator" ] && [ "$(proc_uid "$creator")" = "$uid" ]; then
+      continue
+    fi
+    shm_mapped "$f" && continue
     rm -f "$f" && ckptd_log "removed shared memory $f"
   done
 fi

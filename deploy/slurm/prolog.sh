@@ -51,8 +51,6 @@ config_args=()
 if [ -n "${CKPTD_CONFIG:-}" ]; then
   [ -r "$CKPTD_CONFIG" ] || fail "config file $CKPTD_CONFIG (CKPTD_CONFIG) is not readable"
   config_args=(--config "$CKPTD_CONFIG")
-elif [ -r /etc/ckptd/ckptd.conf ]; then
-  config_args=(--config /etc/ckptd/ckptd.conf)
 fi
 
 # The base is ours: root-owned, 0755 (users traverse it to their own 0700 job directory).

@@ -330,7 +330,18 @@ def case_epilog_sigkill_after_timeout(env):
     """A daemon that cannot finish its shard in flight (held at the publish pause seam) gets
     CKPTD_STOP_TIMEOUT_S after SIGTERM, then SIGKILL, logged first; the epilog then removes
     its .tmp files, its socket directory and the shared memory of the SIGKILLed trainer."""
-    job = "434343"
+    epilog_after_held_daemon(env, "434343", died_before=False)
+
+
+def case_epilog_cleans_after_dead_daemon(env):
+    """A daemon that died by itself mid-flush (an OOM kill) is not signalled, but its .tmp
+    files are removed all the same (before: left on the shared root for ever); a file of the
+    user's in /dev/shm that merely starts with "ckpt-" is not libckpt's and stays (before: it
+    was removed)."""
+    epilog_after_held_daemon(env, "454545", died_before=True)
+
+
+def epilog_after_held_daemon(env, job, died_before):
     base = f"{D}/run/ckptd-jobs"
     jobdir = f"{base}/job-{job}"
     envfile = f"{D}/etc/ckptd-stop2.env"
@@ -353,7 +364,7 @@ def case_epilog_sigkill_after_timeout(env):
     os.close(r)
     trainer = subprocess.Popen(
         as_user(["env", f"LD_LIBRARY_PATH={D}/lib", env.trainer, "--socket", f"{jobdir}/ckptd.sock",
-                 "--job", "sigkill", "--state-mib", "4", "--tensors", "2", "--iters", "2",
+                 "--job", f"sigkill{job}", "--state-mib", "4", "--tensors", "2", "--iters", "2",
                  "--compute-ms", "1", "--quiet"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         eventually("the daemon to hold version 2 at publish", lambda: os.path.exists(pause + ".reached"))
@@ -366,11 +377,23 @@ def case_epilog_sigkill_after_timeout(env):
         assert shm, "the SIGKILLed trainer left no shared memory to clean (test premise)"
         with open(f"{base}/job-{job}.pid", "w") as f:
             f.write(identity(daemon.pid) + "\n")
+        precious = "/dev/shm/ckpt-mydata-" + job
+        with open(precious, "w") as f:
+            f.write("the user's own\n")
+        os.chown(precious, env.uid, gid)
+        if died_before:
+            daemon.kill()
+            daemon.wait()
         p = run(["bash", EPILOG], env=dict(SLURM_ENV, CKPTD_ENV_FILE=envfile, SLURM_JOB_ID=job,
                                              SLURM_JOB_USER=USER, SLURM_JOB_UID=str(env.uid)))
-        assert exit_status(daemon, 5) == -9, f"the daemon was not SIGKILLed: {p.stderr}"
-        assert f"did not stop within 2 s of SIGTERM; sending SIGKILL" in p.stderr, p.stderr
+        if died_before:
+            assert "is gone" in p.stderr and "not signalling" in p.stderr, p.stderr
+        else:
+            assert exit_status(daemon, 5) == -9, f"the daemon was not SIGKILLed: {p.stderr}"
+            assert f"did not stop within 2 s of SIGTERM; sending SIGKILL" in p.stderr, p.stderr
         assert not tmp_glob(), f"the epilog left {tmp_glob()}"
+        assert os.path.exists(precious), f"the epilog removed {precious}, which is not libckpt's"
+        os.remove(precious)
         assert not os.path.exists(jobdir) and not os.path.exists(f"{base}/job-{job}.pid")
         assert not any(os.path.exists(f"/dev/shm/{f}") for f in shm), f"shared memory {shm} left"
     finally:
@@ -381,8 +404,12 @@ def case_epilog_sigkill_after_timeout(env):
         os.remove(pause)
         os.remove(envfile)
     env.assert_node_clean("after the SIGKILL path of the epilog")
-    print("ok: a daemon held mid-flush got 2 s after SIGTERM, then a logged SIGKILL; its .tmp, socket dir "
-          "and the killed trainer's shared memory were removed")
+    if died_before:
+        print("ok: a daemon that died mid-flush was not signalled, and its .tmp, socket dir and the killed "
+              "trainer's shared memory were removed; the user's own ckpt-* file in /dev/shm stayed")
+    else:
+        print("ok: a daemon held mid-flush got 2 s after SIGTERM, then a logged SIGKILL; its .tmp, socket dir "
+              "and the killed trainer's shared memory were removed")
 
 
 def case_node_mode(env):
@@ -489,7 +516,8 @@ def main():
         os.makedirs(env.root, mode=0o700)
         os.chown(env.root, env.uid, pwd.getpwnam(USER).pw_gid)
         cases = [case_two_ranks, case_scancel_and_resume, case_two_jobs, case_bad_config,
-                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout, case_epilog_stops_upgraded_daemon,
+                 case_epilog_never_signals_unverified, case_epilog_sigkill_after_timeout,
+                 case_epilog_cleans_after_dead_daemon, case_epilog_stops_upgraded_daemon,
                  case_node_mode]
         only = sys.argv[2:]
         for case in cases:
