@@ -80,8 +80,8 @@ void CheckRepeatedKeys(CLI::App& app, const std::string& text, const std::string
     if (++seen[key] != 2) continue;
     const CLI::Option* opt = app.get_option_no_throw("--" + key);
     if (opt != nullptr && opt->get_items_expected_max() > 1) continue;
-    throw CLI::ConfigError("key '" + key + "' is set twice in " + (file.empty() ? std::string("the config") : file) +
-                           " (each key may appear once)");
+    throw CLI::ConfigError("key '" + key + "' is set twice in " +
+                           (file.empty() ? std::string("the config") : file) + " (each key may appear once)");
   }
 }
 
@@ -154,7 +154,9 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "Newest versions per rank kept in daemon memory (restore without reading a file; 0: none)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  // Bounded so that the budget in bytes (memory_mib << 20) cannot overflow.
   app.add_option("--memory-mib", c.memory_mib, "Memory tier budget in MiB (0: no memory tier)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--pool-mib", c.pool_mib, "Host pool size in MiB (allocated at start)")
       ->check(CLI::Range(16, 1 << 22))
@@ -275,6 +277,22 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     c.pool_numa = numa.value();
   } else {
     return fail(numa.status().message());
+  }
+  // A node the daemon may not use is a configuration error (exit 2, and --check-config says
+  // so), not a start that fails later and is restarted for ever.
+  if (c.pool_numa.mode == NumaPlacement::Mode::kNode) {
+    auto allowed = AllowedNumaNodes();
+    if (!allowed.ok()) return fail("--pool-numa " + pool_numa + ": this kernel has no NUMA support");
+    bool ok = false;
+    std::string list;
+    for (int n : allowed.value()) {
+      ok = ok || n == c.pool_numa.node;
+      list += (list.empty() ? "" : ",") + std::to_string(n);
+    }
+    if (!ok) {
+      return fail("--pool-numa " + pool_numa +
+                  ": not a NUMA node this daemon may allocate on (allowed: " + list + ")");
+    }
   }
   if (!c.metrics_listen.empty()) {
     if (auto addr = ParseListenAddress(c.metrics_listen); !addr.ok()) {

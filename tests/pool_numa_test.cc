@@ -22,9 +22,12 @@ DaemonOptions Options(const TempDir& dir, const std::string& numa) {
 }
 
 std::vector<std::string> Argv(const TempDir& dir, const std::string& numa) {
-  return {CKPTD_BINARY, "--create-root", "--root", dir.path() + "/root", "--socket", dir.path() + "/sock/ckptd.sock",
-          "--pool-mib", "64",     "--chunk-mib",        "4",        "--pool-numa",
-          numa};
+  return {CKPTD_BINARY,  "--create-root",
+          "--root",      dir.path() + "/root",
+          "--socket",    dir.path() + "/sock/ckptd.sock",
+          "--pool-mib",  "64",
+          "--chunk-mib", "4",
+          "--pool-numa", numa};
 }
 
 }  // namespace
@@ -58,7 +61,10 @@ TEST_CASE("an interleaved pool lies on the nodes the daemon may use, and local i
   CHECK(daemon.Status().pool_numa().rfind("local: ", 0) == 0);
 }
 
-TEST_CASE("a NUMA node the daemon may not use, or a bad --pool-numa, stops it at start with a clear error") {
+TEST_CASE(
+    "a NUMA node the daemon may not use, or a bad --pool-numa, is a configuration error (exit 2) with a "
+    "clear "
+    "message") {
   auto allowed = AllowedNumaNodes();
   REQUIRE(allowed.ok());
   int missing = 0;
@@ -66,10 +72,18 @@ TEST_CASE("a NUMA node the daemon may not use, or a bad --pool-numa, stops it at
   TempDir dir{"numa"};
   ProcessResult bad_node = RunProcess(Argv(dir, std::to_string(missing)));
   INFO(bad_node.output);
-  CHECK(bad_node.exit_code == 1);
+  // A configuration error (before: exit 1, which systemd restarts), and --check-config says so
+  // (before: "configuration OK").
+  CHECK(bad_node.exit_code == 2);
   CHECK(bad_node.output.find("--pool-numa " + std::to_string(missing) +
                              ": not a NUMA node this daemon may allocate on (allowed: ") !=
         std::string::npos);
+  std::vector<std::string> check = Argv(dir, std::to_string(missing));
+  check.push_back("--check-config");
+  ProcessResult checked = RunProcess(check);
+  INFO(checked.output);
+  CHECK(checked.exit_code == 2);
+  CHECK(checked.output.find("not a NUMA node this daemon may allocate on") != std::string::npos);
   ProcessResult bogus = RunProcess(Argv(dir, "nearest"));
   INFO(bogus.output);
   CHECK(bogus.exit_code == 2);

@@ -119,6 +119,21 @@ TEST_CASE("a key set twice in the config file is an error, but a list key may re
   CHECK(Contains(r.output, "1001"));
 }
 
+// Before: --memory-mib had no bound, and 2^64 / 2^20 or more wrapped the budget in bytes.
+TEST_CASE("a memory tier budget too large to be a size is a configuration error", "[service][config]") {
+  TempDir dir("svc");
+  fs::create_directories(dir.path() + "/root");
+  auto r = Ckptd(
+      Flags(dir, {"--root", dir.path() + "/root", "--memory-mib", "99999999999999999999", "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(Contains(r.output, "--memory-mib"));
+  r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--memory-mib", "17592186044416", "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(Contains(r.output, "--memory-mib"));
+}
+
 TEST_CASE("ckptd --version prints the version and exits 0", "[service][config]") {
   auto r = Ckptd({"--version"});
   INFO(r.output);
