@@ -106,6 +106,7 @@ Status Catalog::RecoverJob(const std::string& job) {
   if (removed > 0) spdlog::info("job {}: removed {} unfinished temporary file(s)", job, removed);
   MutexLock lock(latest_mu_);
   latest_[job] = newest;
+  ++latest_writes_[job];
   return Status::Ok();
 }
 
@@ -131,6 +132,7 @@ void Catalog::PublishLatest(const std::string& job, std::uint64_t version) {
   {
     MutexLock lock(latest_mu_);
     latest_[job] = version;
+    ++latest_writes_[job];
   }
   Status s = WriteLatest(job, version);
   if (s.ok()) {
@@ -334,20 +336,33 @@ void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {
   MutexLock lock(latest_mu_);
   auto& v = latest_[job];
   v = std::max(v, version);
+  ++latest_writes_[job];
 }
 
 std::uint64_t Catalog::RefreshLatest(const std::string& job) {
+  std::uint64_t writes_before;
+  {
+    MutexLock lock(latest_mu_);
+    auto it = latest_writes_.find(job);  // find: a List of any id must not grow the map
+    writes_before = it == latest_writes_.end() ? 0 : it->second;
+  }
   auto scanned = ScanLatest(job);
   if (!scanned.ok()) {
     MutexLock lock(latest_mu_);
     if (!storage_->Exists(JobDir(job))) {
       latest_.erase(job);  // gone (or never there): a List of any id must not grow the cache
+      latest_writes_.erase(job);
       return 0;
     }
     auto it = latest_.find(job);
     return it == latest_.end() ? 0 : it->second;  // not listable now: what was known stands
   }
   MutexLock lock(latest_mu_);
+  if (auto w = latest_writes_.find(job); w != latest_writes_.end() && w->second != writes_before) {
+    // Something this daemon did while the scan ran is newer than the scan.
+    auto it = latest_.find(job);
+    if (it != latest_.end()) return it->second;
+  }
   latest_[job] = scanned.value();
   return scanned.value();
 }
@@ -443,6 +458,7 @@ Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t ver
     if (!v.ok()) return v.status();
     MutexLock cache(latest_mu_);
     latest_[job] = v.value();
+    ++latest_writes_[job];
     return moved;
   }
   Status synced = storage_->SyncDir(aside);

@@ -142,6 +142,11 @@ class Catalog {
   Mutex latest_mu_ ACQUIRED_AFTER(commit_mu_);
   // Cache; loaded from storage on first use.
   std::map<std::string, std::uint64_t> latest_ GUARDED_BY(latest_mu_);
+  // Counts, per job, the writes of what this daemon learnt first-hand (a commit, a rollback, recovery),
+  // so that RefreshLatest, whose scan of the job directory runs unlocked, does not replace a
+  // value set while it scanned with what the scan saw before (a version committed meanwhile
+  // would be forgotten until the next commit).
+  std::map<std::string, std::uint64_t> latest_writes_ GUARDED_BY(latest_mu_);
   std::multiset<std::pair<std::string, std::uint64_t>> pinned_ GUARDED_BY(commit_mu_);
   // Jobs whose `latest` file a failed write left stale; any_stale_ lets RepairLatest return
   // at once without the lock when there is none.
