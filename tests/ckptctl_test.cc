@@ -254,7 +254,7 @@ TEST_CASE("ckptctl --socket works after the subcommand as before it", "[tools]")
   CHECK(Contains(down.output, "is ckptd running on " + dir.path() + "/nope.sock"));
 }
 
-TEST_CASE("ckptctl usage errors go to stderr on a line starting with 'ckptctl:'; --help is unchanged",
+TEST_CASE("ckptctl usage errors go to stderr on a line starting with 'ckptctl:', --help is unchanged",
           "[tools]") {
   TempDir dir("ctlusage");
   for (const std::vector<std::string>& argv : std::vector<std::vector<std::string>>{
