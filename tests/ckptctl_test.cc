@@ -14,11 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "format/paths.h"
 #include "support/daemon_process.h"
-#include "support/run_as.h"
 #include "support/eventually.h"
+#include "support/run_as.h"
 #include "support/shard_path.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -41,6 +42,34 @@ DaemonOptions Options(const TempDir& dir, std::vector<std::string> extra = {}) {
 ProcessResult Ctl(const std::string& socket, std::vector<std::string> args) {
   args.insert(args.begin(), {CKPTCTL_BINARY, "--socket", socket});
   return RunProcess(args);
+}
+
+// A run's stdout and stderr apart (RunProcess gives them together).
+struct SplitResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+SplitResult CtlSplit(const TempDir& dir, std::vector<std::string> args) {
+  const std::string err_path = dir.path() + "/ckptctl.stderr";
+  args.insert(args.begin(), {"/bin/sh", "-c", "exec \"$@\" 2>\"$0\"", err_path, CKPTCTL_BINARY});
+  ProcessResult r = RunProcess(args);
+  std::ifstream f(err_path);
+  std::stringstream err;
+  err << f.rdbuf();
+  return {r.exit_code, r.output, err.str()};
+}
+
+// Whether every line of `text` starts with "ckptctl:", and there is at least one.
+bool AllLinesPrefixed(const std::string& text) {
+  std::istringstream lines(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("ckptctl:", 0) != 0) return false;
+    ++n;
+  }
+  return n > 0;
 }
 
 // The JSON a successful run printed.
@@ -204,6 +233,85 @@ TEST_CASE(
     CHECK(Contains(down.output, "is ckptd running on " + dir.path() + "/nope.sock"));
   }
   CHECK(Ctl(dir.path() + "/nope.sock", {"status", "--watch", "--count", "2"}).exit_code == 1);
+}
+
+TEST_CASE("ckptctl --socket works after the subcommand as before it", "[tools]") {
+  TempDir dir("ctlsockafter");
+  DaemonProcess daemon(Options(dir));
+  CommitOne(daemon.socket(), "there", 1);
+  for (const char* sub : {"status", "jobs"}) {
+    auto after = RunProcess({CKPTCTL_BINARY, sub, "--socket", daemon.socket(), "--json"});
+    INFO(sub << ": " << after.output);
+    CHECK(after.exit_code == 0);
+  }
+  auto ls = RunProcess({CKPTCTL_BINARY, "ls", "--job", "there", "--socket", daemon.socket(), "--json"});
+  INFO(ls.output);
+  CHECK(ls.exit_code == 0);
+  CHECK(Contains(ls.output, "\"latest\": 1"));
+  // The socket given after the subcommand is the one used.
+  auto down = RunProcess({CKPTCTL_BINARY, "status", "--socket", dir.path() + "/nope.sock"});
+  CHECK(down.exit_code == 1);
+  CHECK(Contains(down.output, "is ckptd running on " + dir.path() + "/nope.sock"));
+}
+
+TEST_CASE("ckptctl usage errors go to stderr on a line starting with 'ckptctl:', --help is unchanged",
+          "[tools]") {
+  TempDir dir("ctlusage");
+  for (const std::vector<std::string>& argv : std::vector<std::vector<std::string>>{
+           {"ls"}, {"bogus"}, {"verify"}, {"status", "--count", "2"}, {"status", "--watch", "0"}}) {
+    auto r = CtlSplit(dir, argv);
+    INFO(argv[0] << ": stdout '" << r.out << "' stderr '" << r.err << "'");
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.rfind("ckptctl: ", 0) == 0);
+  }
+  CHECK(CtlSplit(dir, {"ls"}).err.rfind("ckptctl: --job is required\n", 0) == 0);
+  auto help = CtlSplit(dir, {"--help"});
+  CHECK(help.exit_code == 0);
+  CHECK(help.err.empty());
+  CHECK(help.out.rfind("ckptctl: inspect ckptd and its checkpoints\n", 0) == 0);
+}
+
+TEST_CASE("ckptctl verify: a missing or corrupt shard has its line on stdout and its error on stderr",
+          "[tools]") {
+  TempDir dir("ctlverifyerr");
+  const std::string missing = dir.path() + "/nonexist";
+  auto verify = CtlSplit(dir, {"verify", missing});
+  CHECK(verify.exit_code == 3);
+  CHECK(verify.out == "MISSING " + missing + "\n");
+  CHECK(verify.err == "ckptctl: verify: " + missing + ": no such file\n");
+  auto verify_json = CtlSplit(dir, {"verify", missing, "--json"});
+  CHECK(verify_json.exit_code == 3);
+  CHECK(json::parse(verify_json.out)["missing"] == 1);
+  CHECK(verify_json.err == verify.err);
+
+  DaemonProcess daemon(Options(dir));
+  CommitOne(daemon.socket(), "there", 1);
+  const std::string bad = dir.path() + "/bad.safetensors";
+  fs::copy_file(ShardPath(daemon.root(), "there", 1, 0), bad);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(bad) - 10));
+    f.put('\x5a');
+  }
+  auto corrupt = CtlSplit(dir, {"verify", bad});
+  INFO("stdout '" << corrupt.out << "' stderr '" << corrupt.err << "'");
+  CHECK(corrupt.exit_code == 4);
+  CHECK(corrupt.out.rfind("FAILED", 0) == 0);
+  CHECK(AllLinesPrefixed(corrupt.err));
+}
+
+TEST_CASE("ckptctl: a job id the daemon refuses (INVALID_ARGUMENT) is a usage error, exit 2", "[tools]") {
+  TempDir dir("ctlinvalid");
+  DaemonProcess daemon(Options(dir));
+  for (const char* sub : {"ls", "prefetch"}) {
+    auto r = CtlSplit(dir, {"--socket", daemon.socket(), sub, "--job", "../etc"});
+    INFO(sub << ": stdout '" << r.out << "' stderr '" << r.err << "'");
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.empty());
+    CHECK(AllLinesPrefixed(r.err));
+    CHECK(Contains(r.err, "INVALID_ARGUMENT"));
+  }
 }
 
 TEST_CASE(

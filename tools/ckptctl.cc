@@ -33,6 +33,12 @@ const CLI::Validator Positive(
 int main(int argc, char** argv) {
   using namespace ckptctl;
   CLI::App app{"ckptctl: inspect ckptd and its checkpoints"};
+  // Set before the subcommands are added, which copy both. Fallthrough: `ckptctl status --socket X`
+  // works as well as `ckptctl --socket X status`.
+  app.fallthrough();
+  // Every error line starts with "ckptctl:" (docs/ops/ckptctl.md), CLI11's own included.
+  app.failure_message(
+      [](const CLI::App* a, const CLI::Error& e) { return "ckptctl: " + CLI::FailureMessage::simple(a, e); });
   std::string socket = ckpt::DefaultClientSocketPath();
   app.add_option("--socket", socket, "ckptd socket ($CKPTD_SOCKET, else /run/ckptd/ckptd.sock)")
       ->capture_default_str();

@@ -214,13 +214,56 @@ class _Slot:
 # ----------------------------------------------------------------------------------------
 
 
+# The launchers whose environment says which process of how many this is, in the order they
+# are asked: torchrun's (RANK of WORLD_SIZE), then srun's (SLURM_PROCID of the step's
+# SLURM_STEP_NUM_TASKS, else SLURM_NTASKS). The first whose world size is set decides: under
+# torchrun started by srun, torchrun's are the trainer's ranks (srun's count the torchruns).
+_LAUNCHERS = (("torchrun", "RANK", ("WORLD_SIZE",)),
+              ("srun", "SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")))
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name, "")
+    if value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not an integer") from None
+
+
+def _env_rank_and_world() -> Optional[Tuple[int, int]]:
+    """(rank, world size) from the first launcher whose world size is set, if it says this
+    process is one of several; else None."""
+    for launcher, rank_var, world_vars in _LAUNCHERS:
+        world_var = next((v for v in world_vars if os.environ.get(v, "") != ""), None)
+        if world_var is None:
+            continue
+        world = _env_int(world_var)
+        if world <= 1:
+            return None
+        rank = _env_int(rank_var)
+        if rank is None:
+            raise ValueError(f"${world_var}={world} says this process is one of {world} ({launcher}), but "
+                             f"${rank_var} is not set: initialise torch.distributed or pass rank= and "
+                             f"world_size=")
+        if not 0 <= rank < world:
+            raise ValueError(f"${rank_var}={rank} is not a rank of ${world_var}={world} ({launcher})")
+        return rank, world
+    return None
+
+
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     """This process's (rank, world size): torch.distributed's when it is initialised (an
     explicit value must then agree with it: a checkpoint written under the wrong rank would
-    restore another rank's state), else the explicit values, else (0, 1)."""
+    restore another rank's state); else each explicit value, else the launcher's environment
+    (so that the ranks of a job started by torchrun or srun before init_process_group do not
+    all register as rank 0 of 1 and overwrite each other's shard), else (0, 1)."""
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
-        return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+        env = None if rank is not None and world_size is not None else _env_rank_and_world()
+        e_rank, e_world = (0, 1) if env is None else env
+        return (e_rank if rank is None else int(rank)), (e_world if world_size is None else int(world_size))
     d_rank, d_world = dist.get_rank(), dist.get_world_size()
     for what, given, actual in (("rank", rank, d_rank), ("world_size", world_size, d_world)):
         if given is not None and int(given) != actual:
@@ -235,9 +278,14 @@ class Checkpointer:
     client_or_socket: a ckpt.Client, or the daemon's socket path (None: the default socket,
       found as the C++ client finds it: $CKPTD_SOCKET, else /run/ckptd/ckptd.sock).
     job, rank, world_size: the checkpoint namespace and this process's place in it. rank and
-      world_size default to torch.distributed's when it is available and initialised, else
-      to 0 and 1; one given explicitly that disagrees with an initialised torch.distributed
-      is a ValueError saying both.
+      world_size default to torch.distributed's when it is available and initialised; one
+      given explicitly that disagrees with it is a ValueError saying both. When it is not
+      initialised, each value given explicitly is used, and one left out comes from the
+      launcher's environment when that says this process is one of several: torchrun's
+      $RANK of $WORLD_SIZE first, then srun's $SLURM_PROCID of $SLURM_STEP_NUM_TASKS (else
+      $SLURM_NTASKS); else 0 and 1. A world size above 1 without its rank variable, a rank
+      outside the world or a value that is not an integer is a ValueError naming the
+      variables.
     model: a torch.nn.Module; optimizer: a torch.optim.Optimizer; scheduler: anything with
       state_dict()/load_state_dict() (an LR scheduler).
     extra_state: a dict of your own (data-loader position, counters): pickled at each save,

@@ -23,11 +23,19 @@ int Fail(const std::string& what, const grpc::Status& s, const std::string& sock
   if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) std::cerr << "PERMISSION_DENIED: ";
   if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) std::cerr << "RESOURCE_EXHAUSTED: ";
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) std::cerr << "NOT_FOUND: ";
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) std::cerr << "INVALID_ARGUMENT: ";
   std::cerr << s.error_message();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
     std::cerr << " (is ckptd running on " << socket << "?)";
   std::cerr << "\n";
-  return s.error_code() == grpc::StatusCode::NOT_FOUND ? kNotFound : kFailure;
+  switch (s.error_code()) {
+    case grpc::StatusCode::NOT_FOUND:
+      return kNotFound;
+    case grpc::StatusCode::INVALID_ARGUMENT:  // what was typed is wrong (a job id like ../etc)
+      return kUsage;
+    default:
+      return kFailure;
+  }
 }
 
 std::string Human(std::uint64_t bytes) {

@@ -18,7 +18,7 @@ namespace ckptctl {
 enum Exit : int {
   kOk = 0,
   kFailure = 1,   // the daemon is unreachable or went away, or a call or a read failed
-  kUsage = 2,     // bad command line
+  kUsage = 2,     // bad command line, or an argument the daemon refuses (INVALID_ARGUMENT)
   kNotFound = 3,  // no such job, version, shard or file
   kCorrupt = 4,   // verify: a shard failed its checks
 };
@@ -28,8 +28,8 @@ std::unique_ptr<ckpt::v1::Checkpoint::Stub> Connect(const std::string& socket);
 // A deadline `seconds` from now for a call to the daemon.
 void SetDeadline(grpc::ClientContext& ctx, int seconds);
 
-// Prints why call `what` failed and returns its exit code: kNotFound for NOT_FOUND,
-// kFailure otherwise.
+// Prints why call `what` failed and returns its exit code: kNotFound for NOT_FOUND, kUsage
+// for INVALID_ARGUMENT (the daemon refused what was typed), kFailure otherwise.
 int Fail(const std::string& what, const grpc::Status& s, const std::string& socket);
 
 // "1.5 MiB".

@@ -98,8 +98,9 @@ int Verify(std::vector<std::string> paths, const TreeSelection& tree, bool json)
     if (!Exists(p)) {
       ++missing;
       entry["result"] = "missing";
-      entry["error"] = p + " does not exist";
+      entry["error"] = p + ": no such file";
       if (!json) std::printf("MISSING %s\n", p.c_str());
+      std::cerr << "ckptctl: verify: " << p << ": no such file\n";
     } else if (ckpt::Status s = ckpt::VerifyShard(p); s.ok()) {
       entry["result"] = "ok";
       if (!json) std::printf("ok      %s\n", p.c_str());
@@ -108,6 +109,7 @@ int Verify(std::vector<std::string> paths, const TreeSelection& tree, bool json)
       entry["result"] = "failed";
       entry["error"] = s.message();
       if (!json) std::printf("FAILED  %s\n", s.message().c_str());
+      std::cerr << "ckptctl: verify: " << s.message() << "\n";
     }
     shards.push_back(std::move(entry));
   }
@@ -126,7 +128,7 @@ int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json
   int rc = kOk;
   for (const auto& path : paths) {
     if (!Exists(path)) {
-      std::cerr << "ckptctl: inspect: " << path << " does not exist\n";
+      std::cerr << "ckptctl: inspect: " << path << ": no such file\n";
       rc = std::max<int>(rc, kNotFound);
       continue;
     }
