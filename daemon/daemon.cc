@@ -1,9 +1,9 @@
 #include "daemon/daemon.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <filesystem>
-
-#include <spdlog/spdlog.h>
 
 #include "daemon/metrics/daemon_metrics.h"
 
@@ -43,7 +43,8 @@ Status CheckTiersApart(Storage& storage, const std::string& root, const std::str
     return o == outer.end();
   };
   if (same || inside(r, l) || inside(l, r)) {
-    return FailedPrecondition("--local " + local + " (" + l.string() + ") and --root " + root + " (" + r.string() +
+    return FailedPrecondition("--local " + local + " (" + l.string() + ") and --root " + root + " (" +
+                              r.string() +
                               ") are the same directory or one holds the other; the local tier's retention "
                               "would delete committed versions: give two separate directories");
   }
@@ -253,10 +254,10 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   memory_->Drop(shard->image);
   shard->image.reset();
   const Level reached = shard->level();
-  metrics::Metrics().Error(reached < Level::kCaptured ? metrics::ErrorKind::kCopy
-                           : shard->publish_level() == Level::kLocal && reached >= Level::kLocal
-                               ? metrics::ErrorKind::kPromote
-                               : metrics::ErrorKind::kWrite);
+  metrics::Metrics().Error(
+      shard->publish_level() == Level::kLocal && reached >= Level::kLocal ? metrics::ErrorKind::kPromote
+      : shard->writing_failed() || reached >= Level::kCaptured            ? metrics::ErrorKind::kWrite
+                                                                          : metrics::ErrorKind::kCopy);
   metrics::Metrics().VersionFailed(m.job, m.version);
   errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " +
                  std::to_string(m.version) + ": " + shard->error().message());

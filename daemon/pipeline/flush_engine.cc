@@ -71,7 +71,7 @@ void FlushEngine::Write(Task& task) {
   ShardJob& shard = *task.shard;
   bool hashed = false;
   if (!shard.failed()) {
-    if (Status s = Open(shard); !s.ok()) shard.Fail(s);
+    if (Status s = Open(shard); !s.ok()) shard.FailWriting(s);
   }
   if (!shard.failed()) {
     // With O_DIRECT the tail of the last chunk is written padded to a whole block; the
@@ -94,7 +94,7 @@ void FlushEngine::Write(Task& task) {
       hashed =
           shard.hasher().Hash(task.file_offset - shard.layout().header_bytes(), task.chunk.data, task.len);
     } else {
-      shard.Fail(s);
+      shard.FailWriting(s);
     }
   }
   // The writers of later chunks may be waiting for this chunk's pieces.
@@ -105,7 +105,7 @@ void FlushEngine::Write(Task& task) {
 
 void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {
   if (!shard->failed()) {
-    if (Status s = Publish(*shard); !s.ok()) shard->Fail(s);
+    if (Status s = Publish(*shard); !s.ok()) shard->FailWriting(s);
   }
   if (shard->failed()) {
     shard->file().reset();

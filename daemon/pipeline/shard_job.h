@@ -135,6 +135,13 @@ class ShardJob {
   void Reach(Level level);
   // Records the first failure; the level stays where it was. Wakes waiters.
   void Fail(const Status& status);
+  // Fail, for a failure of the shard's file (open, write, publish): the writes overlap the
+  // copy, so the level reached alone cannot tell a write failure from a copy failure.
+  void FailWriting(const Status& status) {
+    writing_failed_.store(true, std::memory_order_relaxed);
+    Fail(status);
+  }
+  bool writing_failed() const { return writing_failed_.load(std::memory_order_relaxed); }
   bool failed() const;
   Status error() const;
   Level level() const;
@@ -176,6 +183,7 @@ class ShardJob {
   std::atomic<bool> error_reported_{false};
   std::atomic<bool> local_pinned_{false};
   std::atomic<bool> failure_handled_{false};
+  std::atomic<bool> writing_failed_{false};
   UniqueFd file_;
   std::once_flag open_once_;
   Status open_status_;
