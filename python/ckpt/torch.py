@@ -216,10 +216,13 @@ class _Slot:
 
 # The launchers whose environment says which process of how many this is, in the order they
 # are asked: torchrun's (RANK of WORLD_SIZE), then srun's (SLURM_PROCID of the step's
-# SLURM_STEP_NUM_TASKS, else SLURM_NTASKS). The first whose world size is set decides: under
-# torchrun started by srun, torchrun's are the trainer's ranks (srun's count the torchruns).
+# SLURM_STEP_NUM_TASKS). The first whose world size is set decides: under torchrun started by
+# srun, torchrun's are the trainer's ranks (srun's count the torchruns). Not SLURM_NTASKS:
+# the batch script of `sbatch -n2` has SLURM_NTASKS=2 and SLURM_PROCID=0 too (seen on Slurm
+# 22.05), and a trainer started there without srun would take itself for rank 0 of 2 and
+# never commit; SLURM_STEP_NUM_TASKS is set only inside an srun step.
 _LAUNCHERS = (("torchrun", "RANK", ("WORLD_SIZE",)),
-              ("srun", "SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")))
+              ("srun", "SLURM_PROCID", ("SLURM_STEP_NUM_TASKS",)))
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -282,8 +285,9 @@ class Checkpointer:
       given explicitly that disagrees with it is a ValueError saying both. When it is not
       initialised, each value given explicitly is used, and one left out comes from the
       launcher's environment when that says this process is one of several: torchrun's
-      $RANK of $WORLD_SIZE first, then srun's $SLURM_PROCID of $SLURM_STEP_NUM_TASKS (else
-      $SLURM_NTASKS); else 0 and 1. A world size above 1 without its rank variable, a rank
+      $RANK of $WORLD_SIZE first, then srun's $SLURM_PROCID of $SLURM_STEP_NUM_TASKS (set
+      only inside an srun step, unlike $SLURM_NTASKS); else 0 and 1. A world size above 1
+      without its rank variable, a rank
       outside the world or a value that is not an integer is a ValueError naming the
       variables.
     model: a torch.nn.Module; optimizer: a torch.optim.Optimizer; scheduler: anything with

@@ -1,7 +1,7 @@
 """ckpt.torch.Checkpointer takes its rank and world size from torch.distributed when that is
 initialised (explicit values must agree with it), else from explicit values, else from the
 launcher's environment (torchrun's $RANK/$WORLD_SIZE, then srun's $SLURM_PROCID/
-$SLURM_STEP_NUM_TASKS/$SLURM_NTASKS), and its socket from the one rule of the C++
+$SLURM_STEP_NUM_TASKS), and its socket from the one rule of the C++
 client ($CKPTD_SOCKET here). torch.distributed runs as a gloo group: of world size 1 in this
 process (file:// rendezvous), and of world size 2 as two processes (tcp://127.0.0.1)."""
 
@@ -138,10 +138,11 @@ def test_two_processes_of_a_gloo_group_commit_one_version_as_ranks_0_and_1(daemo
 
 @pytest.mark.parametrize("env, expected", [
     ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2)),                                      # torchrun
-    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, (2, 3)),                            # srun
+    ({"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_NTASKS": "3"}, (2, 3)),  # srun
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, (0, 1)),  # an sbatch -n2 batch script, not an srun step
     ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "4"}, (1, 2)),  # srun -n2 of 4
-    ({"RANK": "3", "WORLD_SIZE": "4", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (3, 4)),  # torchrun in srun
-    ({"RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (0, 1)),
+    ({"RANK": "3", "WORLD_SIZE": "4", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}, (3, 4)),  # torchrun in srun
+    ({"RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}, (0, 1)),
 ])
 def test_without_torch_distributed_rank_and_world_come_from_the_launchers_environment(
         daemon, monkeypatch, env, expected):
@@ -179,7 +180,7 @@ def test_an_initialised_torch_distributed_wins_over_the_launchers_environment(da
 
 @pytest.mark.parametrize("env, message", [
     ({"WORLD_SIZE": "2"}, r"\$WORLD_SIZE=2 says this process is one of 2 \(torchrun\), but \$RANK is not set"),
-    ({"SLURM_NTASKS": "4"}, r"\$SLURM_NTASKS=4 .*\(srun\), but \$SLURM_PROCID is not set"),
+    ({"SLURM_STEP_NUM_TASKS": "4"}, r"\$SLURM_STEP_NUM_TASKS=4 .*\(srun\), but \$SLURM_PROCID is not set"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, r"\$RANK=2 is not a rank of \$WORLD_SIZE=2"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, r"\$RANK='x' is not an integer"),
 ])
@@ -204,7 +205,7 @@ ENV_RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("rank_var, world_var", [("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")])
+@pytest.mark.parametrize("rank_var, world_var", [("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")])
 def test_two_processes_started_by_a_launcher_commit_one_version_as_ranks_0_and_1(daemon, rank_var, world_var):
     job = "env-" + rank_var.lower()
     procs = [subprocess.Popen([sys.executable, "-c", ENV_RANK_SCRIPT, str(r), job],
