@@ -429,6 +429,8 @@ TEST_CASE("metrics: ten half-sent requests do not hold up a scrape") {
   CHECK(r.status == 200);
   CHECK(Value(ParseExposition(r.body), "ckptd_sessions_open") == 0);
   for (const auto& fd : stalled) CHECK(OpenAndSilent(fd.get()));
+  // Each is closed at the end of its time, with a reason.
+  for (const auto& fd : stalled) CHECK(ParseReply(ReadToEnd(fd.get())).status == 408);
 }
 
 TEST_CASE("metrics: a request with bare LF line ends is answered") {
