@@ -220,7 +220,7 @@ void MetricsHttpEndpoint::Progress(Connection& c) {
   c.done = true;
 }
 
-std::string MetricsHttpEndpoint::Respond(const std::string& request) {
+std::string MetricsHttpEndpoint::Respond(const std::string& request) const {
   // Request line: METHOD SP TARGET SP VERSION.
   std::string line = request.substr(0, request.find('\n'));
   if (!line.empty() && line.back() == '\r') line.pop_back();

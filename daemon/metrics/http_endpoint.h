@@ -70,7 +70,7 @@ class MetricsHttpEndpoint {
   bool AcceptPending(std::vector<Connection>& connections);
   // Reads or writes what the socket allows; sets `done` when the exchange is over.
   void Progress(Connection& c);
-  std::string Respond(const std::string& request);
+  std::string Respond(const std::string& request) const;
   // A warning at most once a second (the states that cause them can last).
   void ThrottledWarn(const std::string& line);
 
