@@ -377,10 +377,13 @@ int CheckConfig(const Config& config) {
       s = InvalidArgument("--log-file " + config.log_file + " cannot be written: " + std::strerror(errno));
     }
   }
+  std::string metrics_warning;
+  if (s.ok()) s = metrics::CheckMetricsConfig(config, &metrics_warning);
   if (!s.ok()) {
     std::cerr << "ckptd: " << s.message() << "\n";
     return kConfigErrorExit;
   }
+  if (!metrics_warning.empty()) std::cerr << "ckptd: warning: " << metrics_warning << "\n";
   std::cout << "# ckptd " << CKPTD_VERSION << ": configuration OK"
             << (config.config_file.empty() ? std::string() : " (" + config.config_file + ")") << "\n"
             << config.effective;
@@ -465,7 +468,7 @@ int Run(Config config, int argc, char** argv) {
   auto metrics = metrics::MetricsExport::Start(config, *daemon.value());
   if (!metrics.ok()) {
     spdlog::critical("cannot start: {}", metrics.status().message());
-    return kRuntimeFailureExit;
+    return ExitCodeFor(metrics.status());
   }
   CheckpointService service(*daemon.value(), &peers);
   auto listened = Listen(config);

@@ -4,7 +4,9 @@
 #include <arpa/inet.h>
 #include <ckpt/client.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,7 +92,8 @@ struct HttpReply {
   std::string headers, body;
 };
 
-HttpReply HttpRequest(int port, const std::string& request) {
+// A connection to 127.0.0.1:port that has sent `request` (which may be part of one).
+UniqueFd ConnectAndSend(int port, const std::string& request) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -103,10 +106,18 @@ HttpReply HttpRequest(int port, const std::string& request) {
       static_cast<ssize_t>(request.size())) {
     throw std::runtime_error("send failed");
   }
+  return fd;
+}
+
+// Reads what the server sends until it closes the connection.
+std::string ReadToEnd(int fd) {
   std::string raw;
   char buf[65536];
-  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;)
-    raw.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<std::size_t>(n));
+  return raw;
+}
+
+HttpReply ParseReply(const std::string& raw) {
   HttpReply r;
   const auto end = raw.find("\r\n\r\n");
   if (raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos)
@@ -115,6 +126,43 @@ HttpReply HttpRequest(int port, const std::string& request) {
   r.headers = raw.substr(0, end);
   r.body = raw.substr(end + 4);
   return r;
+}
+
+HttpReply HttpRequest(int port, const std::string& request) {
+  UniqueFd fd = ConnectAndSend(port, request);
+  return ParseReply(ReadToEnd(fd.get()));
+}
+
+// Whether the server keeps `fd` open without having sent anything on it.
+bool OpenAndSilent(int fd) {
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK) < 0 && errno == EAGAIN;
+}
+
+// The reply on `fd`, read to its end, which must come while every connection of `held`
+// stays open and silent: the server answered `fd` without waiting for any of them.
+HttpReply ReplyWhileHeldOpen(int fd, const std::vector<UniqueFd>& held) {
+  std::vector<pollfd> fds{{fd, POLLIN, 0}};
+  for (const auto& h : held) fds.push_back({h.get(), POLLIN, 0});
+  std::string raw;
+  for (;;) {
+    // A bound against a hang only; the order of events is what is checked.
+    const int n = ::poll(fds.data(), fds.size(), 60'000);
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n > 0);
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      INFO("held connection " << i - 1 << " of " << held.size());
+      REQUIRE(fds[i].revents == 0);  // closed (or answered) before the reply came
+    }
+    if (!fds[0].revents) continue;
+    char buf[65536];
+    const ssize_t got = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (got > 0) {
+      raw.append(buf, static_cast<std::size_t>(got));
+    } else if (got == 0 || errno != EAGAIN) {
+      return ParseReply(raw);
+    }
+  }
 }
 
 HttpReply HttpGet(int port, const std::string& path) {
@@ -370,6 +418,148 @@ TEST_CASE("metrics: GET of another path is 404, another method 405, HEAD has hea
   CHECK(HttpGet(f.port, "/metrics").status == 200);
 }
 
+TEST_CASE("metrics: ten half-sent requests do not hold up a scrape") {
+  Fixture f;
+  // Each has sent its request line and then stalls, as a broken or hostile client would.
+  std::vector<UniqueFd> stalled;
+  for (int i = 0; i < 10; ++i) stalled.push_back(ConnectAndSend(f.port, "GET /metrics HTTP/1.1\r\n"));
+  UniqueFd scrape =
+      ConnectAndSend(f.port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  HttpReply r = ReplyWhileHeldOpen(scrape.get(), stalled);
+  CHECK(r.status == 200);
+  CHECK(Value(ParseExposition(r.body), "ckptd_sessions_open") == 0);
+  for (const auto& fd : stalled) CHECK(OpenAndSilent(fd.get()));
+  // Each is closed at the end of its time, with a reason.
+  for (const auto& fd : stalled) CHECK(ParseReply(ReadToEnd(fd.get())).status == 408);
+}
+
+TEST_CASE("metrics: a request with bare LF line ends is answered") {
+  Fixture f;
+  UniqueFd scrape = ConnectAndSend(f.port, "GET /metrics HTTP/1.1\nHost: 127.0.0.1\n\n");
+  // Answered as a whole request, not at the end of its time (by which this one, opened
+  // later, would still be open).
+  std::vector<UniqueFd> later;
+  later.push_back(ConnectAndSend(f.port, "GET /met"));
+  HttpReply r = ReplyWhileHeldOpen(scrape.get(), later);
+  CHECK(r.status == 200);
+  CHECK(Value(ParseExposition(r.body), "ckptd_sessions_open") == 0);
+  HttpReply missing = HttpRequest(f.port, "GET /nothing HTTP/1.0\n\n");
+  CHECK(missing.status == 404);
+}
+
+TEST_CASE(
+    "metrics: past 64 open connections the oldest is closed with a 503 and a scrape is still answered") {
+  Fixture f;
+  constexpr int kCap = 64;  // docs/ops/metrics.md
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < kCap; ++i) held.push_back(ConnectAndSend(f.port, "GET /metrics HTTP/1.1\r\n"));
+  // The 65th connection: the server closes the oldest to take it.
+  UniqueFd oldest = std::move(held.front());
+  held.erase(held.begin());
+  UniqueFd scrape = ConnectAndSend(f.port, "GET /metrics HTTP/1.1\r\n\r\n");
+  HttpReply r = ReplyWhileHeldOpen(scrape.get(), held);
+  CHECK(r.status == 200);
+  // Closed with a reason, not by its deadline (that would be 408).
+  HttpReply dropped = ParseReply(ReadToEnd(oldest.get()));
+  CHECK(dropped.status == 503);
+  CHECK(dropped.body.find("too many connections") != std::string::npos);
+  for (const auto& fd : held) CHECK(OpenAndSilent(fd.get()));
+}
+
+TEST_CASE("metrics: out of descriptors the endpoint does not spin and serves again once it has some") {
+  Fixture f;
+  const pid_t pid = f.daemon->pid();
+  rlimit old{};
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, nullptr, &old) == 0);
+  // A soft limit of the lowest descriptor number the daemon has free: every accept fails
+  // with EMFILE (the limit is on numbers, not on how many are open).
+  std::set<int> open_fds;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    open_fds.insert(std::stoi(e.path().filename().string()));
+  rlimit tight = old;
+  tight.rlim_cur = 0;
+  while (open_fds.count(static_cast<int>(tight.rlim_cur))) ++tight.rlim_cur;
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &tight, nullptr) == 0);
+  // Complete requests, left pending in the listener's backlog.
+  std::vector<UniqueFd> pending;
+  for (int i = 0; i < 3; ++i)
+    pending.push_back(ConnectAndSend(f.port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  // A measuring window, not a wait for anything: from the connects on, a daemon that spun
+  // on the failing accept would burn a core in it; one that backs off uses next to nothing.
+  const std::uint64_t before = f.daemon->CpuTicks();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double window_ticks =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * ::sysconf(_SC_CLK_TCK);
+  const std::uint64_t used = f.daemon->CpuTicks() - before;
+  INFO("daemon CPU ticks in the window: " << used << " of " << window_ticks);
+  CHECK(static_cast<double>(used) < window_ticks / 4);
+  CHECK(Eventually([&] { return f.daemon->Log().find("out of file descriptors") != std::string::npos; },
+                   std::chrono::seconds(10)));
+  for (const auto& fd : pending) CHECK(OpenAndSilent(fd.get()));
+  // Descriptors again: the pending scrapes are answered.
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &old, nullptr) == 0);
+  for (const auto& fd : pending) CHECK(ParseReply(ReadToEnd(fd.get())).status == 200);
+}
+
+TEST_CASE(
+    "metrics: an address not of this host or a textfile in a missing directory is a configuration "
+    "error at start and at --check-config where a port in use only warns") {
+  TempDir dir("metrics-config");
+  fs::create_directories(dir.path() + "/root");
+  auto ckptd = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {
+        CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
+        "--pool-mib", "16",     "--chunk-mib",        "4"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv);
+  };
+  const std::string nowhere = dir.path() + "/nodir/ckptd.prom";
+  for (const bool check : {true, false}) {
+    const std::string mode = check ? "--check-config" : "--log-level=info";
+    // 192.0.2.1 is TEST-NET-1 (RFC 5737): no host has it.
+    ProcessResult r = ckptd({mode, "--metrics-listen", "192.0.2.1:9464"});
+    INFO(mode << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("bind 192.0.2.1:9464: Cannot assign requested address") != std::string::npos);
+    CHECK(r.output.find("not an address of this host") != std::string::npos);
+    r = ckptd({mode, "--metrics-textfile", nowhere});
+    INFO(mode << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("--metrics-textfile " + nowhere + ": directory " + dir.path() +
+                        "/nodir does not exist") != std::string::npos);
+    CHECK(!fs::exists(dir.path() + "/s.sock"));
+  }
+  // A file where the directory should be.
+  std::ofstream(dir.path() + "/file") << "x";
+  ProcessResult r = ckptd({"--check-config", "--metrics-textfile", dir.path() + "/file/ckptd.prom"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find(dir.path() + "/file is not a directory") != std::string::npos);
+  // A port in use may be the running daemon's: --check-config says so and passes.
+  UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(holder.get(), 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string taken = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  r = ckptd({"--check-config", "--metrics-listen", taken});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("configuration OK") != std::string::npos);
+  CHECK(r.output.find("warning: --metrics-listen " + taken) != std::string::npos);
+  CHECK(r.output.find("Address already in use") != std::string::npos);
+  // A free port: nothing to say, and nothing is left listening.
+  const int free_port = FreePort();
+  r = ckptd({"--check-config", "--metrics-listen", "127.0.0.1:" + std::to_string(free_port)});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("warning") == std::string::npos);
+}
+
 TEST_CASE("metrics: a malformed --metrics-listen exits 2, a port in use exits 1, both say why") {
   TempDir dir("metrics-bad");
   fs::create_directories(dir.path() + "/root");
@@ -405,8 +595,8 @@ TEST_CASE("metrics: a malformed --metrics-listen exits 2, a port in use exits 1,
   r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
                   "--pool-mib", "16", "--chunk-mib", "4", "--metrics-textfile", nowhere});
   INFO(r.output);
-  CHECK(r.exit_code == 1);
-  CHECK(r.output.find("cannot start: --metrics-textfile: metrics textfile " + nowhere) != std::string::npos);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("cannot start: --metrics-textfile " + nowhere) != std::string::npos);
   CHECK(r.output.find("warning") == std::string::npos);  // no second try on the way out
 }
 

@@ -101,19 +101,6 @@ std::string Latest(const std::string& root, const std::string& job) {
   return ReadFile(root + "/" + job + "/latest");
 }
 
-// CPU time (user + system) the process has used, in clock ticks.
-std::uint64_t CpuTicks(pid_t pid) {
-  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  std::istringstream in(stat.substr(stat.rfind(')') + 2));
-  std::string field;
-  std::uint64_t utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return utime + stime;
-}
-
 // A connection that sends nothing. Blocking connect, bounded: a daemon that stops
 // accepting makes connect wait once its backlog is full.
 int ConnectIdle(const std::string& socket) {
@@ -534,12 +521,12 @@ TEST_CASE("out of descriptors, the daemon refuses connections at once and does n
   // Nothing is pending now: a daemon that spun would burn a core; give it a second to show.
   // (A measuring window, not a wait for anything: the check below is on CPU time, bounded
   // by the window, and a fixed daemon uses next to none.)
-  const std::uint64_t before = CpuTicks(daemon.pid());
+  const std::uint64_t before = daemon.CpuTicks();
   const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double window_ticks =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * ::sysconf(_SC_CLK_TCK);
-  const std::uint64_t used = CpuTicks(daemon.pid()) - before;
+  const std::uint64_t used = daemon.CpuTicks() - before;
   INFO("daemon CPU ticks in the window: " << used << " of " << window_ticks);
   CHECK(static_cast<double>(used) < window_ticks / 4);
   CHECK(Contains(daemon.Log(), "out of file descriptors"));

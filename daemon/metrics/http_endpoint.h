@@ -1,8 +1,15 @@
 // MetricsHttpEndpoint: the HTTP side of --metrics-listen. GET (or HEAD) /metrics answers the
 // text `render` returns, as text/plain; version=0.0.4; any other path is 404, any other
-// method 405. One thread serves one connection at a time, each closed after its reply
-// (Connection: close), with a deadline for the whole exchange so a stalled client holds the
-// thread for at most kExchangeLimit. A scrape is a few per minute; this is all it needs.
+// method 405. Each connection gets one reply and is closed (Connection: close).
+//
+// One thread serves every connection at once from one poll loop, each with its own buffer
+// and a deadline of kExchangeLimit for the whole exchange (then 408 and closed), so a client
+// that stalls delays nobody else's scrape. At most kMaxConnections are open: a new one past
+// that closes the oldest, with a 503, so a crowd of stalled clients holds a bounded number
+// of descriptors and cannot keep a scrape out. Lines may end in CRLF or a bare LF. When the
+// process is out of descriptors (EMFILE, ENFILE) the listener is left out of the poll for
+// kAcceptBackoff instead of being retried at once, forever; the pending connections wait in
+// the backlog.
 //
 // Why not cpp-httplib (libcpp-httplib-dev): Debian ships it as a shared library built with
 // OpenSSL, zlib and brotli, which would all be loaded into the daemon for one plain-text
@@ -11,10 +18,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/listen_address.h"
 #include "common/status.h"
@@ -25,8 +34,15 @@ namespace ckpt::metrics {
 class MetricsHttpEndpoint {
  public:
   static constexpr std::chrono::seconds kExchangeLimit{5};
+  static constexpr std::size_t kMaxConnections = 64;
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
 
-  // Binds and listens on `address`; an error names the address and the reason (errno).
+  // A listening socket on `address`, as Start makes it (--check-config binds it and closes
+  // it). An error names the address and the reason (errno): EADDRINUSE, which a restart
+  // may cure, and other failures of the system are IoError; an address this host cannot
+  // bind (EADDRNOTAVAIL, EACCES, no IPv6) is InvalidArgument, a configuration error.
+  static Result<UniqueFd> Listen(const ListenAddress& address);
+  // Listen, then serve on a thread of its own.
   static Result<std::unique_ptr<MetricsHttpEndpoint>> Start(const ListenAddress& address,
                                                             std::function<std::string()> render);
   ~MetricsHttpEndpoint();
@@ -37,14 +53,31 @@ class MetricsHttpEndpoint {
   const std::string& bound() const { return bound_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Connection {
+    UniqueFd fd;
+    Clock::time_point deadline;
+    std::string request;  // bytes read so far
+    std::string reply;    // once the request is whole
+    std::size_t sent = 0;
+    bool done = false;
+  };
+
   MetricsHttpEndpoint(UniqueFd listener, UniqueFd stop_read, UniqueFd stop_write, std::string bound,
                       std::function<std::string()> render);
   void Loop();
-  void Serve(int fd);
+  // Accepts what is pending into `connections`; false when out of descriptors (back off).
+  bool AcceptPending(std::vector<Connection>& connections);
+  // Reads or writes what the socket allows; sets `done` when the exchange is over.
+  void Progress(Connection& c);
+  std::string Respond(const std::string& request) const;
+  // A warning at most once a second (the states that cause them can last).
+  void ThrottledWarn(const std::string& line);
 
   UniqueFd listener_, stop_read_, stop_write_;
   const std::string bound_;
   const std::function<std::string()> render_;
+  Clock::time_point last_warning_{};  // the loop's thread only
   std::thread thread_;
 };
 

@@ -144,6 +144,20 @@ std::uint64_t DaemonProcess::PeakRssBytes() const {
   throw std::runtime_error("no VmHWM for pid " + std::to_string(pid_));
 }
 
+std::uint64_t DaemonProcess::CpuTicks() const {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid_) + "/stat");
+  // The fields after the command, which is in parentheses and may hold spaces; utime and
+  // stime are the 14th and 15th of the line.
+  std::istringstream in(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  std::uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return utime + stime;
+}
+
 std::string DaemonProcess::Log() const {
   try {
     return ReadFile(log_path_);

@@ -50,6 +50,8 @@ class DaemonProcess {
   int WaitExit(std::chrono::milliseconds limit);
   // VmHWM (peak resident set) of the running daemon, in bytes.
   std::uint64_t PeakRssBytes() const;
+  // CPU time (user + system, all threads) the running daemon has used, in clock ticks.
+  std::uint64_t CpuTicks() const;
   // What the daemon logged so far.
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }
