@@ -23,7 +23,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-Status Storage::WriteFileAtomic(const std::string& path, const std::string& content) {
+Status Storage::WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
   std::string tmp = path + TmpSuffix();
   auto fd = CreateFile(tmp, /*direct=*/false);
   if (!fd.ok()) return fd.status();
@@ -33,6 +33,7 @@ Status Storage::WriteFileAtomic(const std::string& path, const std::string& cont
     Remove(tmp);
     return s;
   };
+  if (mode != 0600 && ::fchmod(fd->get(), mode) != 0) return failed(IoError("chmod " + tmp, errno));
   if (Status s = WriteAt(fd->get(), content.data(), content.size(), 0, tmp); !s.ok()) return failed(s);
   if (Status s = DataSync(fd->get(), tmp); !s.ok()) return failed(s);
   fd->reset();

@@ -62,8 +62,9 @@ class Storage {
   virtual bool SupportsDirectIo(const std::string& dir) = 0;
 
   // Writes `content` to `path` atomically: path.tmp, fdatasync, rename, fsync of the
-  // directory. Built from the calls above, so wrappers see each step.
-  Status WriteFileAtomic(const std::string& path, const std::string& content);
+  // directory. Built from the calls above, so wrappers see each step. The file is 0600
+  // unless `mode` says otherwise.
+  Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode = 0600);
   // Reads a whole small file.
   Result<std::string> ReadSmallFile(const std::string& path);
 };

@@ -17,7 +17,9 @@ Status TextfileWriter::Start() {
 TextfileWriter::~TextfileWriter() { Stop(); }
 
 Status TextfileWriter::WriteNow() {
-  if (Status s = storage_->WriteFileAtomic(path_, render_()); !s.ok())
+  // Readable by all: node_exporter runs as a user of its own, and the same text is served
+  // to anyone who reaches --metrics-listen.
+  if (Status s = storage_->WriteFileAtomic(path_, render_(), 0644); !s.ok())
     return s.With("metrics textfile " + path_);
   return Status::Ok();
 }
