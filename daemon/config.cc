@@ -338,6 +338,12 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                 "); give one directory only, or two different ones");
   }
   c.effective = app.config_to_str(/*default_also=*/true, /*write_description=*/false);
+  // The node id the daemon uses (computed, or with its odd characters replaced), not the
+  // text given.
+  if (auto at = c.effective.find("node-id=");
+      at != std::string::npos && (at == 0 || c.effective[at - 1] == '\n')) {
+    c.effective.replace(at, c.effective.find('\n', at) - at, "node-id=\"" + c.node_id + "\"");
+  }
   *exit_code = 0;
   return c;
 }

@@ -134,6 +134,19 @@ TEST_CASE("a memory tier budget too large to be a size is a configuration error"
   CHECK(Contains(r.output, "--memory-mib"));
 }
 
+// Before: --check-config printed the node id as given (a/b), not the one used (a_b).
+TEST_CASE("ckptd --check-config prints the node id the daemon uses", "[service][config]") {
+  TempDir dir("svc");
+  fs::create_directories(dir.path() + "/root");
+  auto r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--node-id", "a/b", "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(Contains(r.output, "node-id=\"a_b\""));
+  r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--check-config"}));
+  INFO(r.output);
+  CHECK_FALSE(Contains(r.output, "node-id=\"\""));
+}
+
 TEST_CASE("ckptd --version prints the version and exits 0", "[service][config]") {
   auto r = Ckptd({"--version"});
   INFO(r.output);

@@ -124,10 +124,11 @@ if [ "$line" != ready ]; then
   fail "ckptd for user '$user' (uid $uid), root $root, did not start: $status; its log $job_log says: ${errors:-nothing}"
 fi
 identity="$(proc_identity "$pid")" || fail "ckptd pid $pid vanished right after reporting ready"
-set -- $identity
-if [ "$3" != "$uid" ] || [ "$4" != "$(readlink -f "$CKPTD_BIN")" ]; then
+# The executable is the rest of the line: its path may hold spaces.
+read -r _ _ found_uid found_exe <<<"$identity"
+if [ "$found_uid" != "$uid" ] || [ "$found_exe" != "$(readlink -f "$CKPTD_BIN")" ]; then
   kill -KILL "$pid" 2>/dev/null || true
-  fail "process $pid is not ckptd running as uid $uid (found uid $3, exe $4)"
+  fail "process $pid is not ckptd running as uid $uid (found uid $found_uid, exe $found_exe)"
 fi
 echo "$identity" >"$job_state.new"
 mv -f "$job_state.new" "$job_state"
