@@ -181,16 +181,26 @@ int MetricsPort(const DaemonProcess& d) {
   return std::stoi(m[1]);
 }
 
-// A port free a moment ago (the kernel's pick for port 0).
-int FreePort() {
+// A socket bound to a loopback port of the kernel's choice (port 0), listening if asked;
+// *port says which.
+UniqueFd BindLoopback(int* port, bool listen) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  if (listen) REQUIRE(::listen(fd.get(), 1) == 0);
   socklen_t len = sizeof addr;
   REQUIRE(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  return ntohs(addr.sin_port);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// A port free a moment ago.
+int FreePort() {
+  int port = 0;
+  BindLoopback(&port, /*listen=*/false);
+  return port;
 }
 
 // A program on $PATH, or "" (the test then says why it does not run).
@@ -537,15 +547,9 @@ TEST_CASE(
   CHECK(r.exit_code == 2);
   CHECK(r.output.find(dir.path() + "/file is not a directory") != std::string::npos);
   // A port in use may be the running daemon's: --check-config says so and passes.
-  UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(holder.get(), 1) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const std::string taken = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  int taken_port = 0;
+  UniqueFd holder = BindLoopback(&taken_port, /*listen=*/true);
+  const std::string taken = "127.0.0.1:" + std::to_string(taken_port);
   r = ckptd({"--check-config", "--metrics-listen", taken});
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -573,15 +577,9 @@ TEST_CASE("metrics: a malformed --metrics-listen exits 2, a port in use exits 1,
     CHECK(r.output.find(std::string("'") + bad + "'") != std::string::npos);
   }
   // A port someone else listens on.
-  UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(holder.get(), 1) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const std::string taken = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  int taken_port = 0;
+  UniqueFd holder = BindLoopback(&taken_port, /*listen=*/true);
+  const std::string taken = "127.0.0.1:" + std::to_string(taken_port);
   ProcessResult r =
       RunProcess({CKPTD_BINARY, "--root", dir.path() + "/root", "--socket", dir.path() + "/s.sock",
                   "--pool-mib", "16", "--chunk-mib", "4", "--metrics-listen", taken});
