@@ -6,6 +6,7 @@
 #
 # Usage: bench/run.sh [--quick] [--out FILE.json] [--dir DIR] [--build DIR]
 #                     [--sizes "MiB ..."] [--ranks "N ..."] [--every "K ..."] [--iters I] [--spin]
+#                     [--no-fastpath]
 #
 # The state size is per node: S MiB split evenly across the ranks (trainer processes),
 # which all talk to one ckptd. Each configuration (size x ranks x every) runs the four
@@ -15,7 +16,10 @@
 # iteration; --spin busy-waits it instead. Each run has max(I, 4 * every) iterations.
 # Default: the full matrix, 1, 2 and 4 GiB x 1, 2 and 4 ranks x every 1 and 5, 10
 # iterations. --quick: 1 GiB, 1 rank, every 1, 6 iterations.
-# Prints a table, writes JSON (default bench/out/run.json) and a PNG plot beside it.
+# Prints a table, writes JSON (default bench/out/run.json) and a PNG plot beside it. Then
+# bench/fastpath.sh runs the fast-path benchmarks (per-call latency against the gRPC floor,
+# PyTorch overhead at short steps, trainer-kill recovery, restore from memory, commit at
+# scale) into FILE-fastpath.json; --no-fastpath skips them.
 #
 # Figures (node figures take the slowest rank, as a data-parallel step waits for it):
 #   stall          time the trainer is blocked per checkpoint (see examples/toy_trainer.cc);
@@ -40,6 +44,7 @@ every_list="1 5"
 iters=10
 spin=""
 compute_mode=wait
+fastpath=1
 args="$*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,6 +57,7 @@ while [ $# -gt 0 ]; do
     --every) every_list="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
     --spin) spin=--spin; compute_mode=spin; shift ;;
+    --no-fastpath) fastpath=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -152,4 +158,9 @@ if "$plot_py" -c 'import matplotlib' 2>/dev/null; then
 else
   echo "no matplotlib (apt-get install python3-matplotlib): no plot"
 fi
+fastpath_rc=0
+if [ "$fastpath" = 1 ]; then
+  bash "$here/bench/fastpath.sh" --out "${out%.json}-fastpath.json" --build "$build" || fastpath_rc=$?
+fi
 echo "== done in $(($(date +%s) - start_s)) s"
+exit $fastpath_rc
