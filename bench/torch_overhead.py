@@ -13,9 +13,8 @@ lead-in steps (the ckpt block's first save registers the optimizer's momentum bu
 ckpt block ends by waiting for its last version to be committed, outside the timings.
 
 Figures per scheduler: median step time of each mode, overhead = ckpt / none - 1, and the
-medians of the two calls the trainer makes per step in ckpt mode: save() and the wait before
-the next forward (wait_snapshot(), called explicitly at the top of the step, where the
-forward pre-hook would call it). --profile adds a cProfile of save() over one more ckpt block
+medians of the two things the trainer waits for per step in ckpt mode: save() and the wait
+before the next optimizer step (the Checkpointer's hook; its time is ck.last_stall_s). --profile adds a cProfile of save() over one more ckpt block
 per scheduler (top functions by cumulative time, printed and put in the JSON).
 
   PYTHONPATH=BUILD/python /usr/bin/python3 bench/torch_overhead.py --ckptd BUILD/ckptd
@@ -152,8 +151,7 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
         for i in range(lead_in + iters):
             t0 = clock()
             if ck is not None:
-                ck.wait_snapshot()  # where the forward pre-hook would wait: timed here
-            t1 = clock()
+                ck.last_stall_s = 0.0  # the wait before the update sets it (none: no wait)
             w.train_step()
             t2 = clock()
             if ck is not None:
@@ -166,7 +164,7 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
             if i >= lead_in:
                 steps.append(t3 - t0)
                 saves.append(t3 - t2)
-                waits.append(t1 - t0)
+                waits.append(ck.last_stall_s if ck is not None else 0.0)
         if ck is not None:
             ck.wait_durable(timeout=60)
     finally:

@@ -598,6 +598,7 @@ class Checkpointer:
                 raise
             stall = time.perf_counter() - start
             self._job = None
+            self._client.report_stall(stall)  # the trainer's stall, not the worker's wait
             for e in restarts:
                 self._note_restart(e)
         self._pending = None

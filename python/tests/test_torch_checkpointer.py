@@ -7,7 +7,9 @@ Uses conftest's `daemon` fixture (a ckptd on a fresh root and socket)."""
 import gc
 import pickle
 import random
+import re
 import time
+import urllib.request
 import warnings
 
 import pytest
@@ -552,3 +554,34 @@ def test_errors_of_the_worker_threads_snapshot_come_with_the_next_wait(daemon):
     while 8 not in ckpt.list_versions(daemon.root, "worker-errors") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ckpt.list_versions(daemon.root, "worker-errors") == [5, 6, 7, 8]
+
+
+def test_the_stall_the_daemon_records_is_the_trainers_not_the_worker_threads(start_daemon):
+    """The worker thread waits for each capture; the stall the next snapshot reports to the
+    daemon (ckptd_snapshot_stall_seconds) is the time the trainer blocked, not that wait."""
+    d = start_daemon(extra_args=["--metrics-listen", "127.0.0.1:0"])
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", d.log()).group(1)
+
+    def stall_sum():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return float(re.search(r"^ckptd_snapshot_stall_seconds_sum (\S+)$", text, re.M).group(1))
+
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(d.socket, "stall", model=model, optimizer=opt)
+    train_step(model, opt, None, 1)
+    ck.save(1)  # sent by save() itself
+    train_step(model, opt, None, 2)
+    ck.save(2)  # the worker thread's
+    job = ck._job
+    deadline = time.monotonic() + 60
+    while not job.done() and time.monotonic() < deadline:  # the worker's wait is over ...
+        time.sleep(0.001)
+    before = stall_sum()
+    train_step(model, opt, None, 3)  # ... so the trainer hardly blocks here
+    stall = ck.last_stall_s
+    ck.save(3)  # reports that stall ...
+    ck.wait_snapshot()  # ... once the worker thread has sent it
+    assert abs((stall_sum() - before) - stall) < 1e-8
+    ck.close()
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        ck.client.report_stall(-1)
