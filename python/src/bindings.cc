@@ -341,8 +341,8 @@ PYBIND11_MODULE(_ckpt, m) {
           "report_stall",
           [](ckpt::Client& c, double seconds) {
             if (!(seconds >= 0)) throw py::value_error("report_stall: seconds must be >= 0");
-            c.report_stall(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::duration<double>(seconds)));
+            c.report_stall(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds)));
           },
           py::arg("seconds"),
           "Sets the stall (seconds) the next snapshot reports to the daemon, in place of the time the "
