@@ -12,7 +12,9 @@ ckpt none, ...), so drift of the shared machine hits both alike. Each block star
 lead-in steps (the ckpt block's first save registers the optimizer's momentum buffers), and a
 ckpt block ends by waiting for its last version to be committed, outside the timings.
 
-Figures per scheduler: median step time of each mode, overhead = ckpt / none - 1, and the
+Figures per scheduler: median step time of each mode, overhead = ckpt / none - 1 (also the
+median over rounds of each round's own ratio, and the same ratio of the training thread's CPU
+time per step, which a busy shared machine disturbs far less than wall time), and the
 medians of the two things the trainer waits for per step in ckpt mode: save() and the wait
 before the next optimizer step (the Checkpointer's hook; its time is ck.last_stall_s). --profile adds a cProfile of save() over one more ckpt block
 per scheduler (top functions by cumulative time, printed and put in the JSON).
@@ -140,8 +142,9 @@ class Workload:
 
 
 def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, profiler=None):
-    """`iters` timed steps of one mode; returns (step seconds, save seconds, wait seconds)."""
-    steps, saves, waits = [], [], []
+    """`iters` timed steps of one mode; returns (step seconds, save seconds, wait seconds,
+    training-thread CPU seconds per step)."""
+    steps, saves, waits, cpus = [], [], [], []
     ck = None
     if mode == "ckpt":
         ck = ckpt.torch.Checkpointer(daemon.sock, f"overhead-{w.kind}", model=w.model, optimizer=w.opt,
@@ -149,6 +152,7 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
     clock = time.perf_counter
     try:
         for i in range(lead_in + iters):
+            c0 = time.thread_time()
             t0 = clock()
             if ck is not None:
                 ck.last_stall_s = 0.0  # the wait before the update sets it (none: no wait)
@@ -161,7 +165,9 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
                 if profiler is not None:
                     profiler.disable()
             t3 = clock()
+            c3 = time.thread_time()
             if i >= lead_in:
+                cpus.append(c3 - c0)
                 steps.append(t3 - t0)
                 saves.append(t3 - t2)
                 waits.append(ck.last_stall_s if ck is not None else 0.0)
@@ -172,7 +178,7 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
             ck.close()
             del ck
             gc.collect()  # drops the client's connection now, not at some later collection
-    return steps, saves, waits
+    return steps, saves, waits, cpus
 
 
 def median_ms(values) -> float:
@@ -194,12 +200,12 @@ def blob_bytes(daemon: Daemon, kind: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckptd", required=True, help="the ckptd binary")
-    ap.add_argument("--iters", type=int, default=40, help="timed steps per block")
-    ap.add_argument("--rounds", type=int, default=6, help="blocks per mode and scheduler")
+    ap.add_argument("--iters", type=int, default=10, help="timed steps per block")
+    ap.add_argument("--rounds", type=int, default=12, help="blocks per mode and scheduler")
     ap.add_argument("--lead-in", type=int, default=3, help="untimed steps at the start of each block")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (the machine has 2 cores: "
                     "one is left to the daemon and the rest of the machine)")
-    ap.add_argument("--batch", type=int, default=32, help="batch size (sets the step time)")
+    ap.add_argument("--batch", type=int, default=12, help="batch size (sets the step time)")
     ap.add_argument("--profile", action="store_true", help="cProfile save() over one more ckpt block")
     ap.add_argument("--dir", default="/tmp", help="where the daemon's root goes")
     ap.add_argument("--out", help="JSON output file")
@@ -214,17 +220,28 @@ def main() -> int:
         total = (args.rounds * 2 + 2) * (args.iters + args.lead_in) + 10
         for kind in SCHEDULERS:
             w = Workload(kind, args.batch, total)
-            times = {"none": ([], [], []), "ckpt": ([], [], [])}
+            times = {"none": ([], [], [], []), "ckpt": ([], [], [], [])}
+            blocks = []
             for r in range(args.rounds):
                 for mode in (("none", "ckpt") if r % 2 == 0 else ("ckpt", "none")):
-                    for acc, got in zip(times[mode], run_block(w, mode, args.iters, args.lead_in, daemon)):
-                        acc.extend(got)
+                    got = run_block(w, mode, args.iters, args.lead_in, daemon)
+                    for acc, values in zip(times[mode], got):
+                        acc.extend(values)
+                    blocks.append([mode, round(median_ms(got[0]), 2)])
             none_ms, ckpt_ms = median_ms(times["none"][0]), median_ms(times["ckpt"][0])
+            # Paired: each ckpt block against the none block of its round (same drift).
+            pairs = [(c[1] / n[1] - 1) * 100 for n, c in
+                     ((b[0] if b[0][0] == "none" else b[1], b[1] if b[0][0] == "none" else b[0])
+                      for b in zip(blocks[0::2], blocks[1::2]))]
+            none_cpu, ckpt_cpu = median_ms(times["none"][3]), median_ms(times["ckpt"][3])
             run = {"scheduler": kind, "step_ms_none": round(none_ms, 3), "step_ms_ckpt": round(ckpt_ms, 3),
                    "overhead_pct": round((ckpt_ms / none_ms - 1) * 100, 2),
                    "save_ms_p50": round(median_ms(times["ckpt"][1]), 4),
                    "wait_ms_p50": round(median_ms(times["ckpt"][2]), 4),
-                   "steps_per_mode": len(times["none"][0]),
+                   "overhead_pct_paired_p50": round(statistics.median(pairs), 2),
+                   "step_cpu_ms_none": round(none_cpu, 3), "step_cpu_ms_ckpt": round(ckpt_cpu, 3),
+                   "overhead_cpu_pct": round((ckpt_cpu / none_cpu - 1) * 100, 2),
+                   "steps_per_mode": len(times["none"][0]), "blocks_ms_p50": blocks,
                    "state_bytes": w.state_bytes(),
                    "tensor_items": None, "blob_bytes": blob_bytes(daemon, kind)}
             with ckpt.torch.Checkpointer(daemon.sock, f"overhead-{kind}", model=w.model, optimizer=w.opt,
@@ -250,12 +267,12 @@ def main() -> int:
     }
     if profiles:
         result["save_profile"] = profiles
-    print(f"{'scheduler':<11} {'step none':>10} {'step ckpt':>10} {'overhead':>9} {'save p50':>9} {'wait p50':>9} "
-          f"{'blob':>8}")
+    print(f"{'scheduler':<11} {'step none':>10} {'step ckpt':>10} {'overhead':>9} {'paired':>8} {'cpu ovh':>8} "
+          f"{'save p50':>9} {'wait p50':>9} {'blob':>8}")
     for r in runs:
         print(f"{r['scheduler']:<11} {r['step_ms_none']:>8.2f}ms {r['step_ms_ckpt']:>8.2f}ms "
-              f"{r['overhead_pct']:>8.2f}% {r['save_ms_p50']:>7.3f}ms {r['wait_ms_p50']:>7.3f}ms "
-              f"{r['blob_bytes']:>7}B")
+              f"{r['overhead_pct']:>8.2f}% {r['overhead_pct_paired_p50']:>7.2f}% {r['overhead_cpu_pct']:>7.2f}% "
+              f"{r['save_ms_p50']:>7.3f}ms {r['wait_ms_p50']:>7.3f}ms {r['blob_bytes']:>7}B")
     for kind, text in profiles.items():
         print(f"--- cProfile of save(), {kind} ---\n{text}")
     if args.out:
