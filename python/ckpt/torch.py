@@ -562,7 +562,11 @@ class Checkpointer:
         except DaemonRestartedError as e:
             restarts.append(e)
             self._client.snapshot(step, {BLOB: blob})
-        self._client.wait_snapshot(step)
+        try:
+            self._client.wait_snapshot(step)
+        except DaemonRestartedError as e:
+            e.ckpt_earlier = restarts  # reported by the snapshot call: noted with this one
+            raise
         return restarts
 
     def _note_restart(self, e: DaemonRestartedError) -> None:
@@ -593,8 +597,10 @@ class Checkpointer:
                 e = Error(f"wait_snapshot {self._pending}: not captured within {timeout} s")
                 e.code = _DEADLINE_EXCEEDED
                 raise e from None
-            except BaseException:
+            except BaseException as e:
                 self._pending = self._job = None  # that version is lost or was not taken
+                for earlier in getattr(e, "ckpt_earlier", ()):
+                    self._note_restart(earlier)
                 raise
             stall = time.perf_counter() - start
             self._job = None
