@@ -215,7 +215,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ckpt-ovh-", dir=args.dir))
     daemon = Daemon(args.ckptd, work)
     runs, profiles = [], {}
-    t_start = time.monotonic()
+    t_start, load_start = time.monotonic(), os.getloadavg()[0]
     try:
         total = (args.rounds * 2 + 2) * (args.iters + args.lead_in) + 10
         for kind in SCHEDULERS:
@@ -263,10 +263,15 @@ def main() -> int:
         "config": {"iters_per_block": args.iters, "rounds": args.rounds, "lead_in": args.lead_in,
                    "threads": args.threads, "batch": args.batch, "model": "CNN, 6 conv+BN blocks, SGD nesterov",
                    "torch": torch.__version__, "python": platform.python_version(),
-                   "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_start, 1)},
+                   "cpus": os.cpu_count(), "wall_s": round(time.monotonic() - t_start, 1),
+                   "loadavg_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)]},
     }
     if profiles:
         result["save_profile"] = profiles
+    if load_start > 1.5:
+        print(f"note: 1-minute load average {load_start:.1f} on {os.cpu_count()} CPUs at the start: other work "
+              f"shares the machine; a trainer that blocks briefly every step (ckpt) then gets the scheduler's "
+              f"wake-up preference over one that never blocks (none), which skews the wall-clock ratio")
     print(f"{'scheduler':<11} {'step none':>10} {'step ckpt':>10} {'overhead':>9} {'paired':>8} {'cpu ovh':>8} "
           f"{'save p50':>9} {'wait p50':>9} {'blob':>8}")
     for r in runs:
