@@ -270,8 +270,9 @@ def main() -> int:
         result["save_profile"] = profiles
     if load_start > 1.5:
         print(f"note: 1-minute load average {load_start:.1f} on {os.cpu_count()} CPUs at the start: other work "
-              f"shares the machine; a trainer that blocks briefly every step (ckpt) then gets the scheduler's "
-              f"wake-up preference over one that never blocks (none), which skews the wall-clock ratio")
+              f"shares the machine, and block medians (blocks_ms_p50 in the JSON) swing far more than the "
+              f"overhead measured; save_ms_p50 and wait_ms_p50, timed on the training thread, are the "
+              f"figures that hold")
     print(f"{'scheduler':<11} {'step none':>10} {'step ckpt':>10} {'overhead':>9} {'paired':>8} {'cpu ovh':>8} "
           f"{'save p50':>9} {'wait p50':>9} {'blob':>8}")
     for r in runs:
