@@ -937,6 +937,8 @@ std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chron
   return impl_->NoteStall(std::chrono::steady_clock::now() - start);
 }
 
+void Client::report_stall(std::chrono::nanoseconds stall) { (void)impl_->NoteStall(stall); }
+
 std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream) {
   auto start = std::chrono::steady_clock::now();
   const std::string what = "wait_snapshot_on_stream " + std::to_string(version);

@@ -37,7 +37,8 @@ Tensors come back as torch tensors if torch imports, else numpy arrays, else Raw
 Names:
   SharedRegion  POSIX shm owned by this process (buffer protocol: memoryview, numpy, torch)
   Client        connect / register_items / snapshot / wait_snapshot / wait_snapshot_on_stream /
-                wait_durable / restore / status / unregister
+                wait_durable / restore / status / unregister / report_stall (the stall the next
+                snapshot reports, for waits run on a thread of their own)
   Level         CAPTURED, LOCAL, PERSISTED (= DURABLE), COMMITTED (for wait_durable)
   Registration  what register_items returns
   Error         raised for every failure (RuntimeError subclass; ``code``: gRPC status code)

@@ -32,19 +32,28 @@ What goes where:
                 snapshot is then ordered on the current CUDA stream, and the wait before the
                 update makes that stream wait for the copies instead of blocking the host.
                 (That path follows the binding's documented API but has not yet run on a GPU.)
+                Batch-norm running statistics (host tensors the forward changes) are
+                registered through a staging copy in shared memory, which save() refreshes
+                with one copy of the whole block (load copies them back).
   one blob      pickled at every save (item "__blob__/ckpt.torch" of the shard): step, optimizer
                 param groups and non-tensor per-parameter state, scheduler and other objects'
-                state_dict(), extra_state (a dict of your own: data position...), RNG states
-                (python random, torch, numpy if imported, CUDA if initialised) and the item map.
+                state_dict(), torch.Generator states of the objects that are generators,
+                extra_state (a dict of your own: data position...), RNG states (python
+                random, torch, numpy if imported, CUDA if initialised) and the item map.
+                What the trainer may change is pickled at save(), each part on its own
+                (the item map once per registration); a part larger than warn_blob_bytes
+                gets a warning, once, naming it.
 
-The wait: save(step) only asks the daemon to take the snapshot. The daemon copies the tensors
-out of shared memory while the next forward and backward run; the Checkpointer waits for that
-copy (wait_snapshot) right before the next optimizer step, through a step pre-hook (torch 2.x)
-or a wrapper of optimizer.step (torch 1.x). Anything else that changes registered tensors in
-between must wait too: a model whose forward updates buffers (BatchNorm running statistics)
-gets the wait before every forward instead (wait_before="forward", chosen automatically when
-the model has batch-norm layers); call wait_snapshot() yourself before any other in-place
-change.
+The wait: save(step) takes the non-tensor state and returns; a worker thread asks the daemon
+for the snapshot and waits until it is captured (background=True, the default, for host
+tensors; the first save after a registration does both on the calling thread). The daemon
+copies the tensors out of shared memory while the next forward and backward run; the
+Checkpointer waits for that copy right before the next optimizer step, through a step
+pre-hook (torch 2.x) or a wrapper of optimizer.step (torch 1.x): normally it is long done,
+and the wait is a check. Anything else that changes registered tensors in between must wait
+too: call wait_snapshot() yourself before any other in-place change (EMA weights, parameter
+surgery). A model whose forward changes registered tensors (batch-norm statistics on a GPU)
+gets the wait before every forward instead (wait_before="forward", chosen automatically).
 
 Optimizer state that appears lazily (Adam's exp_avg after the first step) is handled by
 re-registration, not by materialising it: every save checks, cheaply (identity and address of
@@ -79,11 +88,14 @@ reports). Pickled state is loaded with pickle: load only checkpoints you trust.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import operator
 import os
 import pickle
 import random
 import sys
+import time
 import types
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -103,7 +115,7 @@ __all__ = [
 BLOB = "ckpt.torch"  # name of the pickled non-tensor state blob
 _FORMAT = 1
 _ALIGN = 64  # byte alignment of tensors inside the shared regions
-_NOT_FOUND, _FAILED_PRECONDITION = 5, 9  # gRPC status codes carried by ckpt.Error.code
+_DEADLINE_EXCEEDED, _NOT_FOUND, _FAILED_PRECONDITION = 4, 5, 9  # gRPC status codes carried by ckpt.Error.code
 
 _TORCH_TO_CODE = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -134,6 +146,8 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return s.data_ptr()
 
 
+_DATA_PTR = torch.Tensor.data_ptr
+
 # Whether the binding takes GPU items ((name, dtype, shape, device_ptr) tuples) and streams.
 _GPU_ITEMS = hasattr(Client, "wait_snapshot_on_stream")
 
@@ -163,6 +177,96 @@ def _check_tensor(name: str, t: torch.Tensor) -> None:
 
 def _shape(t) -> List[int]:
     return [int(d) for d in t.shape]
+
+
+class _Pickled:
+    """State pickled already (on the training thread, at save): pickles as a call of
+    pickle.loads on its bytes, so that the blob unpickles to the state itself (plain pickle, as
+    if pickled in one piece) while the worker thread that pickles the blob only copies bytes."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __reduce__(self):
+        return (pickle.loads, (self.data,))
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _own_state(obj: Any) -> Tuple[Any, Dict[str, str]]:
+    """obj.state_dict() without the values that are bound methods of obj itself, and
+    {key: method name} of those. torch 1.x's OneCycleLR keeps `anneal_func =
+    self._annealing_cos` in its state dict: pickling it pickles the scheduler with its
+    optimizer and every parameter (hundreds of KB per save), and loading it would bind the
+    live scheduler's anneal_func to an unpickled copy. Such a method is not state: the load
+    binds the key to the live object's method of that name again."""
+    sd = obj.state_dict()
+    if not isinstance(sd, dict):
+        return sd, {}
+    bound = {}
+    for k, v in sd.items():
+        if isinstance(v, types.MethodType) and v.__self__ is obj:
+            name = v.__func__.__name__
+            if getattr(getattr(obj, name, None), "__func__", None) is v.__func__:
+                bound[k] = name
+    if bound:
+        sd = {k: v for k, v in sd.items() if k not in bound}
+    return sd, bound
+
+
+class _Finder(pickle.Pickler):
+    """Pickles to nowhere, counting the objects that make a pickled state large."""
+
+    def __init__(self):
+        super().__init__(_NullFile(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.found: Dict[str, int] = {}
+
+    def reducer_override(self, obj):
+        kind = None
+        if isinstance(obj, torch.Tensor):
+            kind = "tensor"
+        elif isinstance(obj, torch.nn.Module):
+            kind = f"module {type(obj).__name__}"
+        elif isinstance(obj, torch.optim.Optimizer):
+            kind = f"optimizer {type(obj).__name__}"
+        elif isinstance(obj, types.MethodType):
+            kind = f"bound method {type(obj.__self__).__name__}.{obj.__func__.__name__}"
+        if kind is not None:
+            self.found[kind] = self.found.get(kind, 0) + 1
+        return NotImplemented
+
+
+class _NullFile:
+    def write(self, b):
+        return len(b)
+
+
+def _size_report(state: Any) -> str:
+    """What makes `state` pickle large: its largest keys (for a dict) and what they hold."""
+    def holds(obj) -> str:
+        f = _Finder()
+        try:
+            f.dump(obj)
+        except Exception:  # noqa: BLE001 (only a diagnosis: it pickled fine a moment ago)
+            return ""
+        kinds = sorted(f.found.items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{n} {k}{'s' if n > 1 and k == 'tensor' else ''}" for k, n in kinds[:4])
+
+    parts = []
+    if isinstance(state, dict):
+        sizes = sorted(((len(_dumps(v)), k) for k, v in state.items()), reverse=True)[:3]
+        for size, k in sizes:
+            h = holds(state[k])
+            parts.append(f"[{k!r}] {size / 1024:.0f} KiB" + (f" (holds {h})" if h else ""))
+    else:
+        h = holds(state)
+        if h:
+            parts.append(f"holds {h}")
+    return "; ".join(parts)
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -198,13 +302,15 @@ def _shard_name(rank: int) -> str:
 
 class _Slot:
     """One tensor item: the tensor object the trainer uses, where its bytes live, and how to
-    tell whether it is still the tensor the trainer uses (owner[key] is tensor, same address)."""
+    tell whether it is still the tensor the trainer uses (owner[key] is tensor, same address).
+    A staged slot (a buffer the forward changes) is registered at region/offset of a staging
+    copy that save() refreshes (`block`); ptr is then the address of the trainer's tensor."""
 
-    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset")
+    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block")
 
-    def __init__(self, name, tensor, owner, key):
-        self.name, self.tensor, self.owner, self.key = name, tensor, owner, key
-        self.ptr = self.region = self.offset = None
+    def __init__(self, name, tensor, owner, key, staged=False):
+        self.name, self.tensor, self.owner, self.key, self.staged = name, tensor, owner, key, staged
+        self.ptr = self.region = self.offset = self.block = None
 
     def current(self) -> bool:
         t = self.tensor
@@ -296,14 +402,34 @@ class Checkpointer:
       updated in place by load.
     rng: also save and restore the RNG states (python, torch, numpy, CUDA). Default True.
     wait_before: "step" (wait for the previous snapshot before optimizer.step), "forward"
-      (before every model forward: for models whose forward changes buffers), or None
-      (automatic: "forward" if the model has batch-norm layers, else "step"). Either way
+      (before every model forward: for models whose forward changes registered tensors), or
+      None (automatic: "step", unless the model has batch-norm layers with running
+      statistics on a GPU: "forward"). The running statistics of batch-norm layers on the CPU
+      are registered through a staging copy that save() refreshes (one copy of a few KB),
+      so the forward may change them while the version is being captured. Either way
       wait_snapshot() can be called explicitly.
     reconnect_budget: seconds a call waits for a daemon that went away (restarting) before it
       raises; None: $CKPT_RECONNECT_BUDGET_S, else 120 (only when the Checkpointer connects
       the client itself; give a Client its own budget in Client.connect).
-    **objects: more objects with state_dict()/load_state_dict() (samplers, grad scalers...),
-      pickled at each save under their keyword.
+    background: True (default): for host tensors, save() hands the snapshot call and the wait
+      for its capture to a worker thread and returns (see save()); a trainer killed within
+      that moment (about a millisecond) loses that version, and its restart resumes from the
+      one before. False: save() makes the snapshot call itself and returns once the daemon
+      has the version (which then completes even if the trainer is killed right after), and
+      the wait before the update asks the daemon too: about 1-2 ms more per step on a busy
+      2-core machine. (GPU tensors: always False.)
+    warn_blob_bytes: a part of the pickled state (the scheduler's, an object's, extra_state,
+      the optimizer's groups) that pickles to more than this many bytes gets a RuntimeWarning,
+      once, naming it and what makes it large (tensors, a module, an optimizer, a bound
+      method): such state is pickled on the training thread at every save. Default 64 KiB;
+      None: no check.
+    **objects: more objects with state_dict()/load_state_dict() (grad scalers, samplers with
+      state...), pickled at each save under their keyword, and torch.Generator objects (the
+      generator of a RandomSampler or DataLoader, of random augmentations...): their
+      get_state() is saved and set_state() restores it, so a resumed run draws the same
+      numbers. The global RNGs are saved by `rng`; a generator of your own only this way.
+      Bound methods of an object in its own state_dict() (torch 1.x OneCycleLR's anneal_func)
+      are not pickled: load binds them to the live object's method of that name again.
 
     Construction moves the model's and the optimizer's CPU tensors into shared memory and
     registers them with the daemon (waiting for versions of this rank still in flight from a
@@ -315,7 +441,8 @@ class Checkpointer:
                  model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                  extra_state: Optional[Dict[str, Any]] = None, rng: bool = True,
-                 wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None, **objects: Any):
+                 wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None,
+                 background: bool = True, warn_blob_bytes: Optional[int] = 64 * 1024, **objects: Any):
         rank, world_size = _rank_and_world(rank, world_size)
         if isinstance(client_or_socket, Client):
             if reconnect_budget is not None:
@@ -328,18 +455,30 @@ class Checkpointer:
         if extra_state is not None and not isinstance(extra_state, dict):
             raise TypeError(f"extra_state must be a dict, not {type(extra_state).__name__}")
         for key, obj in [("scheduler", scheduler)] + list(objects.items()):
+            if key != "scheduler" and isinstance(obj, torch.Generator):
+                continue
             if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"{key}: {type(obj).__name__} has no state_dict()/load_state_dict()")
+                raise TypeError(f"{key}: {type(obj).__name__} has no state_dict()/load_state_dict() "
+                                f"(and is not a torch.Generator)")
         if wait_before not in (None, "step", "forward"):
             raise ValueError(f"wait_before must be 'step', 'forward' or None, not {wait_before!r}")
         self.job, self.rank, self.world_size = job, int(rank), int(world_size)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.extra_state, self.objects, self.rng = extra_state, objects, rng
+        self.extra_state, self.rng = extra_state, rng
+        self.generators = {k: g for k, g in objects.items() if isinstance(g, torch.Generator)}
+        self.objects = {k: o for k, o in objects.items() if k not in self.generators}
+        self.warn_blob_bytes, self.background = warn_blob_bytes, bool(background)
+        self._warned: set = set()  # parts of the blob warned about as large
         self.last_stall_s = 0.0  # seconds the last automatic or explicit wait blocked
         self.total_stall_s = 0.0
         self.lost_versions: List[int] = []  # versions lost to daemon restarts, reported by save or a wait
         self.restart_errors: List[str] = []  # their messages
         self._pending: Optional[int] = None  # saved, not yet known to be captured
+        # The pending version's send (snapshot, then wait_snapshot) on the worker thread; None
+        # when save() called snapshot itself (then the wait calls wait_snapshot).
+        self._job: Optional[concurrent.futures.Future] = None
+        self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._send_inline = True  # the first save after a registration sends on this thread
         self._last_saved: Optional[int] = None
         self._closed = False
         self._slots: List[_Slot] = []
@@ -349,8 +488,12 @@ class Checkpointer:
         self._model_aliases: Dict[str, str] = {}  # state_dict key -> item of the same tensor
         self._model_other: List[str] = []  # state_dict keys pickled (non-tensors, empty tensors)
         self._optim_other: Dict[int, List[str]] = {}  # param index -> non-tensor state keys
-        self._optim_lengths: List[Tuple[Optional[dict], int]] = []
+        self._optim_lengths: Tuple[List[dict], List[int]] = ([], [])  # per-param state dicts, their lengths
         self._optim_state_len = 0
+        self._with_state: List[int] = []  # indices of the parameters that have optimizer state
+        self._static = _Pickled(_dumps([]))  # _items_meta, pickled
+        self._stage_blocks: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (trainer's, registered)
+        self._forward_changes_registered = False  # a buffer the forward changes is registered as is
         self._root: Optional[str] = None
         self._cuda_device: Optional[torch.device] = None  # of the GPU items, if any
         self._params: List[torch.Tensor] = []
@@ -365,22 +508,41 @@ class Checkpointer:
     # -- public API --------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        """Asks the daemon to checkpoint the current state as version `step` and returns at
-        once. Call it after the optimizer step (and scheduler step) of iteration `step`; steps
-        must increase. The tensors must not change until the snapshot is captured: the next
-        optimizer.step() waits for that automatically."""
+        """Checkpoints the current state as version `step` and returns at once. Call it after
+        the optimizer step (and scheduler step) of iteration `step`; steps must increase. The
+        tensors must not change until the snapshot is captured: the next optimizer.step()
+        waits for that automatically.
+
+        The non-tensor state (scheduler, objects, extra_state, RNG states, optimizer groups)
+        is taken here, on the calling thread; the buffers the forward changes (batch-norm
+        running statistics) are copied to their registered staging memory. For host
+        tensors, the snapshot call to the daemon and the wait for its capture then run on a
+        worker thread (the first save after a registration runs them here, so that a
+        refusal such as "version N is not higher than M" is raised by that save): an error
+        of that call is raised by the next wait (the one before the update), save(),
+        wait_snapshot(), wait_durable() or close()."""
         self._check_open()
         step = int(step)
+        self._wait_noting_restart()  # the previous version's memory (staging too) is free
         if not self._tracking_current():
             self._refresh()
-        blob = pickle.dumps(self._blob_state(step), protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            self._snapshot(step, blob)
-        except DaemonRestartedError as e:
-            # Earlier versions lost to a daemon restart, reported instead of taking this one:
-            # noted, and this one is taken now.
-            self._note_restart(e)
-            self._snapshot(step, blob)
+        parts = self._blob_state(step)
+        for trainer, registered in self._stage_blocks:
+            registered.copy_(trainer)
+        if self._cuda_device is not None or self._send_inline or not self.background:
+            blob = _dumps(parts)
+            try:
+                self._snapshot(step, blob)
+            except DaemonRestartedError as e:
+                # Earlier versions lost to a daemon restart, reported instead of taking this
+                # one: noted, and this one is taken now.
+                self._note_restart(e)
+                self._snapshot(step, blob)
+            self._send_inline = False
+        else:
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt.torch-save")
+            self._job = self._worker.submit(self._send, step, parts)
         self._pending = self._last_saved = step
 
     def _snapshot(self, step: int, blob: bytes) -> None:
@@ -388,6 +550,24 @@ class Checkpointer:
             self._client.snapshot(step, {BLOB: blob})
         else:  # the version is the state once the work queued so far on the stream has run
             self._client.snapshot(step, {BLOB: blob}, stream=torch.cuda.current_stream(self._cuda_device))
+
+    def _send(self, step: int, parts: Dict[str, Any]) -> List[DaemonRestartedError]:
+        """On the worker thread: pickles the blob (parts pickled already, RNG states), asks
+        for the snapshot and waits until it is captured. Returns the restart reports the
+        snapshot call gave, for the training thread to note (warnings belong there)."""
+        blob = _dumps(parts)
+        restarts = []
+        try:
+            self._client.snapshot(step, {BLOB: blob})
+        except DaemonRestartedError as e:
+            restarts.append(e)
+            self._client.snapshot(step, {BLOB: blob})
+        try:
+            self._client.wait_snapshot(step)
+        except DaemonRestartedError as e:
+            e.ckpt_earlier = restarts  # reported by the snapshot call: noted with this one
+            raise
+        return restarts
 
     def _note_restart(self, e: DaemonRestartedError) -> None:
         self.lost_versions.extend(v for v in e.versions if v not in self.lost_versions)
@@ -402,11 +582,31 @@ class Checkpointer:
         self._check_open()
         if self._pending is None:
             return 0.0
-        try:
-            stall = self._client.wait_snapshot(self._pending, timeout)
-        except DaemonRestartedError:
-            self._pending = None
-            raise
+        job = self._job
+        if job is None:
+            try:
+                stall = self._client.wait_snapshot(self._pending, timeout)
+            except DaemonRestartedError:
+                self._pending = None
+                raise
+        else:
+            start = time.perf_counter()
+            try:
+                restarts = job.result(timeout)
+            except concurrent.futures.TimeoutError:
+                e = Error(f"wait_snapshot {self._pending}: not captured within {timeout} s")
+                e.code = _DEADLINE_EXCEEDED
+                raise e from None
+            except BaseException as e:
+                self._pending = self._job = None  # that version is lost or was not taken
+                for earlier in getattr(e, "ckpt_earlier", ()):
+                    self._note_restart(earlier)
+                raise
+            stall = time.perf_counter() - start
+            self._job = None
+            self._client.report_stall(stall)  # the trainer's stall, not the worker's wait
+            for e in restarts:
+                self._note_restart(e)
         self._pending = None
         self.last_stall_s = stall
         self.total_stall_s += stall
@@ -420,6 +620,8 @@ class Checkpointer:
         step = self._last_saved if step is None else int(step)
         if step is None:
             raise ValueError("nothing was saved yet")
+        if self._job is not None:
+            self._wait_noting_restart()  # the worker may not have asked for the snapshot yet
         self._client.wait_durable(step, level, timeout)
 
     def load(self, step: Union[str, int] = "latest") -> int:
@@ -447,6 +649,8 @@ class Checkpointer:
             restored, blobs = self._client.restore(version)
         except Error as e:
             raise _mapped(e) from e
+        for trainer, registered in self._stage_blocks:  # the daemon filled the staging copies
+            trainer.copy_(registered)
         if BLOB not in blobs:
             raise StateMismatchError(f"version {restored} of job '{self.job}' was not written by ckpt.torch "
                                      f"(it has no '{BLOB}' blob)")
@@ -457,9 +661,18 @@ class Checkpointer:
 
     def close(self) -> None:
         """Removes the hooks and ends the registration (versions in flight still complete).
-        The tensors stay where they are (in shared memory) and keep working."""
+        The tensors stay where they are (in shared memory) and keep working. An error of the
+        last save's snapshot call not yet raised is raised here, after all that."""
         if self._closed:
             return
+        error = None
+        if self._job is not None:
+            try:
+                self._wait_noting_restart()
+            except Exception as e:  # noqa: BLE001 (raised below, once the rest is undone)
+                error = e
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
         self._closed = True
         for h in self._hooks:
             h.remove()
@@ -472,12 +685,20 @@ class Checkpointer:
             else:
                 opt.step = original
         self._client.unregister()
+        if error is not None:
+            raise error
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the exception under way is the one to see
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
 
     @property
     def client(self) -> Client:
@@ -508,6 +729,8 @@ class Checkpointer:
         previous = {id(s.tensor): s for s in self._slots}
         self._model_aliases, self._model_other, self._optim_other = {}, [], {}
 
+        forward_changes: set = set()  # id() of the buffers the forward changes
+
         def add(name, t, owner, key) -> Optional[str]:
             if id(t) in seen:
                 return seen[id(t)]
@@ -515,11 +738,14 @@ class Checkpointer:
             if t.numel() == 0:
                 return None  # no bytes: goes into the blob
             old = previous.get(id(t))
-            slot = _Slot(name, t, owner, key)
+            # Host buffers the forward changes get a staging copy: the forward may run
+            # before the version is captured, so only the next update has to wait.
+            staged = id(t) in forward_changes and t.device.type == "cpu"
+            slot = _Slot(name, t, owner, key, staged)
             if t.device.type == "cuda":
                 slot.ptr = t.data_ptr()  # registered where it is (CUDA IPC), never moved
-            elif old is not None and old.current():
-                slot.ptr, slot.region, slot.offset = old.ptr, old.region, old.offset
+            elif old is not None and old.current() and old.staged == staged:
+                slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
             slots.append(slot)
             seen[id(t)] = name
             return name
@@ -527,7 +753,10 @@ class Checkpointer:
         model_tensors = set()
         if self.model is not None:
             owners = {}
+            norm = torch.nn.modules.batchnorm._NormBase
             for _, mod in self.model.named_modules(remove_duplicate=False):
+                if isinstance(mod, norm) and mod.track_running_stats:
+                    forward_changes.update(id(t) for t in mod._buffers.values() if t is not None)
                 for d in (mod._parameters, mod._buffers):
                     for k, t in d.items():
                         if t is not None:
@@ -544,7 +773,7 @@ class Checkpointer:
                 elif not first:
                     self._model_aliases[key] = item
                 model_tensors.add(id(t))
-        self._optim_lengths = []
+        self._optim_lengths, self._with_state = ([], []), []
         if self.optimizer is not None:
             state = self.optimizer.state
             self._optim_state_len = len(state)
@@ -552,7 +781,11 @@ class Checkpointer:
                 if id(p) not in model_tensors:
                     add(f"optim.param.{i}", p, None, None)
                 st = state.get(p)
-                self._optim_lengths.append((st, len(st) if st is not None else 0))
+                if st is not None:
+                    self._optim_lengths[0].append(st)
+                    self._optim_lengths[1].append(len(st))
+                if p in state:
+                    self._with_state.append(i)
                 for k, v in (st or {}).items():
                     if isinstance(v, torch.Tensor):
                         name = f"optim.state.{i}.{k}"
@@ -564,13 +797,21 @@ class Checkpointer:
                             continue
                     self._optim_other.setdefault(i, []).append(k)
         self._check_no_shared_storage(slots)
-        self._move_to_shm([s for s in slots if s.ptr is None])
-        before = [(s.name, s.ptr) for s in self._slots]
+        self._move_to_shm([s for s in slots if s.ptr is None and not s.staged])
+        self._move_to_staging([s for s in slots if s.ptr is None and s.staged])
+        before = [(s.name, s.ptr, id(s.region), s.offset) for s in self._slots]
         self._slots = slots
-        self._watch = [(s.owner, s.key, s.tensor, s.ptr) for s in slots]
+        owned = [s for s in slots if s.owner is not None]
+        # What _tracking_current compares, as parallel lists (compared by C-level map()s).
+        self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.tensor for s in owned],
+                       [s.tensor for s in slots], [s.ptr for s in slots])
         self._items_meta = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor)) for s in slots]
         self._cuda_device = next((s.tensor.device for s in slots if s.tensor.device.type == "cuda"), None)
-        return before != [(s.name, s.ptr) for s in slots]
+        blocks = {id(s.block): s.block for s in slots if s.block is not None}
+        self._stage_blocks = list(blocks.values())
+        self._forward_changes_registered = any(id(s.tensor) in forward_changes and not s.staged for s in slots)
+        self._static = _Pickled(_dumps(self._items_meta))
+        return before != [(s.name, s.ptr, id(s.region), s.offset) for s in slots]
 
     @staticmethod
     def _check_no_shared_storage(slots: List[_Slot]) -> None:
@@ -603,22 +844,43 @@ class Checkpointer:
             t.data = view  # same object, now backed by shared memory
             s.ptr, s.region, s.offset = t.data_ptr(), region, off
 
+    def _move_to_staging(self, slots: List[_Slot]) -> None:
+        """Moves the tensors of `slots` into one new block of memory (the trainer's) and
+        registers them at the same offsets of a new shared region (the staging copy, which
+        save() refreshes with one copy of the whole block)."""
+        if not slots:
+            return
+        self._move_to_shm(slots)  # the trainer's block (its region is not registered)
+        trainer = slots[0].region
+        staging = SharedRegion.create(trainer.size)
+        self._regions.append(staging)
+        block = (torch.frombuffer(trainer, dtype=torch.uint8), torch.frombuffer(staging, dtype=torch.uint8))
+        block[1].copy_(block[0])
+        for s in slots:
+            s.region, s.block = staging, block
+
     def _register(self):
         items = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor),
                   s.region if s.region is not None else s.ptr, s.offset or 0) for s in self._slots]
-        return self._client.register_items(self.job, self.rank, self.world_size, items)
+        registration = self._client.register_items(self.job, self.rank, self.world_size, items)
+        self._send_inline = True
+        return registration
 
     def _tracking_current(self) -> bool:
-        """Cheap check that the registered tensors are still the trainer's (run per save)."""
-        for owner, key, t, ptr in self._watch:
-            if (owner is not None and owner.get(key) is not t) or t.data_ptr() != ptr:
-                return False
+        """Cheap check that the registered tensors are still the trainer's (run per save):
+        each is still in its owner's dict and at its address, and no optimizer state
+        appeared. C-level loops (map), no Python code per tensor."""
+        owners, keys, owned, tensors, ptrs = self._watch
+        if not all(map(operator.is_, map(dict.get, owners, keys), owned)):
+            return False
+        if list(map(_DATA_PTR, tensors)) != ptrs:
+            return False
         if self.optimizer is not None:
             if len(self.optimizer.state) != self._optim_state_len:
                 return False
-            for st, n in self._optim_lengths:
-                if (len(st) if st is not None else 0) != n:
-                    return False
+            sts, lengths = self._optim_lengths
+            if list(map(len, sts)) != lengths:
+                return False
         return True
 
     def _refresh(self) -> None:
@@ -628,16 +890,18 @@ class Checkpointer:
             self.registration = self._register()
 
     def _blob_state(self, step: int) -> Dict[str, Any]:
-        state: Dict[str, Any] = {
-            "format": _FORMAT,
-            "step": step,
-            "items": self._items_meta,
-        }
+        """The blob's content as of now, made of values nothing changes later: state the
+        trainer may change is pickled here (_Pickled, also checked for size); the item table,
+        fixed since the last collect, was pickled then (self._static); the other parts are
+        the Checkpointer's own (a collect replaces them, never changes them) or copies (RNG
+        states): the worker thread can pickle the whole without a race."""
+        state: Dict[str, Any] = {"format": _FORMAT, "step": step, "items": self._static}
         if self.model is not None:
             other = {}
             if self._model_other:
                 sd = self.model.state_dict()
-                other = {k: sd[k] for k in self._model_other}
+                other = self._pickled("model (state_dict entries that are not tensors)",
+                                      {k: sd[k] for k in self._model_other})
             state["model"] = {"aliases": self._model_aliases, "other": other}
         if self.optimizer is not None:
             groups, index = [], 0
@@ -648,16 +912,43 @@ class Checkpointer:
                 groups.append(saved)
             st = self.optimizer.state
             other = {i: {k: st[self._params[i]][k] for k in keys} for i, keys in self._optim_other.items()}
-            with_state = [i for i, p in enumerate(self._params) if p in st]
-            state["optimizer"] = {"param_groups": groups, "other": other, "with_state": with_state}
+            state["optimizer"] = self._pickled(
+                f"optimizer ({type(self.optimizer).__name__}: param_groups and non-tensor state)",
+                {"param_groups": groups, "other": other, "with_state": self._with_state})
+        rebind = {}
         if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        state["objects"] = {k: o.state_dict() for k, o in self.objects.items() if o is not None}
+            sd, rebind["scheduler"] = _own_state(self.scheduler)
+            state["scheduler"] = self._pickled(f"scheduler ({type(self.scheduler).__name__})", sd)
+        objects = {}
+        for k, o in self.objects.items():
+            if o is not None:
+                sd, rebind[f"objects.{k}"] = _own_state(o)
+                objects[k] = self._pickled(f"object '{k}' ({type(o).__name__})", sd)
+        state["objects"] = objects
+        rebind = {k: v for k, v in rebind.items() if v}
+        if rebind:
+            state["rebind"] = rebind
+        if self.generators:
+            state["generators"] = {k: g.get_state().numpy().tobytes() for k, g in self.generators.items()}
         if self.extra_state is not None:
-            state["extra_state"] = self.extra_state
+            state["extra_state"] = self._pickled("extra_state", self.extra_state)
         if self.rng:
             state["rng"] = _rng_state()
         return state
+
+    def _pickled(self, what: str, value: Any) -> _Pickled:
+        data = _dumps(value)
+        limit = self.warn_blob_bytes
+        if limit is not None and len(data) > limit and what not in self._warned:
+            self._warned.add(what)
+            report = _size_report(value)
+            warnings.warn(
+                f"ckpt.torch: the state of {what} pickles to {len(data) / 1024:.0f} KiB at every save "
+                f"(warn_blob_bytes={limit}){': ' + report if report else ''}. Pickled state is copied and "
+                f"sent with every version; keep tensors in the model or the optimizer (registered, copied by "
+                f"the daemon off the training thread) or return less from state_dict()",
+                RuntimeWarning, stacklevel=4)
+        return _Pickled(data)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -777,11 +1068,15 @@ class Checkpointer:
                 for k in [k for k, v in s.items() if not isinstance(v, torch.Tensor) and k not in values]:
                     del s[k]
                 s.update(values)
+        rebind = state.get("rebind", {})
         if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
+            _load_own_state(self.scheduler, state["scheduler"], rebind.get("scheduler", {}))
         for k, obj in self.objects.items():
             if obj is not None and k in state.get("objects", {}):
-                obj.load_state_dict(state["objects"][k])
+                _load_own_state(obj, state["objects"][k], rebind.get(f"objects.{k}", {}))
+        for k, g in self.generators.items():
+            if k in state.get("generators", {}):
+                g.set_state(torch.frombuffer(bytearray(state["generators"][k]), dtype=torch.uint8))
         if self.extra_state is not None and "extra_state" in state:
             self.extra_state.clear()
             self.extra_state.update(state["extra_state"])
@@ -794,10 +1089,9 @@ class Checkpointer:
 
     def _install_wait(self, wait_before: Optional[str]) -> None:
         if wait_before is None:
-            norm = torch.nn.modules.batchnorm._NormBase
-            has_bn = self.model is not None and any(isinstance(m, norm) and m.track_running_stats
-                                                    for m in self.model.modules())
-            wait_before = "forward" if has_bn else "step"
+            # Host buffers the forward changes are staged (save() copies them): only GPU ones
+            # make the forward wait.
+            wait_before = "forward" if self._forward_changes_registered else "step"
         self.wait_before = wait_before
         if wait_before == "forward":
             if self.model is None:
@@ -854,6 +1148,13 @@ class Checkpointer:
             raise RuntimeError("this Checkpointer is closed")
 
 
+def _load_own_state(obj: Any, sd: Any, rebind: Mapping[str, str]) -> None:
+    """obj.load_state_dict(sd), then the keys _own_state left out bound to obj's methods."""
+    obj.load_state_dict(sd)
+    for key, name in rebind.items():
+        setattr(obj, key, getattr(obj, name))
+
+
 def _mapped(e: Error) -> Exception:
     """A daemon error on restore, as the Python exception that says what kind it is."""
     msg = str(e)
@@ -874,8 +1175,11 @@ def load_checkpoint(root: Union[str, os.PathLike], job: str, step: Union[str, in
 
     Returns a dict: "step"; "model" (a state dict: model.load_state_dict(d["model"]) works);
     "optimizer" (in Optimizer.state_dict() format: optimizer.load_state_dict works); where
-    saved, "scheduler", "objects", "extra_state", "rng"; and "tensors" (every tensor item by
-    its item name). Tensors are CPU tensors owning their memory. Raises
+    saved, "scheduler", "objects", "extra_state", "rng", "generators" (name -> the uint8
+    state tensor: generator.set_state(d["generators"][name])); and "tensors" (every tensor
+    item by its item name). A scheduler's or object's bound methods of itself (torch 1.x
+    OneCycleLR's anneal_func) are not in its state dict: load_state_dict keeps the live
+    object's. Tensors are CPU tensors owning their memory. Raises
     VersionNotFoundError if the version is not committed under `root`."""
     shard = load_version(root, job, step, rank=rank, backend="torch")
     if BLOB not in shard.blobs:
@@ -910,4 +1214,7 @@ def load_checkpoint(root: Union[str, os.PathLike], job: str, step: Union[str, in
     for key in ("scheduler", "objects", "extra_state", "rng"):
         if key in state:
             out[key] = state[key]
+    if "generators" in state:
+        out["generators"] = {k: torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                             for k, b in state["generators"].items()}
     return out

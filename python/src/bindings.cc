@@ -338,6 +338,16 @@ PYBIND11_MODULE(_ckpt, m) {
           "Blocks until every byte of `version` is out of trainer memory; returns the time blocked in "
           "seconds. timeout: seconds (None: forever).")
       .def(
+          "report_stall",
+          [](ckpt::Client& c, double seconds) {
+            if (!(seconds >= 0)) throw py::value_error("report_stall: seconds must be >= 0");
+            c.report_stall(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds)));
+          },
+          py::arg("seconds"),
+          "Sets the stall (seconds) the next snapshot reports to the daemon, in place of the time the "
+          "last wait blocked: for a trainer whose waits run on a thread of their own.")
+      .def(
           "wait_snapshot_on_stream",
           [](ckpt::Client& c, std::uint64_t version, const py::object& stream) {
             void* s = ToStream(stream);

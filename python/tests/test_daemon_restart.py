@@ -111,8 +111,10 @@ def test_a_daemon_down_longer_than_the_budget_gives_a_clear_error(start_daemon, 
         train_step(model, opt, sched, 100 + step)
         ck.save(step)
     assert eventually(lambda: Path(f"{pause}.reached").exists())
-    d.kill()  # and not started again
+    # Timed from the kill: the Checkpointer's worker thread, waiting for version 2 since
+    # save(2), finds the daemon gone then.
     t0 = time.monotonic()
+    d.kill()  # and not started again
     with pytest.raises(ckpt.Error, match=r"did not come back within 1 s") as down:
         train_step(model, opt, sched, 103)
     waited = time.monotonic() - t0

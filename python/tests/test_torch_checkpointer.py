@@ -7,6 +7,9 @@ Uses conftest's `daemon` fixture (a ckptd on a fresh root and socket)."""
 import gc
 import pickle
 import random
+import re
+import time
+import urllib.request
 import warnings
 
 import pytest
@@ -357,22 +360,41 @@ def test_blob_is_plain_pickle_of_the_non_tensor_state(daemon):
     assert {"python", "torch"} <= set(state["rng"])
 
 
-def test_models_whose_forward_changes_buffers_wait_before_forward(daemon):
+def test_batchnorm_statistics_are_staged_so_the_forward_need_not_wait(daemon):
+    """The running statistics a forward changes are registered through a staging copy that
+    save() refreshes: the forward after save() runs at once, the version still holds the
+    statistics of the save, and a load puts them back into the model's own buffers."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ck = ct.Checkpointer(daemon.socket, "batchnorm", model=model, optimizer=opt)
-    assert ck.wait_before == "forward"
-    assert "model.1.running_mean" in ck.tensors()
+    assert ck.wait_before == "step"
+    bn = model[1]
+    buffers = [bn.running_mean, bn.running_var, bn.num_batches_tracked]
+    assert "model.1.running_mean" in ck.tensors() and ck.tensors()["model.1.running_mean"] is bn.running_mean
     train_step(model, opt, None, 1)
     ck.save(1)
-    saved = model[1].running_mean.clone()
-    model(torch.randn(16, 4))  # updates running_mean: must wait for the snapshot first
-    assert ck.pending is None and not torch.equal(model[1].running_mean, saved)
+    saved = [b.clone() for b in buffers]
+    model(torch.randn(16, 4))  # changes the statistics while version 1 may still be copied
+    assert ck.pending == 1 and not torch.equal(bn.running_mean, saved[0])
+    opt.step()  # the update waits
+    assert ck.pending is None
     ck.wait_durable()
     shard = ckpt.load_version(daemon.root, "batchnorm", 1, rank=0)
-    assert torch.equal(shard.tensors["model.1.running_mean"], saved)
+    for name, want in zip(("running_mean", "running_var", "num_batches_tracked"), saved):
+        assert torch.equal(shard.tensors[f"model.1.{name}"], want), name
+    assert ck.load(1) == 1
+    assert [b is c for b, c in zip(buffers, [bn.running_mean, bn.running_var, bn.num_batches_tracked])] == [True] * 3
+    for b, want in zip(buffers, saved):
+        assert torch.equal(b, want)
     ck.close()
+    # Asked for, the wait before every forward is still there.
+    ck2 = ct.Checkpointer(daemon.socket, "batchnorm", model=model, optimizer=opt, wait_before="forward")
+    train_step(model, opt, None, 2)
+    ck2.save(2)
+    model(torch.randn(16, 4))
+    assert ck2.pending is None
+    ck2.close()
 
 
 def test_two_ranks_commit_together_and_each_restores_its_own_shard(daemon):
@@ -392,3 +414,174 @@ def test_two_ranks_commit_together_and_each_restores_its_own_shard(daemon):
         assert ck.load("latest") == 1
         assert_same(state_of(model, opt), want)
         ck.close()
+
+
+# -- issue 15 / 18: what save() pickles, generators, the worker thread --------------------
+
+
+def make_one_cycle(seed=0, total_steps=20):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total_steps)
+    return model, opt, sched
+
+
+def test_one_cycle_lr_is_saved_without_its_optimizer_and_resumes_bit_exact(daemon):
+    """torch 1.x's OneCycleLR has anneal_func = self._annealing_cos in its state_dict(): pickled,
+    it dragged the scheduler, the optimizer and every parameter into each blob, and its load
+    bound the live scheduler's anneal_func to an unpickled copy."""
+    model, opt, sched = make_one_cycle()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in particular no warning about a large blob
+        ck = ct.Checkpointer(daemon.socket, "one-cycle", model=model, optimizer=opt, scheduler=sched)
+        for step in range(1, 4):
+            train_step(model, opt, sched, step)
+            ck.save(step)
+        ck.wait_durable()
+    ck.close()
+    blob = ckpt.load_version(daemon.root, "one-cycle", 3, rank=0).blobs[ct.BLOB]
+    state = pickle.loads(blob)
+    assert "anneal_func" not in state["scheduler"] and state["scheduler"]["last_epoch"] == 3
+    assert b"_rebuild_tensor" not in blob and b"SGD" not in blob, "the blob pickles tensors or the optimizer"
+    rng = torch.get_rng_state()
+    reference = [(train_step(model, opt, sched, step), sched.get_last_lr()) for step in range(4, 8)]
+
+    model2, opt2, sched2 = make_one_cycle(seed=1, total_steps=20)
+    ck2 = ct.Checkpointer(daemon.socket, "one-cycle", model=model2, optimizer=opt2, scheduler=sched2)
+    assert ck2.load("latest") == 3
+    if hasattr(sched2, "anneal_func"):  # torch 1.x: the live scheduler's own method
+        assert sched2.anneal_func.__self__ is sched2
+    assert torch.equal(torch.get_rng_state(), rng)
+    resumed = [(train_step(model2, opt2, sched2, step), sched2.get_last_lr()) for step in range(4, 8)]
+    assert [(x.hex(), lr) for x, lr in resumed] == [(x.hex(), lr) for x, lr in reference]
+    assert_same(state_of(model2, opt2), state_of(model, opt))
+    ck2.close()
+    # The daemon-less loader gives a state dict that load_state_dict takes as it is.
+    sched3 = make_one_cycle(seed=2)[2]
+    sched3.load_state_dict(ct.load_checkpoint(daemon.root, "one-cycle", 3)["scheduler"])
+    assert sched3.last_epoch == 3 and getattr(sched3, "anneal_func", sched3).__self__ is sched3
+
+
+def test_generators_passed_as_objects_are_saved_and_restored(daemon):
+    """A torch.Generator of the trainer's own (here a RandomSampler's) is saved with its state
+    and restored by load: the resumed run draws the same sample order."""
+    model, opt, _ = make(scheduler=False)
+    g = torch.Generator().manual_seed(7)
+    sampler = torch.utils.data.RandomSampler(range(50), generator=g)
+    ck = ct.Checkpointer(daemon.socket, "generator", model=model, optimizer=opt, sampler=g)
+    assert ck.generators == {"sampler": g} and ck.objects == {}
+    for epoch in range(1, 4):
+        for i in list(sampler)[:3]:
+            train_step(model, opt, None, i)
+        ck.save(epoch)
+    ck.wait_durable()
+    ck.close()
+    saved = g.get_state()
+    reference = [list(sampler) for _ in range(3)]
+
+    g2 = torch.Generator().manual_seed(99)
+    sampler2 = torch.utils.data.RandomSampler(range(50), generator=g2)
+    model2, opt2, _ = make(seed=3, scheduler=False)
+    ck2 = ct.Checkpointer(daemon.socket, "generator", model=model2, optimizer=opt2, sampler=g2)
+    assert ck2.load("latest") == 3
+    assert torch.equal(g2.get_state(), saved)
+    assert [list(sampler2) for _ in range(3)] == reference
+    ck2.close()
+    loaded = ct.load_checkpoint(daemon.root, "generator", 3)["generators"]
+    assert torch.equal(loaded["sampler"], saved)
+    g3 = torch.Generator()
+    g3.set_state(loaded["sampler"])
+    assert list(torch.utils.data.RandomSampler(range(50), generator=g3)) == reference[0]
+
+
+class Cache:
+    """An object whose state_dict() returns a tensor: 160 KB pickled at every save."""
+
+    def state_dict(self):
+        return {"n": 1, "table": torch.zeros(40000)}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def test_a_large_pickled_state_warns_once_naming_it(daemon):
+    model, opt, sched = make()
+    ck = ct.Checkpointer(daemon.socket, "large", model=model, optimizer=opt, scheduler=sched, cache=Cache())
+    train_step(model, opt, sched, 1)
+    with pytest.warns(RuntimeWarning, match=r"the state of object 'cache' \(Cache\) pickles to 15\d KiB at every "
+                                            r"save \(warn_blob_bytes=65536\): \['table'\] 15\d KiB \(holds 1 tensor\)"):
+        ck.save(1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(2, 4):
+            train_step(model, opt, sched, step)
+            ck.save(step)
+    assert [str(w.message) for w in seen] == []
+    ck.close()
+    quiet = ct.Checkpointer(daemon.socket, "large", model=model, optimizer=opt, cache=Cache(), warn_blob_bytes=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet.save(4)
+    quiet.close()
+
+
+def test_errors_of_the_worker_threads_snapshot_come_with_the_next_wait(daemon):
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(daemon.socket, "worker-errors", model=model, optimizer=opt)
+    train_step(model, opt, None, 1)
+    ck.save(5)  # the first save after the registration: sent by save() itself
+    assert ck._job is None
+    train_step(model, opt, None, 2)
+    ck.save(3)  # sent by the worker thread, refused by the daemon ...
+    assert ck._job is not None
+    with pytest.raises(ckpt.Error, match=r"version 3 is not higher than 5"):
+        opt.step()  # ... which the wait before the update raises
+    assert ck.pending is None
+    opt.step()  # nothing pending any more
+    ck.save(6)
+    ck.wait_durable()
+    assert ckpt.list_versions(daemon.root, "worker-errors") == [5, 6]
+    ck.close()
+    # A new registration: its first save is refused by save() itself.
+    ck2 = ct.Checkpointer(daemon.socket, "worker-errors", model=model, optimizer=opt)
+    with pytest.raises(ckpt.Error, match=r"version 2 is not higher than 6"):
+        ck2.save(2)
+    ck2.save(7)
+    ck2.save(8)  # before any update: save() waits for version 7 first
+    ck2.close()  # waits for the worker thread to have sent version 8: the daemon commits it
+    deadline = time.monotonic() + 60
+    while 8 not in ckpt.list_versions(daemon.root, "worker-errors") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ckpt.list_versions(daemon.root, "worker-errors") == [5, 6, 7, 8]
+
+
+def test_the_stall_the_daemon_records_is_the_trainers_not_the_worker_threads(start_daemon):
+    """The worker thread waits for each capture; the stall the next snapshot reports to the
+    daemon (ckptd_snapshot_stall_seconds) is the time the trainer blocked, not that wait."""
+    d = start_daemon(extra_args=["--metrics-listen", "127.0.0.1:0"])
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", d.log()).group(1)
+
+    def stall_sum():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return float(re.search(r"^ckptd_snapshot_stall_seconds_sum (\S+)$", text, re.M).group(1))
+
+    model, opt, _ = make(scheduler=False)
+    ck = ct.Checkpointer(d.socket, "stall", model=model, optimizer=opt)
+    train_step(model, opt, None, 1)
+    ck.save(1)  # sent by save() itself
+    train_step(model, opt, None, 2)
+    ck.save(2)  # the worker thread's
+    job = ck._job
+    deadline = time.monotonic() + 60
+    while not job.done() and time.monotonic() < deadline:  # the worker's wait is over ...
+        time.sleep(0.001)
+    before = stall_sum()
+    train_step(model, opt, None, 3)  # ... so the trainer hardly blocks here
+    stall = ck.last_stall_s
+    ck.save(3)  # reports that stall ...
+    ck.wait_snapshot()  # ... once the worker thread has sent it
+    assert abs((stall_sum() - before) - stall) < 1e-8
+    ck.close()
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        ck.client.report_stall(-1)

@@ -185,6 +185,10 @@ class Client {
   // device allow (see stream_wait()): should the daemon die before the copies run, the
   // client releases the stream itself, and its next call reports the version lost.
   std::chrono::nanoseconds wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream);
+  // Sets the trainer's stall that the next snapshot reports to the daemon (its stall metric),
+  // in place of the time the last wait blocked: for a trainer whose waits run on a thread of
+  // their own (ckpt.torch's worker), where the trainer blocked for less or not at all.
+  void report_stall(std::chrono::nanoseconds stall);
   // Blocks until `version` reaches `level` (default: committed across all ranks).
   void wait_durable(std::uint64_t version, Level level = Level::kCommitted,
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
