@@ -98,6 +98,7 @@ import sys
 import time
 import types
 import warnings
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -127,6 +128,10 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), (
     if hasattr(torch, _name):  # newer torch only
         _TORCH_TO_CODE[getattr(torch, _name)] = _code
 _CODE_TO_TORCH = {c: t for t, c in _TORCH_TO_CODE.items()}
+
+
+# model or optimizer -> the open Checkpointer that hooked it (weakly: neither is kept alive).
+_OPEN: "weakref.WeakKeyDictionary[Any, weakref.ReferenceType]" = weakref.WeakKeyDictionary()
 
 
 class UnsupportedTensorError(ValueError):
@@ -462,6 +467,14 @@ class Checkpointer:
                                 f"(and is not a torch.Generator)")
         if wait_before not in (None, "step", "forward"):
             raise ValueError(f"wait_before must be 'step', 'forward' or None, not {wait_before!r}")
+        # A second Checkpointer on the same model or optimizer would leave the first one's hooks
+        # waiting on its (possibly dead) registration at every forward or step.
+        for what, obj in (("model", model), ("optimizer", optimizer)):
+            other = _OPEN.get(obj)() if obj is not None and obj in _OPEN else None
+            if other is not None and not other._closed:
+                raise ValueError(f"this {what} is already checkpointed by an open Checkpointer (job "
+                                 f"'{other.job}', rank {other.rank}): close() it first, or use "
+                                 f"'with Checkpointer(...) as ck:'")
         self.job, self.rank, self.world_size = job, int(rank), int(world_size)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state, self.rng = extra_state, rng
@@ -504,6 +517,9 @@ class Checkpointer:
         self._collect()
         self.registration = self._register()
         self._install_wait(wait_before)
+        for obj in (model, optimizer):
+            if obj is not None:
+                _OPEN[obj] = weakref.ref(self)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -684,6 +700,9 @@ class Checkpointer:
                 del opt.step  # it was the class's method
             else:
                 opt.step = original
+        for obj in (self.model, self.optimizer):
+            if obj is not None and obj in _OPEN and _OPEN[obj]() is self:
+                del _OPEN[obj]
         self._client.unregister()
         if error is not None:
             raise error

@@ -585,3 +585,27 @@ def test_the_stall_the_daemon_records_is_the_trainers_not_the_worker_threads(sta
     ck.close()
     with pytest.raises(ValueError, match="seconds must be >= 0"):
         ck.client.report_stall(-1)
+
+
+def test_a_second_checkpointer_on_an_open_ones_model_is_refused_until_it_is_closed(daemon):
+    """Issue 18, point 1: a second Checkpointer on the same model or optimizer used to leave
+    the first one's hooks on them, waiting on the first registration at every step."""
+    model, opt, sched = make()
+    first = ct.Checkpointer(daemon.socket, "twice", model=model, optimizer=opt)
+    with pytest.raises(ValueError, match=r"already checkpointed by an open Checkpointer \(job 'twice', rank 0\)"):
+        ct.Checkpointer(daemon.socket, "twice-b", model=model)
+    other_model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"this optimizer is already checkpointed"):
+        ct.Checkpointer(daemon.socket, "twice-c", model=other_model, optimizer=opt)
+    # The refused ones changed nothing: the first still saves and its hooks still wait.
+    train_step(model, opt, sched, 1)
+    first.save(1)
+    first.wait_durable(1)
+    first.close()
+    with ct.Checkpointer(daemon.socket, "twice", model=model, optimizer=opt) as second:
+        assert second.load("latest") == 1
+        train_step(model, opt, sched, 2)
+        second.save(2)
+        second.wait_durable(2)
+    # Closed by the with-statement: a third may follow.
+    ct.Checkpointer(daemon.socket, "twice", model=model, optimizer=opt).close()
