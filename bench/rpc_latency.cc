@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   app.add_option("--items", items, "Tensors registered")->capture_default_str();
   app.add_option("--iters", iters, "Timed iterations")->capture_default_str();
   app.add_option("--warmup", warmup, "Iterations run first and not counted")->capture_default_str();
-  app.add_flag("--floor", floor, "Also time an empty unary call on a throwaway gRPC server (same build, Unix socket)");
+  app.add_flag("--floor", floor,
+               "Also time an empty unary call on a throwaway gRPC server (same build, Unix socket)");
   app.add_flag("--json", json, "Print one JSON object instead of a line of text");
   app.add_flag("--no-settle", no_settle,
                "Do not wait for each version to commit before the next: the calls then overlap the daemon's "
@@ -234,13 +235,15 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf(
           "{\"items\": %zu, \"iters\": %zu, \"settle\": %s, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
-          "\"snapshot_p50_us\": %.1f, \"snapshot_p99_us\": %.1f, \"wait_p50_us\": %.1f, \"wait_p99_us\": %.1f, "
+          "\"snapshot_p50_us\": %.1f, \"snapshot_p99_us\": %.1f, \"wait_p50_us\": %.1f, \"wait_p99_us\": "
+          "%.1f, "
           "\"first_wait_p50_us\": %.1f, \"first_wait_p99_us\": %.1f, \"status_p50_us\": %.1f}\n",
           items, iters, no_settle ? "false" : "true", P(floor_us, 50), P(floor_us, 99), P(snap, 50),
           P(snap, 99), P(wait, 50), P(wait, 99), P(first_wait, 50), P(first_wait, 99), P(status, 50));
     } else {
       std::printf(
-          "%zu items, %zu iterations: snapshot call p50 %.0f us p99 %.0f us; wait_snapshot (captured) p50 %.0f "
+          "%zu items, %zu iterations: snapshot call p50 %.0f us p99 %.0f us; wait_snapshot (captured) p50 "
+          "%.0f "
           "us; first wait_snapshot p50 %.0f us; status call p50 %.0f us",
           items, iters, P(snap, 50), P(snap, 99), P(wait, 50), P(first_wait, 50), P(status, 50));
       if (floor_server) std::printf("; floor p50 %.0f us p99 %.0f us", P(floor_us, 50), P(floor_us, 99));

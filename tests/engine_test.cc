@@ -471,8 +471,8 @@ TEST_CASE("the shards a Snapshot call lets go are freed by the copy thread once 
     blob.length = 16;
     auto layout = ShardLayout::Plan(ShardMeta{"engine-job", 6, 0, 1, ""}, {blob});
     REQUIRE(layout.ok());
-    auto older = std::make_shared<ShardJob>(std::move(layout).value(), std::vector<ItemSource>{{nullptr, 0, bytes}},
-                                            dir.path() + "/v6", false);
+    auto older = std::make_shared<ShardJob>(
+        std::move(layout).value(), std::vector<ItemSource>{{nullptr, 0, bytes}}, dir.path() + "/v6", false);
     bytes.reset();
     next.job->Retire({std::move(older), nullptr});
   }
