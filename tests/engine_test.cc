@@ -15,6 +15,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/pipeline/item_hasher.h"
 #include "daemon/pipeline/shard_job.h"
+#include "daemon/pipeline/shard_registry.h"
 #include "daemon/pipeline/snapshot_engine.h"
 #include "format/checksum.h"
 #include "format/paths.h"
@@ -437,6 +439,70 @@ TEST_CASE("a shard left unplanned is planned on the copy thread", "[engine]") {
   REQUIRE(engines.Outcome(shard.job));
   CHECK(shard.job->layout().planned());
   CheckShardFile(shard);
+}
+
+TEST_CASE("the shards a Snapshot call lets go are freed by the copy thread once the new one is captured",
+          "[engine][retire]") {
+  // Freeing a shard frees its item list, thousands of names and shapes: the Snapshot call
+  // hands the shards it stops holding to the new shard's copy thread (ShardJob::Retire).
+  // First, so that they outlive every shard of the test.
+  std::mutex mu;
+  std::optional<std::thread::id> freed_on;
+  Level next_level_then = Level::kNone;
+  TempDir dir("eng");
+  auto storage = std::make_shared<FaultyStorage>();
+  Engines engines(storage, 4 * 64 * kKiB, 64 * kKiB);
+  auto region = Region(512 * kKiB);
+  TestShard next = MakeShard(dir.path() + "/v8", region, MixedItems(), false, 0, 1, /*planned=*/false);
+  {
+    // An older shard that still holds a source (never copied), whose bytes tell when and
+    // where the shard goes.
+    ShardJob* watched = next.job.get();
+    auto bytes = std::shared_ptr<const std::string>(new std::string(16, 'x'), [&](const std::string* b) {
+      std::lock_guard lock(mu);
+      freed_on = std::this_thread::get_id();
+      next_level_then = watched->level();
+      delete b;
+    });
+    ShardItem blob;
+    blob.name = "older";
+    blob.kind = ItemKind::kBlob;
+    blob.shape = {16};
+    blob.length = 16;
+    auto layout = ShardLayout::Plan(ShardMeta{"engine-job", 6, 0, 1, ""}, {blob});
+    REQUIRE(layout.ok());
+    auto older = std::make_shared<ShardJob>(
+        std::move(layout).value(), std::vector<ItemSource>{{nullptr, 0, bytes}}, dir.path() + "/v6", false);
+    bytes.reset();
+    next.job->Retire({std::move(older), nullptr});
+  }
+  {
+    std::lock_guard lock(mu);
+    CHECK_FALSE(freed_on.has_value());  // the new shard holds it until its copy thread lets go
+  }
+  engines.Enqueue(next.job);
+  REQUIRE(engines.Outcome(next.job));
+  std::lock_guard lock(mu);
+  REQUIRE(freed_on.has_value());
+  CHECK(*freed_on != std::this_thread::get_id());
+  CHECK(next_level_then >= Level::kCaptured);
+  CHECK(next.job->TakeRetired().empty());
+  CheckShardFile(next);
+}
+
+TEST_CASE("ShardRegistry::Add returns the shard it stops holding strongly", "[engine][retire]") {
+  ShardRegistry registry;
+  std::vector<std::shared_ptr<ShardJob>> shards;
+  for (std::size_t i = 0; i <= ShardRegistry::kRecentShards; ++i) {
+    auto layout = ShardLayout::Plan(ShardMeta{"registry-job", i + 1, 0, 1, ""}, {});
+    REQUIRE(layout.ok());
+    shards.push_back(std::make_shared<ShardJob>(std::move(layout).value(), std::vector<ItemSource>{},
+                                                "/nonexistent", false));
+  }
+  for (std::size_t i = 0; i < ShardRegistry::kRecentShards; ++i) CHECK(registry.Add(shards[i]) == nullptr);
+  CHECK(registry.Add(shards.back()) == shards.front());
+  CHECK(registry.Recent().size() == ShardRegistry::kRecentShards);
+  CHECK(registry.Recent().front() == shards[1]);
 }
 
 TEST_CASE("a shard whose plan fails on the copy thread fails without a file", "[engine][faults]") {

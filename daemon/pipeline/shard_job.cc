@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <utility>
+
 #include "format/paths.h"
 
 namespace ckpt {
@@ -52,6 +54,18 @@ Status ShardJob::Prepare() {
 void ShardJob::ReleaseSources() {
   std::vector<ItemSource>().swap(sources_);
   tensors_.reset();
+}
+
+void ShardJob::Retire(std::vector<std::shared_ptr<ShardJob>> older) {
+  MutexLock lock(mu_);
+  for (auto& shard : older) {
+    if (shard) retired_.push_back(std::move(shard));
+  }
+}
+
+std::vector<std::shared_ptr<ShardJob>> ShardJob::TakeRetired() {
+  MutexLock lock(mu_);
+  return std::exchange(retired_, {});
 }
 
 void ShardJob::Reach(Level level) {

@@ -88,6 +88,12 @@ class ShardJob {
   // trainer's GPU allocation mapped in the daemon after the trainer unregistered or freed it.
   // Copies still queued on a device hold their own reference (DeviceSpan::keep).
   void ReleaseSources();
+  // Older shards the Snapshot call that admitted this one stopped holding, often their last
+  // reference: freeing a shard frees its item list (thousands of names and shapes), which
+  // the call hands to the copy thread instead. The copy thread drops them once this shard
+  // is captured or failed (TakeRetired).
+  void Retire(std::vector<std::shared_ptr<ShardJob>> older) EXCLUDES(mu_);
+  std::vector<std::shared_ptr<ShardJob>> TakeRetired() EXCLUDES(mu_);
   // Directory of the version and the final and temporary paths of the shard.
   const std::string& dir() const { return placement_.dir; }
   const std::string& final_path() const { return final_path_; }
@@ -195,6 +201,7 @@ class ShardJob {
   double reached_ms_[5] GUARDED_BY(mu_) = {0, 0, 0, 0, 0};
   Status error_ GUARDED_BY(mu_);
   int pending_writes_ GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<ShardJob>> retired_ GUARDED_BY(mu_);
   bool copy_done_ GUARDED_BY(mu_) = false;
 };
 

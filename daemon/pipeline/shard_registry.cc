@@ -4,7 +4,7 @@
 
 namespace ckpt {
 
-void ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
+std::shared_ptr<ShardJob> ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
   MutexLock lock(mu_);
   // Versions that never commit leave entries whose shards are all gone: drop them.
   for (auto it = by_version_.begin(); it != by_version_.end();) {
@@ -15,7 +15,10 @@ void ShardRegistry::Add(const std::shared_ptr<ShardJob>& shard) {
   }
   by_version_[{shard->meta().job, shard->meta().version}].push_back(shard);
   recent_.push_back(shard);
-  while (recent_.size() > kRecentShards) recent_.pop_front();
+  if (recent_.size() <= kRecentShards) return nullptr;
+  std::shared_ptr<ShardJob> dropped = std::move(recent_.front());
+  recent_.pop_front();
+  return dropped;
 }
 
 std::vector<std::shared_ptr<ShardJob>> ShardRegistry::TakeVersion(const std::string& job,

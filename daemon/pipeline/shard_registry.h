@@ -26,8 +26,11 @@ class ShardRegistry {
  public:
   static constexpr std::size_t kRecentShards = 64;
 
-  // A shard was admitted (before it is queued for copying).
-  void Add(const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
+  // A shard was admitted (before it is queued for copying). Returns the shard it no longer
+  // holds strongly (null if none), often the last reference to it: the caller hands it to
+  // the copy thread (ShardJob::Retire), so that the Snapshot call does not free thousands
+  // of items.
+  [[nodiscard]] std::shared_ptr<ShardJob> Add(const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
   // Removes and returns the live shards of (job, version): the caller commits or fails them.
   std::vector<std::shared_ptr<ShardJob>> TakeVersion(const std::string& job, std::uint64_t version)
       EXCLUDES(mu_);

@@ -100,6 +100,11 @@ struct PendingChunk {
 void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   ReapAbandoned(false);
   TestPause("capture", shard->meta().version);
+  // Last, once the shard is captured or failed: the older shards its Snapshot call let go.
+  struct DropRetired {
+    ShardJob& shard;
+    ~DropRetired() { (void)shard.TakeRetired(); }
+  } drop_retired{*shard};
   // Whatever happens, the daemon is done with this version's device events at the end.
   struct ReleaseSync {
     VersionSync* sync;

@@ -124,9 +124,11 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
                                           std::move(placement));
   s.last_version = v;
   s.shards[v] = shard;
+  std::vector<std::shared_ptr<ShardJob>> let_go;  // freed by the copy thread (ShardJob::Retire)
   while (s.shards.size() > kVersionsKept) {
     auto oldest = s.shards.begin();
     if (oldest->second->level() < Level::kPersisted && !oldest->second->failed()) break;
+    let_go.push_back(std::move(oldest->second));
     s.shards.erase(oldest);
   }
   if (local_) {
@@ -135,7 +137,8 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
     local_->Pin(s.job, v);
     shard->MarkLocalPinned();
   }
-  shards_.Add(shard);
+  let_go.push_back(shards_.Add(shard));
+  shard->Retire(std::move(let_go));
   engine_.Enqueue(shard);
   return shard;
 }
