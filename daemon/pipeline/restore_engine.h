@@ -75,6 +75,9 @@ class RestoreEngine {
  private:
   Result<RestoredShard> Run(const std::string& what, const ShardInfo& info,
                             const std::vector<RestoreTarget>& targets, const ShardBytes& src);
+  Result<RestoredShard> RestoreImageToHost(const std::string& what, const ShardInfo& info,
+                                           const MemoryImage& image,
+                                           const std::vector<RestoreTarget>& targets);
 
   std::shared_ptr<Storage> storage_;
   HostPool& pool_;
