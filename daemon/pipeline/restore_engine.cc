@@ -246,18 +246,18 @@ class RestoreLanes {
   std::map<int, std::vector<std::unique_ptr<CopyLane>>> by_device_;
 };
 
-// Runs body(0..n-1) on the calling thread and up to n-1 more; the bodies claim their work
-// from shared counters, so the work is all done even when fewer threads could be started.
-void RunParallel(unsigned n, const std::function<void(unsigned)>& body) {
+// Runs `body` on up to n-1 new threads, then on the calling one; the bodies claim their
+// work from shared counters, so it is all done even when fewer threads could be started.
+void RunParallel(unsigned n, const std::function<void()>& body) {
   std::vector<std::thread> threads;
   for (unsigned w = 1; w < n; ++w) {
     try {
-      threads.emplace_back(body, w);
+      threads.emplace_back(body);
     } catch (const std::system_error&) {
       break;
     }
   }
-  body(0);
+  body();
   for (auto& t : threads) t.join();
 }
 
@@ -458,9 +458,10 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   // Phase 1: verify every item; meanwhile allocate the destination.
   std::vector<Status> item_status(n_items);
   std::atomic<std::size_t> next_item{0};
-  std::atomic<bool> mismatch{false};
-  RunParallel(threads, [&](unsigned w) {
-    if (w == threads - 1) {
+  std::atomic<bool> mismatch{false}, preallocating{false};
+  RunParallel(threads, [&] {
+    // The first thread to start takes it (the caller starts the others first).
+    if (!preallocating.exchange(true)) {
       for (const auto& t : targets) t.region->Preallocate(t.region_offset, t.item.length);
     }
     while (!mismatch.load()) {
@@ -513,7 +514,7 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   std::vector<Status> piece_status(pieces.size());
   std::atomic<std::size_t> next_piece{0};
   std::atomic<bool> failed{false};
-  RunParallel(threads, [&](unsigned) {
+  RunParallel(threads, [&] {
     while (!failed.load()) {
       const std::size_t k = next_piece.fetch_add(1);
       if (k >= pieces.size()) break;
