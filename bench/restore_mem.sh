@@ -98,7 +98,8 @@ status = json.load(open(os.path.join(work, "status.json")))
 read = int(status.get("bytes_read_total", 0))
 ms = statistics.median(r["restore_ms"] for r in runs)
 shm = open("/proc/mounts").read().split("\n")
-shm_opts = next((l.split()[3] for l in shm if len(l.split()) > 2 and l.split()[1] == "/dev/shm"), "")
+# The last mount on /dev/shm is the one in effect (--huge stacks one on the system's).
+shm_opts = ([l.split()[3] for l in shm if len(l.split()) > 3 and l.split()[1] == "/dev/shm"] or [""])[-1]
 result = {
     "command": command,
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
