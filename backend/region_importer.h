@@ -39,6 +39,14 @@ class ImportedRegion {
   virtual Status WriteAt(std::uint64_t offset, const void* src, std::size_t len) const = 0;
   // Removes the region's name if it still names this object (the trainer is gone).
   virtual void UnlinkIfOrphaned() const = 0;
+  // A hint before WriteAt calls over `len` bytes at `offset`: back them with memory now, so
+  // the writes that follow find their pages allocated (for shm, a trainer's fresh object
+  // allocates pages on first write). Changes no byte and never the region's size; a
+  // failure is not reported here, the write that follows reports its own.
+  virtual void Preallocate(std::uint64_t offset, std::uint64_t len) const {
+    (void)offset;
+    (void)len;
+  }
   // The device the region lives on (an ordinal of the daemon's backend), -1 for host memory.
   virtual int device() const { return -1; }
   // For device regions: the device address of `len` bytes at `offset`, checked against the

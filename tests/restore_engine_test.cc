@@ -5,6 +5,7 @@
 // chunk, and never a synchronous per-piece copy.
 #include "daemon/pipeline/restore_engine.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -348,4 +349,113 @@ TEST_CASE("a shard whose bytes change between the two passes is refused before t
   CHECK(region->bytes().substr(2 * kChunk) == before.substr(2 * kChunk));
   CHECK(region->writes() == 0);
   CHECK(pool.value()->used_bytes() == 0);
+}
+
+namespace {
+
+// Host memory that records the ranges a restore preallocated, and how many writes it had
+// taken by then.
+class PreallocatedRegion : public WritableRegion {
+ public:
+  using WritableRegion::WritableRegion;
+  void Preallocate(std::uint64_t offset, std::uint64_t len) const override {
+    std::lock_guard lock(mu_);
+    ranges_.emplace_back(offset, len);
+    writes_before_ += writes();
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges() const {
+    std::lock_guard lock(mu_);
+    return ranges_;
+  }
+  int writes_before() const {
+    std::lock_guard lock(mu_);
+    return writes_before_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges_;
+  mutable int writes_before_ = 0;
+};
+
+}  // namespace
+
+// A memory image into shm regions is written straight from the image: the pool's chunks,
+// which snapshots may hold all of (backpressure), are not needed. Before, the restore
+// waited for a free chunk.
+TEST_CASE("a memory image restores into several host regions with every pool chunk held elsewhere",
+          "[restore-engine]") {
+  const TestShard shard = MakeShard();
+  auto pool = HostPool::Create(2 * kChunk, kChunk);
+  REQUIRE(pool.ok());
+  auto held_a = pool.value()->TryAcquire();
+  auto held_b = pool.value()->TryAcquire();
+  REQUIRE((held_a && held_b));
+  REQUIRE_FALSE(pool.value()->TryAcquire());
+  RestoreEngine engine(std::make_shared<PosixStorage>(), *pool.value(), /*readers=*/4);
+  // "a" and "b" in one region, "c" and "empty" in others.
+  const std::string before_ab = Bytes(kRegionBytes, 11), before_c = Bytes(kRegionBytes, 12);
+  auto ab = std::make_shared<PreallocatedRegion>("/ckpt-test-ab", before_ab);
+  auto c = std::make_shared<PreallocatedRegion>("/ckpt-test-c", before_c);
+  auto empty = std::make_shared<PreallocatedRegion>("/ckpt-test-empty", std::string(16, 'e'));
+  std::vector<RestoreTarget> targets = Targets(ab);
+  for (auto& t : targets) {
+    if (t.item.name == "c") t.region = c;
+    if (t.item.name == "empty") t.region = empty;
+  }
+  Image image(shard.file);
+  auto restored = engine.RestoreFromImage(*image.image, targets);
+  INFO(restored.status().message());
+  REQUIRE(restored.ok());
+  CHECK(restored->bytes_read == 0);
+  CHECK(restored->tensor_bytes == 150 * kKiB + 7 + 90 * kKiB + 1 + 160 * kKiB + 5);
+  REQUIRE(restored->blobs.size() == 1);
+  CHECK(restored->blobs[0].second == shard.contents[2]);
+  std::string want_ab = before_ab, want_c = before_c;
+  want_ab.replace(0, shard.contents[0].size(), shard.contents[0]);
+  want_ab.replace(150 * kKiB + 7, shard.contents[1].size(), shard.contents[1]);
+  want_c.replace(300 * kKiB, shard.contents[4].size(), shard.contents[4]);
+  CHECK(ab->bytes() == want_ab);
+  CHECK(c->bytes() == want_c);
+  CHECK(empty->bytes() == std::string(16, 'e'));
+  // Pieces of at most a pool chunk: a 3, b 2, c 3; nothing for the empty tensor.
+  CHECK(ab->writes() == 5);
+  CHECK(c->writes() == 3);
+  CHECK(empty->writes() == 0);
+  // Each target's range was preallocated before any write.
+  using Ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  auto sorted = [](Ranges r) {
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  CHECK(sorted(ab->ranges()) == Ranges{{0, 150 * kKiB + 7}, {150 * kKiB + 7, 90 * kKiB + 1}});
+  CHECK(c->ranges() == Ranges{{300 * kKiB, 160 * kKiB + 5}});
+  CHECK(ab->writes_before() + c->writes_before() == 0);
+  pool.value()->Release(*held_a);
+  pool.value()->Release(*held_b);
+}
+
+// Items are verified on several threads; the error names the shard's first bad item, and
+// nothing is written, whichever thread found which.
+TEST_CASE("a memory image with two corrupt items names the first and writes nothing", "[restore-engine]") {
+  TestShard shard = MakeShard();
+  std::string corrupt = shard.file;
+  corrupt[shard.info.data_start + OffsetOf(shard, "b") + 5] ^= 0x01;
+  corrupt[shard.info.data_start + OffsetOf(shard, "c") + 7] ^= 0x01;
+  auto pool = HostPool::Create(4 * kChunk, kChunk);
+  REQUIRE(pool.ok());
+  RestoreEngine engine(std::make_shared<PosixStorage>(), *pool.value(), /*readers=*/4);
+  const std::string before = Bytes(kRegionBytes, 13);
+  auto region = std::make_shared<WritableRegion>("/ckpt-test-region", before);
+  for (int round = 0; round < 20; ++round) {
+    Image image(corrupt);
+    auto restored = engine.RestoreFromImage(*image.image, Targets(region));
+    REQUIRE_FALSE(restored.ok());
+    INFO(restored.status().message());
+    CHECK(restored.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(restored.status().message(), Catch::Contains("checksum mismatch in item 'b'"));
+    CHECK_THAT(restored.status().message(), Catch::Contains("nothing was written to the registered regions"));
+  }
+  CHECK(region->bytes() == before);
+  CHECK(region->writes() == 0);
 }

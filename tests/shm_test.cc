@@ -521,3 +521,34 @@ TEST_CASE("the daemon maps a trainer's release words only if the trainer's uid o
         StatusCode::kNotFound);
   CHECK(MapShmObject("bad/name", ::getuid(), 4096).status().code() == StatusCode::kInvalidArgument);
 }
+
+// A restore preallocates a fresh region's pages before it writes them: the trainer's
+// bytes, the object's size and everything outside the range stay as they were.
+TEST_CASE("Preallocate backs a range of a trainer's object with pages and changes no byte", "[shm]") {
+  constexpr std::size_t kPage = 4096, kBytes = 64 * kPage;
+  auto region = ShmRegion::Create(UniqueName("prealloc"), kBytes);
+  REQUIRE(region.ok());
+  auto* bytes = static_cast<unsigned char*>(region->data());
+  for (std::size_t i = 0; i < kPage; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  auto imported = ShmImporter().Import(region->name(), ::getuid(), kBytes);
+  REQUIRE(imported.ok());
+  struct stat before {};
+  REQUIRE(::fstat(region->fd(), &before) == 0);
+  // 512-byte blocks: the one page the trainer touched.
+  CHECK(before.st_blocks * 512 == static_cast<blkcnt_t>(kPage));
+
+  // Past the end too: clamped to the object, which does not grow.
+  imported.value()->Preallocate(0, 40 * kPage);
+  imported.value()->Preallocate(60 * kPage, 100 * kPage);
+  imported.value()->Preallocate(kBytes + kPage, kPage);
+  struct stat after {};
+  REQUIRE(::fstat(region->fd(), &after) == 0);
+  CHECK(after.st_size == static_cast<off_t>(kBytes));
+  CHECK(after.st_blocks * 512 == static_cast<blkcnt_t>(44 * kPage));
+  for (std::size_t i = 0; i < kPage; ++i) REQUIRE(bytes[i] == static_cast<unsigned char>(i * 7 + 1));
+  for (std::size_t i = kPage; i < kBytes; ++i) REQUIRE(bytes[i] == 0);
+  // The pages it allocated take writes as any other.
+  const std::string text = "restored";
+  REQUIRE(imported.value()->WriteAt(20 * kPage, text.data(), text.size()).ok());
+  CHECK(std::memcmp(bytes + 20 * kPage, text.data(), text.size()) == 0);
+}

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/unique_fd.h"
 #include "shm/shm_region.h"
 
@@ -58,6 +60,18 @@ class ShmImportedRegion : public ImportedRegion {
   }
 
   void UnlinkIfOrphaned() const override { UnlinkShmIfInode(name_, ino_); }
+
+  // fallocate allocates tmpfs pages without zeroing them (they read as zero until written)
+  // and, unlike a fault or MADV_POPULATE_WRITE, without mapping them: the pwrite calls of a
+  // restore then only copy. KEEP_SIZE and the clamp keep it inside the object as it is now.
+  void Preallocate(std::uint64_t offset, std::uint64_t len) const override {
+    auto size = CurrentSize();
+    if (!size.ok() || offset >= size.value()) return;
+    len = std::min(len, size.value() - offset);
+    if (len > 0) {
+      (void)::fallocate(fd_.get(), FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(len));
+    }
+  }
 
  private:
   std::string name_;

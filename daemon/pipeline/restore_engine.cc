@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
 #include <map>
 #include <system_error>
+#include <thread>
 
 #include "common/names.h"
 #include "format/checksum.h"
@@ -244,6 +246,21 @@ class RestoreLanes {
   std::map<int, std::vector<std::unique_ptr<CopyLane>>> by_device_;
 };
 
+// Runs `body` on up to n-1 new threads, then on the calling one; the bodies claim their
+// work from shared counters, so it is all done even when fewer threads could be started.
+void RunParallel(unsigned n, const std::function<void()>& body) {
+  std::vector<std::thread> threads;
+  for (unsigned w = 1; w < n; ++w) {
+    try {
+      threads.emplace_back(body);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  body();
+  for (auto& t : threads) t.join();
+}
+
 // `s` with `note` (what the error left in the regions) appended.
 Status Noted(const Status& s, const std::string& note) {
   return Status(s.code(), s.message() + " (" + note + ")");
@@ -407,6 +424,115 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
   return out;
 }
 
+// A memory image into host regions. The image lies in memory and does not change, so it
+// needs no pool chunk: each item is verified where it lies and then written to its region
+// straight from there. Two phases keep the all-or-nothing rule: first every item is
+// hashed (items spread over the threads) while one thread preallocates the destination
+// ranges (a trainer's fresh shm object allocates its pages on first write, which is most
+// of a restore's time; fallocate changes no byte); then the tensors are written, in pieces
+// of a pool chunk, pieces of different regions side by side (the kernel serialises the
+// writes into one shm object, not those into several).
+Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what, const ShardInfo& info,
+                                                        const MemoryImage& image,
+                                                        const std::vector<RestoreTarget>& targets) {
+  if (Status s = MatchLayout(info, targets); !s.ok()) return s;
+  RestoredShard out;
+  std::map<std::string, const RestoreTarget*> by_name;
+  for (const auto& t : targets) by_name[t.item.name] = &t;
+  const char* data = image.data() + info.data_start;
+  const std::size_t n_items = info.items.size();
+  std::vector<std::string*> blob(n_items, nullptr);
+  for (const auto& item : info.items) {
+    if (item.kind == ItemKind::kBlob) {
+      out.blobs.emplace_back(item.name, std::string());
+    } else {
+      out.tensor_bytes += item.length;
+    }
+  }
+  for (std::size_t i = 0, b = 0; i < n_items; ++i) {
+    if (info.items[i].kind == ItemKind::kBlob) blob[i] = &out.blobs[b++].second;
+  }
+  const unsigned threads =
+      std::max(1u, std::min(readers_, std::max(1u, std::thread::hardware_concurrency())));
+
+  // Phase 1: verify every item; meanwhile allocate the destination.
+  std::vector<Status> item_status(n_items);
+  std::atomic<std::size_t> next_item{0};
+  std::atomic<bool> mismatch{false}, preallocating{false};
+  RunParallel(threads, [&] {
+    // The first thread to start takes it (the caller starts the others first).
+    if (!preallocating.exchange(true)) {
+      for (const auto& t : targets) t.region->Preallocate(t.region_offset, t.item.length);
+    }
+    while (!mismatch.load()) {
+      const std::size_t i = next_item.fetch_add(1);
+      if (i >= n_items) break;
+      const ShardItem& it = info.items[i];
+      const std::uint64_t sum = Checksum::Of(data + it.offset, it.length);
+      if (sum != it.checksum) {
+        item_status[i] = DataLoss(what + ": checksum mismatch in item " + QuoteName(it.name) + " (stored " +
+                                  ChecksumHex(it.checksum) + ", read " + ChecksumHex(sum) + ")");
+        mismatch.store(true);
+      } else if (blob[i] != nullptr) {
+        blob[i]->assign(data + it.offset, it.length);
+      }
+    }
+  });
+  // Items are claimed in file order and each claimed one is finished: the first failure
+  // in file order is the first mismatch of the shard.
+  for (const Status& s : item_status) {
+    if (!s.ok()) return Noted(s, "nothing was written to the registered regions");
+  }
+
+  // Phase 2: write. Pieces of one region follow each other; regions take turns.
+  struct Piece {
+    const RestoreTarget* target;
+    const ShardItem* item;
+    std::uint64_t at;  // within the item
+    std::size_t len;
+  };
+  std::map<const ImportedRegion*, std::vector<Piece>> per_region;
+  const std::uint64_t piece = pool_.chunk_bytes();
+  for (const auto& it : info.items) {
+    if (it.kind != ItemKind::kTensor) continue;
+    const RestoreTarget* t = by_name.at(it.name);
+    for (std::uint64_t at = 0; at < it.length; at += piece) {
+      per_region[t->region.get()].push_back(
+          {t, &it, at, static_cast<std::size_t>(std::min(piece, it.length - at))});
+    }
+  }
+  std::vector<Piece> pieces;
+  for (std::size_t k = 0, added = 1; added > 0; ++k) {
+    added = 0;
+    for (const auto& [region, list] : per_region) {
+      if (k < list.size()) {
+        pieces.push_back(list[k]);
+        ++added;
+      }
+    }
+  }
+  std::vector<Status> piece_status(pieces.size());
+  std::atomic<std::size_t> next_piece{0};
+  std::atomic<bool> failed{false};
+  RunParallel(threads, [&] {
+    while (!failed.load()) {
+      const std::size_t k = next_piece.fetch_add(1);
+      if (k >= pieces.size()) break;
+      const Piece& p = pieces[k];
+      Status s =
+          p.target->region->WriteAt(p.target->region_offset + p.at, data + p.item->offset + p.at, p.len);
+      if (!s.ok()) {
+        piece_status[k] = s.With("restore item " + QuoteName(p.item->name));
+        failed.store(true);
+      }
+    }
+  });
+  for (const Status& s : piece_status) {
+    if (!s.ok()) return Noted(s, "the registered regions are partly written: do not train on them");
+  }
+  return out;
+}
+
 Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
                                              const std::vector<RestoreTarget>& targets, bool direct_io) {
   // One buffered descriptor for the header; an O_DIRECT one for the data is checked to be
@@ -451,6 +577,9 @@ Result<RestoredShard> RestoreEngine::RestoreFromImage(const MemoryImage& image,
   if (header_len > image.file_bytes - 8) return DataLoss(what + ": header size past the end");
   auto info = ParseShardHeader(std::string_view(image.data() + 8, header_len), image.file_bytes);
   if (!info.ok()) return info.status().With(what);
+  const bool host_only = std::all_of(targets.begin(), targets.end(),
+                                     [](const RestoreTarget& t) { return t.region->device() < 0; });
+  if (host_only) return RestoreImageToHost(what, info.value(), image, targets);
   ShardBytes src;
   src.image = &image;
   return Run(what, info.value(), targets, src);

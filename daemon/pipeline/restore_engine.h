@@ -16,9 +16,12 @@
 // chunks again, checks each against its hash, and only then copies it. A file whose bytes
 // changed in between is refused with an I/O error (with a failed copy, the only cases that
 // leave the regions partly written, and their messages say so). A memory-tier image does
-// not change: it is verified where it lies, then staged chunk by chunk through a window of
-// pool chunks (pinned: host-to-device copies never go through the driver's pageable
-// staging) and copied from there.
+// not change: it is verified where it lies. Into device regions it is then staged chunk by
+// chunk through a window of pool chunks (pinned: host-to-device copies never go through
+// the driver's pageable staging) and copied from there. Into host (shm) regions it takes no
+// pool chunk: its items are verified on several threads while the destination ranges are
+// preallocated (ImportedRegion::Preallocate: a fresh shm object allocates its pages on
+// first write), then written straight from the image, pieces of several regions at once.
 //
 // Copies out of the chunks go through copy lanes (backend/device_copier.h): for device
 // regions, asynchronous host-to-device copies on the backend's streams, chunk k on lane
@@ -75,6 +78,9 @@ class RestoreEngine {
  private:
   Result<RestoredShard> Run(const std::string& what, const ShardInfo& info,
                             const std::vector<RestoreTarget>& targets, const ShardBytes& src);
+  Result<RestoredShard> RestoreImageToHost(const std::string& what, const ShardInfo& info,
+                                           const MemoryImage& image,
+                                           const std::vector<RestoreTarget>& targets);
 
   std::shared_ptr<Storage> storage_;
   HostPool& pool_;
