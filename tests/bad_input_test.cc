@@ -153,7 +153,30 @@ TEST_CASE("a version not higher than the last one", "[bad-input]") {
   again.register_items("versions", 0, 1, state.Items());
   ExpectError([&] { again.snapshot(4); }, grpc::StatusCode::FAILED_PRECONDITION, "newest committed version");
   ExpectError([&] { again.wait_snapshot(4); }, grpc::StatusCode::NOT_FOUND,
-              "was not snapshotted by this session");
+              "version 4 was not snapshotted by this registration of job 'versions' (rank 0); `ckptctl ls "
+              "--job versions` shows which versions are committed");
+  ExpectError([&] { again.snapshot(5); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "to resume it, restore first");
+  f.CheckStillServing();
+}
+
+TEST_CASE("a wait on a version this registration no longer tracks says what to do instead", "[bad-input]") {
+  Fixture f;
+  TrainerState state(1, 4096);
+  Client c = Client::connect(f.daemon.socket());
+  c.register_items("untracked", 0, 1, state.Items());
+  // A registration keeps its newest 16 snapshots once older ones are persisted.
+  for (std::uint64_t v = 1; v <= 20; ++v) {
+    c.snapshot(v);
+    c.wait_durable(v);
+  }
+  ExpectError([&] { c.wait_durable(2); }, grpc::StatusCode::NOT_FOUND,
+              "version 2 is older than the versions this registration still tracks (from ");
+  ExpectError([&] { c.wait_durable(2); }, grpc::StatusCode::NOT_FOUND,
+              "`ckptctl ls --job untracked` shows whether it is committed");
+  ExpectError([&] { c.wait_snapshot(21); }, grpc::StatusCode::NOT_FOUND,
+              "version 21 was not snapshotted by this registration of job 'untracked' (rank 0), whose newest "
+              "snapshot is version 20");
   f.CheckStillServing();
 }
 

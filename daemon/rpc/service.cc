@@ -21,6 +21,26 @@ namespace {
 // Waits longer than this are waits without limit (and never overflow a deadline).
 constexpr std::uint64_t kMaxWaitMs = 30ull * 24 * 3600 * 1000;
 
+// Why a wait on `v` finds no shard of this registration, and what to do instead.
+std::string UntrackedVersionMessage(const Session& s, std::uint64_t v) REQUIRES(s.mu) {
+  const std::string ver = "version " + std::to_string(v);
+  const std::string ls = "; `ckptctl ls --job " + s.job + "` shows which versions are committed";
+  if (s.shards.empty() || v > s.last_version) {
+    return ver + " was not snapshotted by this registration of job '" + s.job + "' (rank " +
+           std::to_string(s.rank) + ")" +
+           (s.last_version ? ", whose newest snapshot is version " + std::to_string(s.last_version) : "") + ls;
+  }
+  const std::uint64_t oldest = s.shards.begin()->first;
+  if (v < oldest) {
+    return ver + " is older than the versions this registration still tracks (from " + std::to_string(oldest) +
+           " on; a registration keeps its newest snapshots only, and versions of an earlier process are not "
+           "its own): `ckptctl ls --job " + s.job + "` shows whether it is committed, and a reader " +
+           "(ckpt.load_version, ckpt.torch.load_checkpoint) opens any committed version";
+  }
+  return ver + " was not snapshotted by this registration of job '" + s.job + "' (it snapshotted versions " +
+         std::to_string(oldest) + ".." + std::to_string(s.last_version) + " with gaps)" + ls;
+}
+
 }  // namespace
 
 std::string CheckpointService::NewDaemonInstanceId() {
@@ -100,8 +120,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
     MutexLock lock(session.mu);
     auto it = session.shards.find(req->version());
     if (it == session.shards.end()) {
-      return ToGrpc(NotFound("version " + std::to_string(req->version()) +
-                             " was not snapshotted by this session (or is too old to wait for)"));
+      return ToGrpc(NotFound(UntrackedVersionMessage(session, req->version())));
     }
     shard = it->second;
   }

@@ -52,7 +52,8 @@ Status SnapshotAdmission::CheckVersion(Session& s, std::uint64_t v) {
   if (v <= latest) {
     return FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
                               std::to_string(latest) + ", the newest committed version of job '" + s.job +
-                              "' (restore an older version first to roll back)");
+                              "': to resume it, restore first (load(\"latest\") in ckpt.torch); to start afresh, use a new job "
+                              "name; to roll back, restore an older version first");
   }
   return Status::Ok();
 }
