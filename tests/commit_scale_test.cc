@@ -222,7 +222,7 @@ TEST_CASE("a crash between two markers of a daemon, or in a registration, never 
   CHECK_FALSE(committed);
 }
 
-TEST_CASE("a rollback drops the markers in making; the version numbers commit again after it",
+TEST_CASE("a rollback drops the markers in making, and the version numbers commit again after it",
           "[commit][scale][rollback]") {
   TempDir dir("scale");
   const std::string root = dir.path();
