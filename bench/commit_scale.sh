@@ -61,9 +61,14 @@ if [ ! -f "$base_src/.rev" ] || [ "$(cat "$base_src/.rev")" != "$baseline" ]; th
 fi
 cp "$here/bench/commit_scale.cc" "$base_src/bench/"
 cp "$here/daemon/io/counting_storage.h" "$base_src/daemon/io/"
+# Only the commit stage's sources, not the whole daemon: a quicker build.
 if ! grep -q ckpt-commit-scale "$base_src/CMakeLists.txt"; then
-  printf '\nadd_executable(ckpt-commit-scale bench/commit_scale.cc)\ntarget_link_libraries(ckpt-commit-scale PRIVATE ckptd_core CLI11::CLI11)\n' \
-    >>"$base_src/CMakeLists.txt"
+  cat >>"$base_src/CMakeLists.txt" <<'CMAKE'
+
+add_executable(ckpt-commit-scale bench/commit_scale.cc daemon/commit/catalog.cc daemon/commit/commit_tracker.cc
+  daemon/pipeline/shard_registry.cc daemon/pipeline/shard_job.cc daemon/pipeline/item_hasher.cc daemon/io/storage.cc)
+target_link_libraries(ckpt-commit-scale PRIVATE ckpt_backend ckpt_format spdlog::spdlog CLI11::CLI11 Threads::Threads)
+CMAKE
 fi
 cmake -S "$base_src" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF \
   -DCKPT_BUILD_PYTHON=OFF >/dev/null

@@ -6,6 +6,8 @@
 // markers or in the middle of a registration; a rollback; a daemon restart; and what the
 // polling costs (it backs off, and stops once nothing is awaited).
 #include <algorithm>
+#include <sys/resource.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -309,4 +311,32 @@ TEST_CASE("polling backs off while a version waits, and stops once nothing is aw
   const MetaOps idle = storage->counts();
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   CHECK((storage->counts() - idle).total() == 0);
+}
+
+// Found by bench/commit_scale.sh at 512 daemons: a version awaited while this daemon's
+// marker of it was held back (a shard still on its way) kept the watcher waking at once,
+// spinning on a core until the shard was persisted.
+TEST_CASE("a marker held back for a shard on its way costs no CPU while it waits", "[commit][scale]") {
+  TempDir dir("scale");
+  const std::string root = dir.path();
+  Node a(Posix(), root, "a");
+  Register(a, 0, "r0");
+  Register(a, 1, "r1");
+  MakeVersionDir(root, 1);
+  auto s0 = a.Admit(1, 0, 2, "r0");
+  auto s1 = a.Admit(1, 1, 2, "r1");
+  REQUIRE(a.Persist(s0));
+  auto cpu = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const auto before = cpu();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto used = std::chrono::duration_cast<std::chrono::milliseconds>(cpu() - before);
+  INFO("CPU time while waiting: " << used.count() << " ms");
+  CHECK(used < std::chrono::milliseconds(100));
+  REQUIRE(a.Persist(s1));
+  CHECK(s1->WaitFor(Level::kCommitted, std::chrono::steady_clock::now() + kWait).ok());
 }

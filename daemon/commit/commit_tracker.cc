@@ -113,6 +113,7 @@ bool CommitTracker::FlushMarker(const Key& key, const std::shared_ptr<ShardJob>&
       if (caller == nullptr) caller_ok = false;
       continue;  // what came meanwhile is written on its own
     }
+    wake_.SignalAll();  // the version is polled again from now on
     if (decides) {
       std::uint32_t world_size = 0;
       {
@@ -290,10 +291,18 @@ void CommitTracker::WatchLoop() {
       // Sleeps until the next awaited version is due (without touching storage while none
       // is); a marker held back for a shard on its way is looked at on each wake-up, since
       // that shard may fail without telling the tracker.
+      // A version whose marker from here is not out yet cannot be complete: it is not
+      // polled (and does not set the time to wake up) until the marker is written.
+      auto unsettled = [&](const Key& key) {
+        auto it = markers_.find(key);
+        return it != markers_.end() && (it->second.writing || !it->second.pending.empty());
+      };
       Clock::time_point due = Clock::now() + kRepairEvery;
       bool held_back = false;
       for (const auto* m : {&deciding_, &watching_}) {
-        for (const auto& [key, a] : *m) due = std::min(due, a.next_poll);
+        for (const auto& [key, a] : *m) {
+          if (!unsettled(key)) due = std::min(due, a.next_poll);
+        }
       }
       for (const auto& [key, marker] : markers_) held_back |= !marker.pending.empty();
       if (held_back) due = std::min(due, Clock::now() + kPollMax);
@@ -301,11 +310,6 @@ void CommitTracker::WatchLoop() {
       if (due > now) wake_.WaitFor(mu_, due - now);
       if (stop_) return;
       const auto woke = Clock::now();
-      // A version whose marker from here is not out yet cannot be complete: not polled.
-      auto unsettled = [&](const Key& key) {
-        auto it = markers_.find(key);
-        return it != markers_.end() && (it->second.writing || !it->second.pending.empty());
-      };
       for (auto [src, dst] : {std::pair{&deciding_, &deciding}, std::pair{&watching_, &watching}}) {
         for (const auto& [key, a] : *src) {
           if (a.next_poll <= woke && !unsettled(key)) dst->emplace(key, a);
