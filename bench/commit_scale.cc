@@ -15,10 +15,10 @@
 //
 // The same source builds against older trees (bench/commit_scale.sh builds it at the
 // baseline commit too), so it uses only interfaces the old protocol had.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -51,9 +51,10 @@ constexpr char kJob[] = "scale";
 // A catalog named after its node where the protocol has node markers (each simulated
 // daemon is a node); the old protocol's catalog had no node.
 template <typename C = Catalog>
-std::unique_ptr<C> MakeCatalog(std::shared_ptr<Storage> storage, const std::string& root, const std::string& node) {
-  if constexpr (std::is_constructible_v<C, std::shared_ptr<Storage>, std::string, std::uint32_t, std::uint32_t,
-                                        Catalog::Reporter, std::string>) {
+std::unique_ptr<C> MakeCatalog(std::shared_ptr<Storage> storage, const std::string& root,
+                               const std::string& node) {
+  if constexpr (std::is_constructible_v<C, std::shared_ptr<Storage>, std::string, std::uint32_t,
+                                        std::uint32_t, Catalog::Reporter, std::string>) {
     return std::make_unique<C>(std::move(storage), root, 0, 0, nullptr, node);
   } else {
     (void)node;
@@ -190,7 +191,8 @@ int main(int argc, char** argv) {
           const Event& e = events[i];
           std::this_thread::sleep_until(e.due);
           const auto now = Clock::now().time_since_epoch().count();
-          for (auto seen_last = last_durable.load(); now > seen_last && !last_durable.compare_exchange_weak(seen_last, now);) {
+          for (auto seen_last = last_durable.load();
+               now > seen_last && !last_durable.compare_exchange_weak(seen_last, now);) {
           }
           daemons[e.node]->tracker->OnPersisted(e.shard->meta(), e.shard);
         }
@@ -219,7 +221,8 @@ int main(int argc, char** argv) {
   if (auto names = PosixStorage().List(tree.VersionDir(kJob, 1)); names.ok()) {
     for (const auto& name : names.value()) {
       if (name.starts_with("node-")) protocol = "per-node";
-      if (protocol == "unknown" && name.starts_with("rank-") && name.ends_with(".done")) protocol = "per-rank";
+      if (protocol == "unknown" && name.starts_with("rank-") && name.ends_with(".done"))
+        protocol = "per-rank";
     }
   }
   std::sort(latencies.begin(), latencies.end());

@@ -78,7 +78,8 @@ std::optional<std::uint64_t> ParseCanonical(std::string_view s) {
 bool OwnerChars(std::string_view s) {
   if (s.empty() || s.size() > kMaxMarkerOwnerBytes) return false;
   for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '-')) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+          c == '-')) {
       return false;
     }
   }
@@ -114,7 +115,8 @@ std::optional<RegistrationId> ParseRegistrationName(std::string_view name) {
   const auto dot2 = name.find('.', dot1 + 1);
   if (dot2 == std::string_view::npos) return std::nullopt;
   auto rank = ParseDigits(name.substr(kPrefix.size(), dot1 - kPrefix.size()));
-  if (!rank || *rank > UINT32_MAX || RankFileName(static_cast<std::uint32_t>(*rank)) != name.substr(0, dot1)) {
+  if (!rank || *rank > UINT32_MAX ||
+      RankFileName(static_cast<std::uint32_t>(*rank)) != name.substr(0, dot1)) {
     return std::nullopt;
   }
   auto generation = ParseCanonical(name.substr(dot1 + 1, dot2 - dot1 - 1));

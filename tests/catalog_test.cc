@@ -302,10 +302,10 @@ TEST_CASE("Recover removes temporary files and repairs latest", "[catalog]") {
   REQUIRE(catalog.Recover().ok());
 
   CHECK(ListFiles(catalog.JobDir("job-a")) ==
-        std::vector<std::string>{"latest", "ranks/rank-00000", "ranks/rank-00000.2.run-1",
-                                 "v0000000001/COMMITTED", "v0000000001/" + NodeMarkerName(owner, 1),
-                                 "v0000000001/rank-00000.safetensors", "v0000000002/" + NodeMarkerName(owner, 1),
-                                 "v0000000002/rank-00000.safetensors"});
+        std::vector<std::string>{
+            "latest", "ranks/rank-00000", "ranks/rank-00000.2.run-1", "v0000000001/COMMITTED",
+            "v0000000001/" + NodeMarkerName(owner, 1), "v0000000001/rank-00000.safetensors",
+            "v0000000002/" + NodeMarkerName(owner, 1), "v0000000002/rank-00000.safetensors"});
   CHECK(LatestText(catalog, "job-a") == "1\n");
   CHECK(catalog.Latest("job-a") == 1);
   CHECK_FALSE(catalog.IsCommitted("job-a", 2));

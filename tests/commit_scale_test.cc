@@ -5,9 +5,9 @@
 // daemon's shards of the version are settled; a rank that comes late; a crash between two
 // markers or in the middle of a registration; a rollback; a daemon restart; and what the
 // polling costs (it backs off, and stops once nothing is awaited).
-#include <algorithm>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -119,7 +119,8 @@ TEST_CASE("a daemon writes one marker for its ranks of a version, once all of th
   for (auto& s : shards) CHECK(s->WaitFor(Level::kCommitted, std::chrono::steady_clock::now() + kWait).ok());
   CHECK(b3->WaitFor(Level::kCommitted, std::chrono::steady_clock::now() + kWait).ok());
   CHECK(Committed(root, 1));
-  auto text = ReadFile(root + "/" + kJob + "/" + VersionDirName(1) + "/" + NodeMarkerName(a.catalog.marker_owner(), 3));
+  auto text = ReadFile(root + "/" + kJob + "/" + VersionDirName(1) + "/" +
+                       NodeMarkerName(a.catalog.marker_owner(), 3));
   CHECK(ParseNodeMarker(text) == NodeClaims{{0, "ra0"}, {1, "ra1"}, {2, "ra2"}});
   // Two markers, COMMITTED and `latest`: four files renamed into place, whatever the ranks.
   CHECK((storage->counts() - before).rename == 4);
@@ -257,12 +258,14 @@ TEST_CASE("a rollback drops the markers in making, and the version numbers commi
   REQUIRE(a.Persist(a2b));
   CHECK(a2b->WaitFor(Level::kCommitted, std::chrono::steady_clock::now() + kWait).ok());
   CHECK(b2b->WaitFor(Level::kCommitted, std::chrono::steady_clock::now() + kWait).ok());
-  auto text = ReadFile(root + "/" + kJob + "/" + VersionDirName(2) + "/" + NodeMarkerName(a.catalog.marker_owner(), 1));
+  auto text = ReadFile(root + "/" + kJob + "/" + VersionDirName(2) + "/" +
+                       NodeMarkerName(a.catalog.marker_owner(), 1));
   CHECK(ParseNodeMarker(text) == NodeClaims{{0, "r0-b"}});
   CHECK(a.catalog.Latest(kJob) == 2);
 }
 
-TEST_CASE("a restarted deciding daemon awaits the commit of a version it had marked", "[commit][scale][restart]") {
+TEST_CASE("a restarted deciding daemon awaits the commit of a version it had marked",
+          "[commit][scale][restart]") {
   TempDir dir("scale");
   const std::string root = dir.path();
   ShardMeta meta{kJob, 1, 0, 2, "r0"};

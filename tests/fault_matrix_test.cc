@@ -72,7 +72,8 @@ void CheckTree(const std::string& root) {
       const std::string vdir = root + "/" + f.substr(0, f.size() - std::string("/COMMITTED").size());
       CHECK(VerifyShard(vdir + "/" + ShardFileName(0)).ok());
       bool marker = false;
-      for (const auto& e : fs::directory_iterator(vdir)) marker |= ParseNodeMarkerName(e.path().filename().string()).has_value();
+      for (const auto& e : fs::directory_iterator(vdir))
+        marker |= ParseNodeMarkerName(e.path().filename().string()).has_value();
       CHECK(marker);
     }
   }

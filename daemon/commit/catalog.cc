@@ -399,7 +399,8 @@ Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank
     // A name left (this fails, or a crash) is of a lower generation, which never counts.
     const std::string old = tree_.RegistrationPath(job, {rank, previous.generation, previous.registration});
     if (Status removed = storage_->Remove(old); !removed.ok() && removed.code() != StatusCode::kNotFound) {
-      spdlog::debug("job {} rank {}: the replaced registration {} stays: {}", job, rank, old, removed.message());
+      spdlog::debug("job {} rank {}: the replaced registration {} stays: {}", job, rank, old,
+                    removed.message());
     }
   }
   return Status::Ok();

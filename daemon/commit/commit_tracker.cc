@@ -59,6 +59,11 @@ bool CommitTracker::InFlightLocked(const Key& key, const Marker& marker) {
   return false;
 }
 
+bool CommitTracker::UnsettledLocked(const Key& key) {
+  auto it = markers_.find(key);
+  return it != markers_.end() && (it->second.writing || !it->second.pending.empty());
+}
+
 bool CommitTracker::FlushMarker(const Key& key, const std::shared_ptr<ShardJob>& caller) {
   bool caller_ok = true;
   for (;;) {
@@ -293,15 +298,11 @@ void CommitTracker::WatchLoop() {
       // that shard may fail without telling the tracker.
       // A version whose marker from here is not out yet cannot be complete: it is not
       // polled (and does not set the time to wake up) until the marker is written.
-      auto unsettled = [&](const Key& key) {
-        auto it = markers_.find(key);
-        return it != markers_.end() && (it->second.writing || !it->second.pending.empty());
-      };
       Clock::time_point due = Clock::now() + kRepairEvery;
       bool held_back = false;
       for (const auto* m : {&deciding_, &watching_}) {
         for (const auto& [key, a] : *m) {
-          if (!unsettled(key)) due = std::min(due, a.next_poll);
+          if (!UnsettledLocked(key)) due = std::min(due, a.next_poll);
         }
       }
       for (const auto& [key, marker] : markers_) held_back |= !marker.pending.empty();
@@ -312,7 +313,7 @@ void CommitTracker::WatchLoop() {
       const auto woke = Clock::now();
       for (auto [src, dst] : {std::pair{&deciding_, &deciding}, std::pair{&watching_, &watching}}) {
         for (const auto& [key, a] : *src) {
-          if (a.next_poll <= woke && !unsettled(key)) dst->emplace(key, a);
+          if (a.next_poll <= woke && !UnsettledLocked(key)) dst->emplace(key, a);
         }
       }
       for (const auto& [key, marker] : markers_) {

@@ -38,8 +38,8 @@
 
 #include "common/mutex.h"
 #include "daemon/commit/catalog.h"
-#include "format/markers.h"
 #include "daemon/pipeline/shard_registry.h"
+#include "format/markers.h"
 
 namespace ckpt {
 
@@ -105,6 +105,8 @@ class CommitTracker {
   // or a shard of the version here is still on its way (the last one writes). Commits next if
   // this daemon decides. False if `caller` was in a write that failed.
   bool FlushMarker(const Key& key, const std::shared_ptr<ShardJob>& caller) EXCLUDES(mu_);
+  // Whether this daemon's marker of the version is not written yet (being written, or held).
+  bool UnsettledLocked(const Key& key) REQUIRES(mu_);
   // Whether a live shard of the version here is neither failed nor handed to OnPersisted.
   bool InFlightLocked(const Key& key, const Marker& marker) REQUIRES(mu_);
   // Marks the awaited versions of `job` older than `version` as superseded (now).

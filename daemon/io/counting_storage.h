@@ -26,8 +26,8 @@ struct MetaOps {
   std::uint64_t fsync = 0;  // DataSync, SyncDir
   std::uint64_t total() const { return open + stat + readdir + rename + unlink + mkdir + link + fsync; }
   MetaOps operator-(const MetaOps& o) const {
-    return {open - o.open,     stat - o.stat, readdir - o.readdir, rename - o.rename,
-            unlink - o.unlink, mkdir - o.mkdir, link - o.link,      fsync - o.fsync};
+    return {open - o.open,     stat - o.stat,   readdir - o.readdir, rename - o.rename,
+            unlink - o.unlink, mkdir - o.mkdir, link - o.link,       fsync - o.fsync};
   }
 };
 
@@ -36,7 +36,7 @@ class CountingStorage : public StorageWrapper {
   explicit CountingStorage(std::shared_ptr<Storage> target) : StorageWrapper(std::move(target)) {}
 
   MetaOps counts() const {
-    return {open_.load(), stat_.load(),  readdir_.load(), rename_.load(),
+    return {open_.load(),   stat_.load(),  readdir_.load(), rename_.load(),
             unlink_.load(), mkdir_.load(), link_.load(),    fsync_.load()};
   }
 
