@@ -62,4 +62,63 @@ std::optional<std::string> ParseRegistration(std::string_view text) {
   return std::string(text);
 }
 
+namespace {
+
+std::optional<std::uint64_t> ParseCanonicalDecimal(std::string_view s) {
+  if (s.empty() || s.size() > 19 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string RenderNodeMarker(const NodeClaims& claims) {
+  std::string out;
+  for (const auto& [rank, registration] : claims) {
+    out += std::to_string(rank) + " " + registration + "\n";
+  }
+  return out;
+}
+
+std::optional<NodeClaims> ParseNodeMarker(std::string_view text) {
+  NodeClaims claims;
+  while (!text.empty()) {
+    const auto nl = text.find('\n');
+    if (nl == std::string_view::npos || claims.size() == kMaxNodeMarkerRanks) return std::nullopt;
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl + 1);
+    const auto space = line.find(' ');
+    if (space == std::string_view::npos) return std::nullopt;
+    auto rank = ParseCanonicalDecimal(line.substr(0, space));
+    auto registration = ParseRegistration(line.substr(space + 1));
+    if (!rank || *rank > std::numeric_limits<std::uint32_t>::max() || !registration) return std::nullopt;
+    const auto r = static_cast<std::uint32_t>(*rank);
+    if (!claims.empty() && claims.rbegin()->first >= r) return std::nullopt;  // increasing, once each
+    claims.emplace_hint(claims.end(), r, std::move(*registration));
+  }
+  if (claims.empty()) return std::nullopt;
+  return claims;
+}
+
+std::string RenderRankRecord(const RankRecord& record) {
+  return std::to_string(record.generation) + " " + record.registration;
+}
+
+std::optional<RankRecord> ParseRankRecord(std::string_view text) {
+  const auto space = text.find(' ');
+  if (space == std::string_view::npos) {
+    auto old = ParseRegistration(text);
+    if (!old) return std::nullopt;
+    return RankRecord{0, std::move(*old)};
+  }
+  auto generation = ParseCanonicalDecimal(text.substr(0, space));
+  auto registration = ParseRegistration(text.substr(space + 1));
+  if (!generation || *generation == 0 || !registration) return std::nullopt;
+  return RankRecord{*generation, std::move(*registration)};
+}
+
 }  // namespace ckpt

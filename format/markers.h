@@ -2,8 +2,10 @@
 //
 //   ROOT/JOB/latest                        "42\n": the newest committed version
 //   ROOT/JOB/vNNNNNNNNNN/COMMITTED         {"job":"J","version":42,"world_size":8,"committed_at":T}\n
-//   ROOT/JOB/vNNNNNNNNNN/rank-NNNNN.done   the registration id of the rank that wrote the shard
-//   ROOT/JOB/ranks/rank-NNNNN              the rank's current registration id
+//   ROOT/JOB/vNNNNNNNNNN/node-OWNER.K.done one line "RANK REGISTRATION" for each of the K ranks
+//                                          whose shard a daemon made durable
+//   ROOT/JOB/ranks/rank-NNNNN              "GENERATION REGISTRATION": the rank's newest
+//   ROOT/JOB/ranks/rank-NNNNN.G.REG        the registration REG (generation G), its id again
 //
 // Each is rendered and parsed here only, so the daemon, the tools and the fuzzers
 // (tests/fuzz/) agree on one spelling. The files lie on a shared file system that anyone with
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,5 +49,22 @@ Result<CommittedMarker> ParseCommitted(std::string_view text);
 // kMaxRegistrationBytes bytes of [A-Za-z0-9._-]. nullopt for anything else (an empty or torn
 // file, stray bytes), which never matches a registration.
 std::optional<std::string> ParseRegistration(std::string_view text);
+
+// A node marker: rank -> the registration that wrote its shard. Lines "RANK REGISTRATION\n"
+// in increasing rank order, RANK in canonical decimal, 1 to kMaxNodeMarkerRanks of them.
+using NodeClaims = std::map<std::uint32_t, std::string>;
+inline constexpr std::size_t kMaxNodeMarkerRanks = 1 << 16;
+std::string RenderNodeMarker(const NodeClaims& claims);
+std::optional<NodeClaims> ParseNodeMarker(std::string_view text);
+
+// ranks/rank-R: the rank's newest registration and its generation, "GENERATION REGISTRATION"
+// (generation in canonical decimal, >= 1). A file of an older tree holds a registration id
+// alone: it parses as generation 0.
+struct RankRecord {
+  std::uint64_t generation = 0;
+  std::string registration;
+};
+std::string RenderRankRecord(const RankRecord& record);
+std::optional<RankRecord> ParseRankRecord(std::string_view text);
 
 }  // namespace ckpt

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "format/markers.h"
+
 namespace ckpt {
 namespace {
 
@@ -40,12 +42,6 @@ std::string ShardFileName(std::uint32_t rank) {
   return buf;
 }
 
-std::string DoneFileName(std::uint32_t rank) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "rank-%05u.done", rank);
-  return buf;
-}
-
 std::string RankFileName(std::uint32_t rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "rank-%05u", rank);
@@ -69,6 +65,64 @@ std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
   auto v = ParseDigits(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
   if (!v || *v > UINT32_MAX || ShardFileName(static_cast<std::uint32_t>(*v)) != name) return std::nullopt;
   return static_cast<std::uint32_t>(*v);
+}
+
+namespace {
+
+// Canonical decimal: digits without leading zeros ("0" alone aside).
+std::optional<std::uint64_t> ParseCanonical(std::string_view s) {
+  if (s.size() > 1 && s[0] == '0') return std::nullopt;
+  return ParseDigits(s);
+}
+
+bool OwnerChars(std::string_view s) {
+  if (s.empty() || s.size() > kMaxMarkerOwnerBytes) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks) {
+  return "node-" + std::string(owner) + "." + std::to_string(ranks) + ".done";
+}
+
+std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name) {
+  constexpr std::string_view kPrefix = "node-", kSuffix = ".done";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
+  name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  const auto dot = name.find_last_of('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  auto ranks = ParseCanonical(name.substr(dot + 1));
+  if (!ranks || *ranks == 0 || !OwnerChars(name.substr(0, dot))) return std::nullopt;
+  return NodeMarkerId{std::string(name.substr(0, dot)), *ranks};
+}
+
+std::string RegistrationName(std::uint32_t rank, std::uint64_t generation, std::string_view registration) {
+  return RankFileName(rank) + "." + std::to_string(generation) + "." + std::string(registration);
+}
+
+std::optional<RegistrationId> ParseRegistrationName(std::string_view name) {
+  constexpr std::string_view kPrefix = "rank-";
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  const auto dot1 = name.find('.');
+  if (dot1 == std::string_view::npos) return std::nullopt;
+  const auto dot2 = name.find('.', dot1 + 1);
+  if (dot2 == std::string_view::npos) return std::nullopt;
+  auto rank = ParseDigits(name.substr(kPrefix.size(), dot1 - kPrefix.size()));
+  if (!rank || *rank > UINT32_MAX ||
+      RankFileName(static_cast<std::uint32_t>(*rank)) != name.substr(0, dot1)) {
+    return std::nullopt;
+  }
+  auto generation = ParseCanonical(name.substr(dot1 + 1, dot2 - dot1 - 1));
+  auto registration = ParseRegistration(name.substr(dot2 + 1));
+  if (!generation || !registration) return std::nullopt;
+  return RegistrationId{static_cast<std::uint32_t>(*rank), *generation, std::move(*registration)};
 }
 
 std::string JoinPath(const std::string& dir, std::string_view name) {
@@ -109,9 +163,13 @@ std::string CheckpointTree::ShardPath(const std::string& job, std::uint64_t vers
   return JoinPath(VersionDir(job, version), ShardFileName(rank));
 }
 
-std::string CheckpointTree::DoneMarker(const std::string& job, std::uint64_t version,
-                                       std::uint32_t rank) const {
-  return JoinPath(VersionDir(job, version), DoneFileName(rank));
+std::string CheckpointTree::NodeMarker(const std::string& job, std::uint64_t version, std::string_view owner,
+                                       std::uint64_t ranks) const {
+  return JoinPath(VersionDir(job, version), NodeMarkerName(owner, ranks));
+}
+
+std::string CheckpointTree::RegistrationPath(const std::string& job, const RegistrationId& id) const {
+  return JoinPath(RanksDir(job), RegistrationName(id.rank, id.generation, id.registration));
 }
 
 std::string CheckpointTree::CommittedMarker(const std::string& job, std::uint64_t version) const {

@@ -4,9 +4,11 @@
 //   ROOT/JOB/v0000000042/COMMITTED                written last, once every rank is durable
 //   ROOT/JOB/latest                               text: the newest committed version
 //   ROOT/JOB/set-aside/v0000000050/               versions set aside by a rollback
-//   ROOT/JOB/v0000000042/rank-00003.done          the rank's shard is durable here (holds the
-//                                                 registration that wrote it)
-//   ROOT/JOB/ranks/rank-00003                     the rank's current registration
+//   ROOT/JOB/v0000000042/node-OWNER.8.done        a daemon's 8 ranks of the version are durable
+//                                                 (holds each rank and the registration that wrote it)
+//   ROOT/JOB/ranks/rank-00003.5.REG               the rank's registration REG, its 5th (the highest
+//                                                 generation of a rank is its current one)
+//   ROOT/JOB/ranks/rank-00003                     the rank's newest generation and registration
 //   ROOT/JOB/owner                                the uid the job belongs to (format/job_owner.h)
 //
 // The node-local tier (--local) has the same tree of version directories and shards, without
@@ -39,8 +41,27 @@ void SetTmpOwner(const std::string& owner);
 
 std::string VersionDirName(std::uint64_t version);  // "v0000000042"
 std::string ShardFileName(std::uint32_t rank);      // "rank-00003.safetensors"
-std::string DoneFileName(std::uint32_t rank);       // "rank-00003.done"
 std::string RankFileName(std::uint32_t rank);       // "rank-00003"
+// A daemon's marker of the ranks it persisted of one version: "node-OWNER.RANKS.done". OWNER
+// is 1 to kMaxMarkerOwnerBytes of [A-Za-z0-9_-]; RANKS (>= 1, decimal) is how many ranks the
+// marker holds, so that a listing of the directory tells how many ranks are claimed.
+inline constexpr std::size_t kMaxMarkerOwnerBytes = 160;
+std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks);
+struct NodeMarkerId {
+  std::string owner;
+  std::uint64_t ranks = 0;
+};
+// The canonical spelling only; nullopt for anything else.
+std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name);
+// A registration of a rank, as a name in JOB/ranks/: "rank-00003.GENERATION.REGISTRATION".
+std::string RegistrationName(std::uint32_t rank, std::uint64_t generation, std::string_view registration);
+struct RegistrationId {
+  std::uint32_t rank = 0;
+  std::uint64_t generation = 0;
+  std::string registration;
+};
+// The canonical spelling only, with a valid registration id (format/markers.h); nullopt else.
+std::optional<RegistrationId> ParseRegistrationName(std::string_view name);
 // Parses "v0000000042", the canonical spelling only (what VersionDirName gives back);
 // nullopt for anything else, such as "v42".
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name);
@@ -65,7 +86,9 @@ class CheckpointTree {
   std::string OwnerFile(const std::string& job) const;                     // ROOT/JOB/owner
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
-  std::string DoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
+  std::string NodeMarker(const std::string& job, std::uint64_t version, std::string_view owner,
+                         std::uint64_t ranks) const;
+  std::string RegistrationPath(const std::string& job, const RegistrationId& id) const;
   std::string CommittedMarker(const std::string& job, std::uint64_t version) const;
 
  private:

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "daemon/io/fault_storage.h"
 #include "daemon/io/storage.h"
+#include "format/markers.h"
 #include "format/paths.h"
 #include "support/faulty_storage.h"
 #include "support/test_dirs.h"
@@ -35,14 +37,31 @@ void Touch(const std::string& path, const std::string& content = "shard") {
   REQUIRE(out.good());
 }
 
-// Puts the shard files of `ranks` in place with their done markers, as the daemons publish
-// them, each rank registered as `registration`.
+// What each catalog's marker of a version claims, as the commit tracker keeps it: a claim
+// adds to the daemon's marker (a new marker with every rank so far replaces the old one).
+std::map<std::pair<std::string, std::uint64_t>, NodeClaims>& ClaimsOf(const Catalog& catalog) {
+  static std::map<std::string, std::map<std::pair<std::string, std::uint64_t>, NodeClaims>> all;
+  return all[catalog.marker_owner()];
+}
+
+Status Claim(Catalog& catalog, const std::string& job, std::uint64_t version, std::uint32_t rank,
+             const std::string& registration) {
+  NodeClaims& claims = ClaimsOf(catalog)[{job, version}];
+  NodeClaims next = claims;
+  next[rank] = registration;
+  Status s = catalog.WriteNodeMarker(job, version, next, claims.size());
+  if (s.ok()) claims = std::move(next);
+  return s;
+}
+
+// Puts the shard files of `ranks` in place with this catalog's marker claiming them, as the
+// daemons publish them, each rank registered as `registration`.
 void PutShards(Catalog& catalog, const std::string& job, std::uint64_t version,
                const std::vector<std::uint32_t>& ranks, const std::string& registration = "run-1") {
   for (auto r : ranks) {
     Touch(catalog.ShardPath(job, version, r), "v" + std::to_string(version));
     REQUIRE(catalog.WriteRankRegistration(job, r, registration).ok());
-    REQUIRE(catalog.WriteDoneMarker(job, version, r, registration).ok());
+    REQUIRE(Claim(catalog, job, version, r, registration).ok());
   }
 }
 
@@ -104,15 +123,17 @@ TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "
   Touch(catalog.ShardPath("job", 5, 2));  // a shard without its done marker is not durable yet
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK_FALSE(committed);
-  PutShards(catalog, "job", 5, {3});  // a rank beyond the world does not count
-  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
+  // A rank beyond the world does not count, though the names now claim 3 ranks.
+  PutShards(catalog, "job", 5, {3});
+  std::uint64_t claimed = 0;
+  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed, &claimed).ok());
   CHECK_FALSE(committed);
-  // Rank 2's marker from an earlier registration of the rank: a leftover of another run.
-  REQUIRE(catalog.WriteDoneMarker("job", 5, 2, "run-0").ok());
-  REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
-  CHECK_FALSE(committed);
-  fs::remove(catalog.VersionDir("job", 5) + "/" + DoneFileName(1));  // now rank 1 is missing
-  PutShards(catalog, "job", 5, {2});
+  CHECK(claimed == 3);
+  // Rank 2, from another daemon, with an earlier registration of the rank: a leftover of
+  // another run.
+  Catalog node_b(Posix(), dir.path(), 0, 0, nullptr, "b");
+  REQUIRE(catalog.WriteRankRegistration("job", 2, "run-1").ok());
+  REQUIRE(Claim(node_b, "job", 5, 2, "run-0").ok());
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK_FALSE(committed);
   CHECK_FALSE(HasMarker(catalog, "job", 5));
@@ -120,7 +141,7 @@ TEST_CASE("CommitIfComplete commits only once every rank's shard is in place", "
   CHECK_FALSE(catalog.IsCommitted("job", 5));
   CHECK(catalog.Latest("job") == 0);
 
-  PutShards(catalog, "job", 5, {1});
+  REQUIRE(Claim(node_b, "job", 5, 2, "run-1").ok());
   REQUIRE(catalog.CommitIfComplete("job", 5, 3, &committed).ok());
   CHECK(committed);
   REQUIRE(HasMarker(catalog, "job", 5));
@@ -172,16 +193,19 @@ TEST_CASE("a version completing after a newer one committed still commits, and l
 
 TEST_CASE("a commit sees versions other daemons committed, and their rank registrations", "[catalog]") {
   TempDir dir("cat");
-  Catalog node_a(Posix(), dir.path()), node_b(Posix(), dir.path());
+  Catalog node_a(Posix(), dir.path(), 0, 0, nullptr, "a"), node_b(Posix(), dir.path(), 0, 0, nullptr, "b");
   // Ranks 0 and 1 on two daemons; rank 0's daemon decides.
   REQUIRE(node_a.WriteRankRegistration("job", 0, "a.1").ok());
   REQUIRE(node_b.WriteRankRegistration("job", 1, "b.1").ok());
   REQUIRE(node_b.PrepareVersionDir("job", 1).ok());
-  REQUIRE(node_b.WriteDoneMarker("job", 1, 1, "b.1").ok());
+  REQUIRE(Claim(node_b, "job", 1, 1, "b.1").ok());
   CHECK(node_b.HasDoneMarker("job", 1, 1, "b.1"));
   CHECK_FALSE(node_b.HasDoneMarker("job", 1, 1, "b.0"));
+  CHECK_FALSE(node_a.HasDoneMarker("job", 1, 1, "b.1"));  // node b's marker, not a's
+  // A restarted daemon of node b finds the marker of its earlier life.
+  CHECK(Catalog(Posix(), dir.path(), 0, 0, nullptr, "b").HasDoneMarker("job", 1, 1, "b.1"));
   Touch(node_a.ShardPath("job", 1, 0));
-  REQUIRE(node_a.WriteDoneMarker("job", 1, 0, "a.1").ok());
+  REQUIRE(Claim(node_a, "job", 1, 0, "a.1").ok());
   bool committed = false;
   REQUIRE(node_a.CommitIfComplete("job", 1, 2, &committed).ok());
   REQUIRE(committed);
@@ -189,12 +213,12 @@ TEST_CASE("a commit sees versions other daemons committed, and their rank regist
   // Rank 1 restarts (a new registration): its shard of version 2, written before, no
   // longer counts, and the one it writes again does.
   REQUIRE(node_b.PrepareVersionDir("job", 2).ok());
-  REQUIRE(node_b.WriteDoneMarker("job", 2, 1, "b.1").ok());
-  REQUIRE(node_a.WriteDoneMarker("job", 2, 0, "a.1").ok());
+  REQUIRE(Claim(node_b, "job", 2, 1, "b.1").ok());
+  REQUIRE(Claim(node_a, "job", 2, 0, "a.1").ok());
   REQUIRE(node_b.WriteRankRegistration("job", 1, "b.2").ok());
   REQUIRE(node_a.CommitIfComplete("job", 2, 2, &committed).ok());
   CHECK_FALSE(committed);
-  REQUIRE(node_b.WriteDoneMarker("job", 2, 1, "b.2").ok());
+  REQUIRE(Claim(node_b, "job", 2, 1, "b.2").ok());
   REQUIRE(node_a.CommitIfComplete("job", 2, 2, &committed).ok());
   CHECK(committed);
   node_b.NoteCommitted("job", 2);
@@ -252,8 +276,10 @@ TEST_CASE("a failed commit marker leaves the version uncommitted and latest alon
 TEST_CASE("Recover removes temporary files and repairs latest", "[catalog]") {
   TempDir dir("cat");
   std::string root = dir.path() + "/root";
+  std::string owner;
   {
     Catalog writer(Posix(), root);
+    owner = writer.marker_owner();
     // job-a: v1 committed, v2 only half written, latest wrongly names v2.
     Committed(writer, "job-a", 1);
     PutShards(writer, "job-a", 2, {0});
@@ -276,9 +302,10 @@ TEST_CASE("Recover removes temporary files and repairs latest", "[catalog]") {
   REQUIRE(catalog.Recover().ok());
 
   CHECK(ListFiles(catalog.JobDir("job-a")) ==
-        std::vector<std::string>{"latest", "ranks/rank-00000", "v0000000001/COMMITTED",
-                                 "v0000000001/rank-00000.done", "v0000000001/rank-00000.safetensors",
-                                 "v0000000002/rank-00000.done", "v0000000002/rank-00000.safetensors"});
+        std::vector<std::string>{
+            "latest", "ranks/rank-00000", "ranks/rank-00000.2.run-1", "v0000000001/COMMITTED",
+            "v0000000001/" + NodeMarkerName(owner, 1), "v0000000001/rank-00000.safetensors",
+            "v0000000002/" + NodeMarkerName(owner, 1), "v0000000002/rank-00000.safetensors"});
   CHECK(LatestText(catalog, "job-a") == "1\n");
   CHECK(catalog.Latest("job-a") == 1);
   CHECK_FALSE(catalog.IsCommitted("job-a", 2));
@@ -491,8 +518,8 @@ TEST_CASE("a marker whose directory fsync failed is taken back: no commit counts
   CHECK(catalog.Latest("job") == 1);
 
   Touch(catalog.ShardPath("job", 3, 0), "v3");
-  CHECK_FALSE(catalog.WriteDoneMarker("job", 3, 0, "run-1").ok());
-  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 3) + "/" + DoneFileName(0)));
+  CHECK_FALSE(Claim(catalog, "job", 3, 0, "run-1").ok());
+  CHECK_FALSE(fs::exists(catalog.VersionDir("job", 3) + "/" + NodeMarkerName(catalog.marker_owner(), 1)));
   storage->syncdir_errno = 0;
   REQUIRE(catalog.CommitIfComplete("job", 3, 1, &committed).ok());
   CHECK_FALSE(committed);  // rank 0's marker was not written

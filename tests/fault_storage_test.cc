@@ -52,14 +52,14 @@ TEST_CASE("a fault hits only its file, temporary names included, while armed, co
   fs::create_directories(job + "/ranks");
   const std::string armed = dir.path() + "/armed";
   FaultStorage s = Make("file=done,op=write,fault=ENOSPC,count=2,while=" + armed);
-  const std::string done = job + "/v0000000001/" + DoneFileName(0);
+  const std::string done = job + "/v0000000001/" + NodeMarkerName("host-1234abcd", 8);
 
   REQUIRE(s.WriteFileAtomic(done, "a").ok());  // not armed
   std::ofstream(armed) << "1";
   Status failed = s.WriteFileAtomic(done, "b");
   CHECK(failed.code() == StatusCode::kResourceExhausted);
   CHECK(failed.message().find("injected by CKPTD_TEST_FAULT") != std::string::npos);
-  CHECK(failed.message().find(DoneFileName(0)) != std::string::npos);
+  CHECK(failed.message().find(NodeMarkerName("host-1234abcd", 8)) != std::string::npos);
   CHECK(ReadFile(done) == "a");
   // Other files of the protocol are untouched.
   CHECK(s.WriteFileAtomic(job + "/latest", "1\n").ok());

@@ -3,7 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <ctime>
+#include <random>
 
 #include "common/names.h"
 #include "format/markers.h"
@@ -16,12 +19,37 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The node's part of marker names: `node`, else the owner of this process's temporary files
+// (".OWNER.tmp"), in the characters a marker name allows and short enough to leave room.
+std::string MarkerNode(std::string node) {
+  if (node.empty()) {
+    const std::string& tmp = TmpSuffix();
+    if (tmp.size() > 1 + kTmpSuffix.size()) node = tmp.substr(1, tmp.size() - 1 - kTmpSuffix.size());
+  }
+  if (node.empty()) node = "node";
+  for (char& c : node) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  }
+  constexpr std::size_t kRoom = kMaxMarkerOwnerBytes - 9;  // "-" and 8 hex digits follow
+  if (node.size() > kRoom) node.resize(kRoom);
+  return node;
+}
+
+std::string MarkerOwner(const std::string& node) {
+  std::random_device rd;
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "-%08x", static_cast<unsigned>(rd()));
+  return node + buf;
+}
+
 }  // namespace
 
 Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last,
-                 std::uint32_t keep_every, Reporter report)
+                 std::uint32_t keep_every, Reporter report, std::string node)
     : storage_(std::move(storage)),
       tree_(std::move(root)),
+      node_(MarkerNode(std::move(node))),
+      marker_owner_(MarkerOwner(node_)),
       retention_(std::uint64_t{keep_last} << 32 | keep_every),
       report_(std::move(report)) {}
 
@@ -191,37 +219,81 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
 }
 
 Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                                 bool* committed) {
+                                 bool* committed, std::uint64_t* claimed) {
   MutexLock lock(commit_mu_);
   *committed = false;
+  if (claimed != nullptr) *claimed = 0;
   if (world_size == 0) return InvalidArgument("cannot commit a version of a job with world size 0");
-  std::string dir = VersionDir(job, version);
-  std::string marker = tree_.CommittedMarker(job, version);
-  if (storage_->Exists(marker)) {
-    *committed = true;
-    return Status::Ok();
-  }
-  // Cheap check first (one listing), then the markers' contents, then the registrations.
+  const std::string dir = VersionDir(job, version);
+  const std::string marker = tree_.CommittedMarker(job, version);
+  // One listing says whether it is committed and how many ranks the markers claim (their
+  // names count them); the markers are opened only once they may claim every rank.
   auto names = storage_->List(dir);
   if (!names.ok()) return Status::Ok();
-  std::uint32_t done = 0;
+  std::uint64_t named = 0;
+  std::vector<std::string> markers;
   for (const auto& n : names.value()) {
-    if (n.size() == DoneFileName(0).size() && n.starts_with("rank-") && EndsWith(n, ".done")) ++done;
+    if (n == kCommittedMarker) {
+      *committed = true;
+      return Status::Ok();
+    }
+    if (auto id = ParseNodeMarkerName(n)) {
+      named += id->ranks;
+      markers.push_back(n);
+    }
   }
-  if (done < world_size) return Status::Ok();
-  std::vector<std::string> writers(world_size);
-  for (std::uint32_t r = 0; r < world_size; ++r) {
-    auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, r));
-    if (!text.ok()) return Status::Ok();
-    auto writer = ParseRegistration(text.value());
-    if (!writer) return Status::Ok();
-    writers[r] = *writer;
+  if (claimed != nullptr) *claimed = named;
+  if (named < world_size) return Status::Ok();
+  // Two markers of one daemon may both be listed (a replacement not yet removed), and a
+  // rank may be claimed by an earlier run's marker too: every claim counts, the rank's
+  // current registration decides which one holds.
+  std::vector<std::vector<std::string>> claims(world_size);
+  std::uint32_t covered = 0;
+  for (const auto& m : markers) {
+    const std::string path = JoinPath(dir, m);
+    auto text = storage_->ReadSmallFile(path);
+    if (!text.ok()) continue;  // replaced by a larger one meanwhile: the next try reads that
+    auto parsed = ParseNodeMarker(text.value());
+    if (!parsed) {
+      spdlog::warn("job {} version {}: {} is not a node marker (ignored)", job, version, path);
+      continue;
+    }
+    for (auto& [rank, registration] : *parsed) {
+      if (rank >= world_size) continue;
+      if (claims[rank].empty()) ++covered;
+      claims[rank].push_back(std::move(registration));
+    }
+  }
+  if (covered < world_size) return Status::Ok();
+  auto registered = storage_->List(tree_.RanksDir(job));
+  if (!registered.ok()) return Status::Ok();
+  // A rank's current registration is its highest generation; two of one generation (two
+  // registrations of the rank at once) leave it without one until it registers again.
+  struct Current {
+    std::uint64_t generation = 0;
+    const std::string* registration = nullptr;
+    bool tied = false;
+  };
+  std::vector<Current> current(world_size);
+  std::vector<RegistrationId> ids;
+  ids.reserve(registered.value().size());
+  for (const auto& n : registered.value()) {
+    if (auto id = ParseRegistrationName(n); id && id->rank < world_size) ids.push_back(std::move(*id));
+  }
+  for (const auto& id : ids) {
+    Current& c = current[id.rank];
+    if (c.registration == nullptr || id.generation > c.generation) {
+      c = {id.generation, &id.registration, false};
+    } else if (id.generation == c.generation && id.registration != *c.registration) {
+      c.tied = true;
+    }
   }
   for (std::uint32_t r = 0; r < world_size; ++r) {
-    auto current = storage_->ReadSmallFile(tree_.RankFile(job, r));
-    if (!current.ok() || ParseRegistration(current.value()) != writers[r]) {
-      spdlog::debug("job {} version {}: rank {}'s shard is from an earlier registration; not committed", job,
-                    version, r);
+    const Current& c = current[r];
+    if (c.registration == nullptr || c.tied ||
+        std::find(claims[r].begin(), claims[r].end(), *c.registration) == claims[r].end()) {
+      spdlog::debug("job {} version {}: rank {}'s shard is not from its current registration; not committed",
+                    job, version, r);
       return Status::Ok();
     }
   }
@@ -302,34 +374,77 @@ std::size_t Catalog::cached_jobs() {
 
 Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank,
                                       const std::string& registration) {
-  std::string dir = tree_.RanksDir(job);
+  const std::string dir = tree_.RanksDir(job);
+  const std::string record_path = tree_.RankFile(job, rank);
+  RankRecord previous;
   Status s = storage_->MakeDirs(dir);
-  if (s.ok()) s = storage_->WriteFileAtomic(tree_.RankFile(job, rank), registration);
+  if (s.ok()) {
+    if (auto text = storage_->ReadSmallFile(record_path); text.ok()) {
+      if (auto parsed = ParseRankRecord(text.value())) previous = std::move(*parsed);
+    } else if (text.status().code() != StatusCode::kNotFound) {
+      s = text.status();
+    }
+  }
+  const RegistrationId next{rank, previous.generation + 1, registration};
+  // The record first: a registration that fails after it has used its generation, so the
+  // next one goes above any name this one may have left.
+  if (s.ok()) s = storage_->WriteFileAtomic(record_path, RenderRankRecord({next.generation, registration}));
+  if (s.ok()) s = storage_->WriteFileAtomic(tree_.RegistrationPath(job, next), registration);
   if (!s.ok()) {
     Report("job " + job + " rank " + std::to_string(rank) +
            ": a registration (or restore) failed: it could not be recorded: " + s.message());
+    return s;
   }
-  return s;
-}
-
-Status Catalog::WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
-                                const std::string& registration) {
-  const std::string marker = tree_.DoneMarker(job, version, rank);
-  Status s = storage_->WriteFileAtomic(marker, registration);
-  // A marker that got its name before the failure (its directory's fsync failed) is not
-  // known to be durable: the shard is failed, so the marker must not complete a commit.
-  if (!s.ok() && storage_->Exists(marker)) {
-    if (Status removed = storage_->Remove(marker); !removed.ok()) {
-      return Status(s.code(), s.message() + "; the marker could not be removed: " + removed.message());
+  if (previous.generation > 0) {
+    // A name left (this fails, or a crash) is of a lower generation, which never counts.
+    const std::string old = tree_.RegistrationPath(job, {rank, previous.generation, previous.registration});
+    if (Status removed = storage_->Remove(old); !removed.ok() && removed.code() != StatusCode::kNotFound) {
+      spdlog::debug("job {} rank {}: the replaced registration {} stays: {}", job, rank, old,
+                    removed.message());
     }
   }
-  return s;
+  return Status::Ok();
+}
+
+Status Catalog::WriteNodeMarker(const std::string& job, std::uint64_t version, const NodeClaims& claims,
+                                std::uint64_t replaces) {
+  const std::string marker = tree_.NodeMarker(job, version, marker_owner_, claims.size());
+  Status s = storage_->WriteFileAtomic(marker, RenderNodeMarker(claims));
+  if (!s.ok()) {
+    // A marker that got its name before the failure (its directory's fsync failed) is not
+    // known to be durable: its shards are failed, so it must not complete a commit.
+    if (storage_->Exists(marker)) {
+      if (Status removed = storage_->Remove(marker); !removed.ok()) {
+        return Status(s.code(), s.message() + "; the marker could not be removed: " + removed.message());
+      }
+    }
+    return s;
+  }
+  if (replaces != 0 && replaces != claims.size()) {
+    // The replaced marker claims a subset of this one: if it stays, it only repeats claims.
+    const std::string old = tree_.NodeMarker(job, version, marker_owner_, replaces);
+    if (Status removed = storage_->Remove(old); !removed.ok()) {
+      spdlog::debug("job {} version {}: replaced marker {} stays: {}", job, version, old, removed.message());
+    }
+  }
+  return Status::Ok();
 }
 
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                             const std::string& registration) {
-  auto text = storage_->ReadSmallFile(tree_.DoneMarker(job, version, rank));
-  return text.ok() && ParseRegistration(text.value()) == registration;
+  auto names = storage_->List(VersionDir(job, version));
+  if (!names.ok()) return false;
+  for (const auto& n : names.value()) {
+    auto id = ParseNodeMarkerName(n);
+    // This node's, of any life of the daemon: node_ and "-" and 8 hex digits.
+    if (!id || id->owner.size() != node_.size() + 9 || !id->owner.starts_with(node_ + "-")) continue;
+    auto text = storage_->ReadSmallFile(JoinPath(VersionDir(job, version), n));
+    if (!text.ok()) continue;
+    auto claims = ParseNodeMarker(text.value());
+    if (!claims) continue;
+    if (auto it = claims->find(rank); it != claims->end() && it->second == registration) return true;
+  }
+  return false;
 }
 
 void Catalog::NoteCommitted(const std::string& job, std::uint64_t version) {

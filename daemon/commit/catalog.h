@@ -1,18 +1,29 @@
 // Catalog: the daemon's view of the checkpoint tree on the persistent tier (shared by all
 // nodes of a job), and the commit stage.
 //
-// Commit across daemons uses only the shared directory. Each daemon, once a shard of one of
-// its ranks is durable in VERSION/, writes VERSION/rank-R.done holding the registration
-// that wrote it; each registration of a rank (a trainer process, or a restore) writes its
-// id to JOB/ranks/rank-R first. The daemon serving rank 0 writes COMMITTED, then `latest`,
-// once every rank 0..world_size-1 has a done marker naming the rank's current registration:
-// a shard left by an earlier run (a crash before its version committed) never completes a
-// version of this run. Markers are read before registrations, so a version whose shards
-// all come from one run commits even if the next run starts meanwhile, and a mixed one never
-// does (a rank of the new run snapshots only after every rank has registered, since a
-// training step needs all ranks). Readers trust only committed versions. At start,
-// Recover() removes *.tmp leftovers and rewrites any `latest` that does not name the newest
-// committed version.
+// Commit across daemons uses only the shared directory, and its metadata cost per version
+// grows with the daemons of a job, not with its ranks (docs/DESIGN-NOTES.md, "Commit at
+// scale"). Each registration of a rank (a trainer process, or a restore) takes the rank's
+// next generation (JOB/ranks/rank-R records the newest) and leaves its id as a name,
+// JOB/ranks/rank-R.GEN.REG: one listing of JOB/ranks/ tells every rank's current
+// registration (its highest generation). Each daemon, once shards of its ranks are durable
+// in VERSION/, writes one marker for all of them, VERSION/node-OWNER.K.done, naming each
+// rank and the registration that wrote its shard (K, the number of ranks, is in the name:
+// a listing tells how many ranks are claimed without opening a file). A later rank of the
+// same daemon and version gets a new marker holding all of them, and the older one is
+// removed. The daemon serving rank 0 writes COMMITTED, then `latest`, once the markers
+// claim every rank 0..world_size-1 with the rank's current registration: a shard left by an
+// earlier run (a crash before its version committed) never completes a version of this run.
+// Markers are read before registrations, so a version whose shards all come from one run
+// commits even if the next run starts meanwhile, and a mixed one never does (a rank of the
+// new run snapshots only after every rank has registered, since a training step needs all
+// ranks). Readers trust only committed versions. At start, Recover() removes *.tmp leftovers
+// and rewrites any `latest` that does not name the newest committed version.
+//
+// The per-rank files of older trees (VERSION/rank-R.done, a registration alone in
+// JOB/ranks/rank-R) are not read as markers: a version in flight while its daemons were
+// upgraded does not commit (a daemon restart costs the versions in flight anyway); committed
+// versions, COMMITTED and `latest` are as they were.
 //
 // A version is committed once its COMMITTED is durable: every reader (restores, the loader,
 // recovery) takes the newest version with COMMITTED, never the `latest` file, which is a
@@ -35,6 +46,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/io/storage.h"
+#include "format/markers.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -50,9 +62,12 @@ class Catalog {
   // `keep_last` > 0: after each commit, delete committed versions older than the newest
   // `keep_last` ones, except multiples of `keep_every` (if > 0).
   // `report` (may be empty: the log only) takes the failures that no caller hears of.
+  // `node` names this daemon's markers (empty: the owner of its temporary files, see
+  // SetTmpOwner); each Catalog adds a random part, so that a restarted daemon never rewrites
+  // a marker of its earlier life.
   using Reporter = std::function<void(const std::string&)>;
   Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32_t keep_last = 0,
-          std::uint32_t keep_every = 0, Reporter report = nullptr);
+          std::uint32_t keep_every = 0, Reporter report = nullptr, std::string node = {});
 
   const std::string& root() const { return tree_.root(); }
   struct Retention {
@@ -70,23 +85,31 @@ class Catalog {
   Status Recover();
   // Creates the version's directory (and the job's), durably.
   Status PrepareVersionDir(const std::string& job, std::uint64_t version);
-  // Commits the version if every rank has a done marker of its current registration; sets
-  // *committed accordingly. A version older than the newest committed one commits too (its
-  // shards may simply have been slower); `latest` never moves back. An error means the
-  // version did not commit (no COMMITTED is left); what fails once it is committed
-  // (`latest`, retention) is reported, not returned.
+  // Commits the version if the markers claim every rank with its current registration; sets
+  // *committed accordingly, and *claimed (if given) to the ranks the markers' names claim (a
+  // measure of progress). One listing of the version directory while ranks are missing; the
+  // markers and JOB/ranks/ are read only once the names claim them all. A version older than
+  // the newest committed one commits too (its shards may simply have been slower); `latest`
+  // never moves back. An error means the version did not commit (no COMMITTED is left); what
+  // fails once it is committed (`latest`, retention) is reported, not returned.
   Status CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                          bool* committed);
-  // Records `registration` as the current one of (job, rank), durably; a failure is also
-  // reported (the trainer's call fails, and status shows why).
+                          bool* committed, std::uint64_t* claimed = nullptr);
+  // Records `registration` as the current one of (job, rank), durably: the rank's next
+  // generation in JOB/ranks/rank-R, then its name; the name of the generation it replaces is
+  // removed. A failure is also reported (the trainer's call fails, and status shows why).
   Status WriteRankRegistration(const std::string& job, std::uint32_t rank, const std::string& registration);
-  // Records that rank's shard of the version is durable here, written by `registration`. On
-  // failure no marker is left (one not known to be durable must not count for a commit).
-  Status WriteDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
-                         const std::string& registration);
-  // Whether the done marker of (job, version, rank) exists and names `registration`.
+  // Records that the shards of `claims` (rank -> registration) are durable here: this daemon's
+  // marker of the version, replacing its marker of `replaces` ranks (0: none), which must
+  // claim a subset. On failure the new marker is not left (one not known to be durable must
+  // not count for a commit); the one it replaces stays.
+  Status WriteNodeMarker(const std::string& job, std::uint64_t version, const NodeClaims& claims,
+                         std::uint64_t replaces);
+  // Whether a marker of this node (any earlier life of the daemon included) claims rank's
+  // shard of the version with `registration`. For restarts: one listing and this node's markers.
   bool HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
                      const std::string& registration);
+  // The owner part of this daemon's marker names.
+  const std::string& marker_owner() const { return marker_owner_; }
   // Another daemon committed `version`: the cached `latest` follows.
   void NoteCommitted(const std::string& job, std::uint64_t version);
   // Rescans the job for its newest committed version (another daemon may have committed).
@@ -132,6 +155,8 @@ class Catalog {
 
   std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;
+  const std::string node_;          // this node's part of marker names
+  const std::string marker_owner_;  // node_ + "-" + 8 random hex digits
   // keep_last in the high half, keep_every in the low one: a reload changes both at once
   // without taking commit_mu_ (held across a commit's disk flushes).
   std::atomic<std::uint64_t> retention_;

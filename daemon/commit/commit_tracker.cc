@@ -7,9 +7,6 @@
 namespace ckpt {
 namespace {
 
-// How often the shared directory is read while a commit is awaited, and while none is.
-constexpr std::chrono::milliseconds kPollBusy{20};
-constexpr std::chrono::milliseconds kPollIdle{500};
 // How often a `latest` that a failed write left stale is rewritten (Catalog::RepairLatest).
 constexpr std::chrono::seconds kRepairEvery{1};
 
@@ -33,27 +30,104 @@ void CommitTracker::Stop() {
 
 bool CommitTracker::OnPersisted(const ShardMeta& m, const std::shared_ptr<ShardJob>& shard) {
   if (shard) shard->MarkPersisted();  // before the marker: a commit may follow at once
-  if (Status st = catalog_.WriteDoneMarker(m.job, m.version, m.rank, m.session); !st.ok()) {
-    st = st.With("done marker of rank " + std::to_string(m.rank));
-    if (shard) {
-      shard->Fail(st);  // the flush engine or the promoter reports it
-    } else {
-      hooks_.on_error("job " + m.job + " version " + std::to_string(m.version) + ": " + st.message());
-    }
-    return false;
-  }
-  bool decides = false;
+  const Key key{m.job, m.version};
   {
     MutexLock lock(mu_);
-    auto key = std::make_pair(m.job, m.version);
+    Marker& marker = markers_[key];
+    marker.pending[m.rank] = m.session;
+    if (shard) marker.pending_shards.push_back(shard);
     if (m.rank == 0) AwaitLocked(deciding_, m);
-    decides = deciding_.count(key) != 0;
-    if (!decides) AwaitLocked(watching_, m);
+    if (!deciding_.count(key)) AwaitLocked(watching_, m);
   }
-  // Synchronous where this daemon decides: a waiter woken by `persisted` sees the decision.
-  if (decides) TryCommit(m.job, m.version, m.world_size, shard);
+  // Synchronous where this shard completes the marker and this daemon decides: a waiter
+  // woken by `persisted` sees the decision.
+  const bool ok = FlushMarker(key, shard);
   wake_.SignalAll();
-  return true;
+  return ok;
+}
+
+bool CommitTracker::InFlightLocked(const Key& key, const Marker& marker) {
+  for (const auto& s : shards_.Version(key.first, key.second)) {
+    if (s->failed()) continue;
+    const ShardMeta& m = s->meta();
+    auto handed = [&](const NodeClaims& c) {
+      auto it = c.find(m.rank);
+      return it != c.end() && it->second == m.session;
+    };
+    if (!handed(marker.pending) && !handed(marker.durable)) return true;
+  }
+  return false;
+}
+
+bool CommitTracker::UnsettledLocked(const Key& key) {
+  auto it = markers_.find(key);
+  return it != markers_.end() && (it->second.writing || !it->second.pending.empty());
+}
+
+bool CommitTracker::FlushMarker(const Key& key, const std::shared_ptr<ShardJob>& caller) {
+  bool caller_ok = true;
+  for (;;) {
+    NodeClaims claims;
+    std::uint64_t replaces = 0;
+    std::vector<std::shared_ptr<ShardJob>> batch;
+    NodeClaims batch_claims;
+    {
+      MutexLock lock(mu_);
+      auto it = markers_.find(key);
+      if (it == markers_.end()) return caller_ok;
+      Marker& marker = it->second;
+      if (marker.writing || marker.pending.empty() || InFlightLocked(key, marker)) return caller_ok;
+      marker.writing = true;
+      claims = marker.durable;
+      for (const auto& [rank, registration] : marker.pending) claims[rank] = registration;
+      replaces = marker.durable.size();
+      batch = std::move(marker.pending_shards);
+      batch_claims = std::move(marker.pending);
+      marker.pending_shards.clear();
+      marker.pending.clear();
+    }
+    Status st = catalog_.WriteNodeMarker(key.first, key.second, claims, replaces);
+    bool decides = false;
+    {
+      MutexLock lock(mu_);
+      if (auto it = markers_.find(key); it != markers_.end()) {
+        it->second.writing = false;
+        if (st.ok()) it->second.durable = std::move(claims);
+      }
+      decides = deciding_.count(key) != 0;
+    }
+    if (!st.ok()) {
+      std::string ranks;
+      for (const auto& [rank, registration] : batch_claims) {
+        ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+      }
+      st = st.With("marker of rank(s) " + ranks);
+      bool any_shard = false;
+      for (const auto& p : batch) {
+        p->Fail(st);  // the caller's shard: the flush engine or the promoter reports it
+        if (p == caller) {
+          caller_ok = false;
+        } else {
+          hooks_.on_shard_failed(p);
+        }
+        any_shard = true;
+      }
+      if (!any_shard) {
+        hooks_.on_error("job " + key.first + " version " + std::to_string(key.second) + ": " + st.message());
+      }
+      if (caller == nullptr) caller_ok = false;
+      continue;  // what came meanwhile is written on its own
+    }
+    wake_.SignalAll();  // the version is polled again from now on
+    if (decides) {
+      std::uint32_t world_size = 0;
+      {
+        MutexLock lock(mu_);
+        if (auto it = deciding_.find(key); it != deciding_.end()) world_size = it->second.world_size;
+      }
+      if (world_size != 0) TryCommit(key.first, key.second, world_size, caller);
+    }
+  }
 }
 
 void CommitTracker::Await(const ShardMeta& m) {
@@ -69,9 +143,12 @@ void CommitTracker::Await(const ShardMeta& m) {
 void CommitTracker::AwaitLocked(std::map<Key, Awaited>& m, const ShardMeta& meta) {
   Awaited& a = m[{meta.job, meta.version}];
   a.world_size = meta.world_size;  // the newest registration's word
-  if (a.superseded == std::chrono::steady_clock::time_point{} && meta.version < catalog_.Latest(meta.job)) {
-    a.superseded = std::chrono::steady_clock::now();
+  if (a.superseded == Clock::time_point{} && meta.version < catalog_.Latest(meta.job)) {
+    a.superseded = Clock::now();
   }
+  // Progress of this daemon on the version: the next look comes soon again.
+  a.interval = kPollFirst;
+  a.next_poll = Clock::now() + kPollFirst;
 }
 
 void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
@@ -85,6 +162,9 @@ void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
     MutexLock lock(mu_);
     auto& done = finished_[job];
     done.erase(done.upper_bound(version), done.end());
+    for (auto i = markers_.begin(); i != markers_.end();) {
+      i = i->first.first == job && i->first.second > version ? markers_.erase(i) : std::next(i);
+    }
     for (auto* m : {&deciding_, &watching_}) {
       for (auto i = m->begin(); i != m->end();) {
         if (i->first.first == job && i->first.second > version) {
@@ -126,6 +206,7 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
     MutexLock lock(mu_);
     deciding_.erase(key);
     watching_.erase(key);
+    markers_.erase(key);
   }
   const std::string why =
       "version " + std::to_string(key.second) + " of job '" + key.first +
@@ -140,7 +221,7 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
 }
 
 void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                              const std::shared_ptr<ShardJob>& shard) {
+                              const std::shared_ptr<ShardJob>& shard, std::uint64_t* claimed) {
   bool committed = false;
   Status st;
   {
@@ -150,7 +231,7 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
       deciding_.erase({job, version});  // a late shard of a version given up: it stays so
       return;
     }
-    st = catalog_.CommitIfComplete(job, version, world_size, &committed);
+    st = catalog_.CommitIfComplete(job, version, world_size, &committed, claimed);
   }
   if (committed) {
     Finish(job, version, shard, /*ours=*/true);
@@ -161,6 +242,7 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
   {
     MutexLock lock(mu_);
     deciding_.erase({job, version});
+    markers_.erase({job, version});
     failed = shards_.TakeVersion(job, version);
   }
   hooks_.on_error("job " + job + " version " + std::to_string(version) + ": commit failed: " + st.message());
@@ -183,6 +265,7 @@ void CommitTracker::Finish(const std::string& job, std::uint64_t version,
     raised = shards_.TakeVersion(job, version);
     deciding_.erase({job, version});
     watching_.erase({job, version});
+    markers_.erase({job, version});
     // Older versions still awaited may yet complete; they get kGiveUpAfter from now.
     SupersedeLocked(job, version);
   }
@@ -203,45 +286,83 @@ void CommitTracker::Finish(const std::string& job, std::uint64_t version,
 }
 
 void CommitTracker::WatchLoop() {
-  auto repaired = std::chrono::steady_clock::now();
+  auto repaired = Clock::now();
   for (;;) {
     std::map<Key, Awaited> deciding, watching;
+    std::vector<Key> deferred;
     {
       MutexLock lock(mu_);
       if (stop_) return;
-      const bool busy = !deciding_.empty() || !watching_.empty();
-      // Polls the shared directory while some commit is awaited; idle otherwise.
-      wake_.WaitFor(mu_, busy ? kPollBusy : kPollIdle);
+      // Sleeps until the next awaited version is due (without touching storage while none
+      // is); a marker held back for a shard on its way is looked at on each wake-up, since
+      // that shard may fail without telling the tracker.
+      // A version whose marker from here is not out yet cannot be complete: it is not
+      // polled (and does not set the time to wake up) until the marker is written.
+      Clock::time_point due = Clock::now() + kRepairEvery;
+      bool held_back = false;
+      for (const auto* m : {&deciding_, &watching_}) {
+        for (const auto& [key, a] : *m) {
+          if (!UnsettledLocked(key)) due = std::min(due, a.next_poll);
+        }
+      }
+      for (const auto& [key, marker] : markers_) held_back |= !marker.pending.empty();
+      if (held_back) due = std::min(due, Clock::now() + kPollMax);
+      const auto now = Clock::now();
+      if (due > now) wake_.WaitFor(mu_, due - now);
       if (stop_) return;
-      deciding = deciding_;
-      watching = watching_;
+      const auto woke = Clock::now();
+      for (auto [src, dst] : {std::pair{&deciding_, &deciding}, std::pair{&watching_, &watching}}) {
+        for (const auto& [key, a] : *src) {
+          if (a.next_poll <= woke && !UnsettledLocked(key)) dst->emplace(key, a);
+        }
+      }
+      for (const auto& [key, marker] : markers_) {
+        if (!marker.pending.empty() && !marker.writing) deferred.push_back(key);
+      }
     }
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     if (now - repaired >= kRepairEvery) {
       catalog_.RepairLatest();
       repaired = now;
     }
+    for (const auto& key : deferred) FlushMarker(key, nullptr);
     auto overdue = [&](const Awaited& a) {
-      return a.superseded != std::chrono::steady_clock::time_point{} && now - a.superseded > kGiveUpAfter;
+      return a.superseded != Clock::time_point{} && now - a.superseded > kGiveUpAfter;
+    };
+    // The next look at a version: soon again while the decider sees progress, else later.
+    auto backoff = [&](std::map<Key, Awaited>& m, const Key& key, std::uint64_t claimed) {
+      auto it = m.find(key);
+      if (it == m.end()) return;
+      Awaited& a = it->second;
+      if (claimed <= a.claimed) a.interval = std::min<Clock::duration>(a.interval * 2, kPollMax);
+      a.claimed = std::max(a.claimed, claimed);
+      a.next_poll = Clock::now() + a.interval;
     };
     for (const auto& [key, awaited] : deciding) {
-      TryCommit(key.first, key.second, awaited.world_size, nullptr);
+      std::uint64_t claimed = 0;
+      TryCommit(key.first, key.second, awaited.world_size, nullptr, &claimed);
       if (overdue(awaited)) {
         GiveUp(key, awaited);
-      } else if (key.second < catalog_.Latest(key.first)) {
-        MutexLock lock(mu_);
-        SupersedeLocked(key.first, catalog_.Latest(key.first));
+        continue;
       }
+      MutexLock lock(mu_);
+      if (key.second < catalog_.Latest(key.first)) SupersedeLocked(key.first, catalog_.Latest(key.first));
+      backoff(deciding_, key, claimed);
     }
     for (const auto& [key, awaited] : watching) {
       if (catalog_.IsCommitted(key.first, key.second)) {
         catalog_.NoteCommitted(key.first, key.second);
         Finish(key.first, key.second, nullptr, /*ours=*/false);
-      } else if (key.second < catalog_.Latest(key.first)) {
-        MutexLock lock(mu_);
-        SupersedeLocked(key.first, catalog_.Latest(key.first));  // committed by another daemon
+        continue;
       }
-      if (overdue(awaited)) GiveUp(key, awaited);
+      if (overdue(awaited)) {
+        GiveUp(key, awaited);
+        continue;
+      }
+      MutexLock lock(mu_);
+      // Committed by another daemon: the cache says so.
+      if (key.second < catalog_.Latest(key.first)) SupersedeLocked(key.first, catalog_.Latest(key.first));
+      backoff(watching_, key, 0);
     }
   }
 }

@@ -4,11 +4,17 @@
 // shards here are raised to committed, and whose tiers apply their retention first
 // (`on_committed`); a failed commit fails every shard of its version (`on_shard_failed`).
 //
-// The protocol is the Catalog's (done markers, rank registrations, COMMITTED, `latest`):
+// The protocol is the Catalog's (node markers, rank registrations, COMMITTED, `latest`):
 // the daemon that persisted rank 0's shard of a version decides its commit; the others
-// watch the shared directory for it. Decisions are tried at once, when a shard is
-// persisted; a watcher thread polls every 20 ms while any commit is awaited, and sleeps
-// otherwise. Each commit is finished once here, by whoever sees it first.
+// watch the shared directory for it. This daemon's marker of a version is written once
+// none of its shards of the version is still on its way (each persisted or failed), so the
+// ranks of one node that finish together cost one marker; a rank that comes later (its
+// trainer was late) gets a new marker holding all of them. Decisions are tried at once,
+// when this daemon's marker is written; a watcher thread polls the shared directory for each
+// awaited version with a backoff: kPollFirst after this daemon's own progress on it, then
+// doubling up to kPollMax, held (not doubled) while the decider sees more ranks claimed. It
+// touches no file while nothing is awaited. Each commit is finished once here, by whoever
+// sees it first.
 //
 // Versions may commit out of order (a rank's shard of v can be slower than every shard of
 // v+1): an older version still commits once complete. One that stays incomplete for
@@ -33,6 +39,7 @@
 #include "common/mutex.h"
 #include "daemon/commit/catalog.h"
 #include "daemon/pipeline/shard_registry.h"
+#include "format/markers.h"
 
 namespace ckpt {
 
@@ -40,6 +47,9 @@ class CommitTracker {
  public:
   // How long a version may stay incomplete once a newer version of its job committed.
   static constexpr std::chrono::seconds kGiveUpAfter{60};
+  // The polling of an awaited version (see the top).
+  static constexpr std::chrono::milliseconds kPollFirst{10};
+  static constexpr std::chrono::milliseconds kPollMax{1000};
 
   struct Hooks {
     // (job, version) committed: the tiers apply their retention.
@@ -56,10 +66,12 @@ class CommitTracker {
   void Start();
   void Stop() EXCLUDES(mu_);
 
-  // `meta`'s shard is durable on the persistent tier: writes its done marker, then commits
-  // the version if this daemon decides it (else watches for the commit). `shard` may be
-  // null (a promotion resumed after a restart). False if the marker could not be written
-  // (the shard, if any, is failed; else the error is recorded).
+  // `meta`'s shard is durable on the persistent tier: writes this daemon's marker of the
+  // version (now, or once its other shards of the version in flight are persisted or failed),
+  // then commits the version if this daemon decides it (else watches for the commit).
+  // `shard` may be null (a promotion resumed after a restart). False if the marker could not
+  // be written now (the shard, if any, is failed; else the error is recorded); a deferred
+  // marker that fails later fails its shards through `on_shard_failed`.
   bool OnPersisted(const ShardMeta& meta, const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
   // After a restart: `meta`'s done marker is already written; awaits the version's commit.
   void Await(const ShardMeta& meta) EXCLUDES(mu_);
@@ -72,11 +84,31 @@ class CommitTracker {
 
  private:
   using Key = std::pair<std::string, std::uint64_t>;  // (job, version)
+  using Clock = std::chrono::steady_clock;
   struct Awaited {
     std::uint32_t world_size = 0;
     // When a newer version of the job committed while this one was awaited (zero: not yet).
-    std::chrono::steady_clock::time_point superseded{};
+    Clock::time_point superseded{};
+    // The backoff of its polling, and the ranks claimed at the decider's last look.
+    Clock::time_point next_poll{};
+    Clock::duration interval{};
+    std::uint64_t claimed = 0;
   };
+  // This daemon's marker of one version: what it claims on storage, and what is to be added.
+  struct Marker {
+    NodeClaims durable;  // in the marker on storage
+    NodeClaims pending;  // persisted here, not written yet
+    std::vector<std::shared_ptr<ShardJob>> pending_shards;
+    bool writing = false;  // one write at a time; what comes meanwhile goes in the next one
+  };
+  // Writes the marker of (job, version) with everything pending, unless a write is under way
+  // or a shard of the version here is still on its way (the last one writes). Commits next if
+  // this daemon decides. False if `caller` was in a write that failed.
+  bool FlushMarker(const Key& key, const std::shared_ptr<ShardJob>& caller) EXCLUDES(mu_);
+  // Whether this daemon's marker of the version is not written yet (being written, or held).
+  bool UnsettledLocked(const Key& key) REQUIRES(mu_);
+  // Whether a live shard of the version here is neither failed nor handed to OnPersisted.
+  bool InFlightLocked(const Key& key, const Marker& marker) REQUIRES(mu_);
   // Marks the awaited versions of `job` older than `version` as superseded (now).
   void SupersedeLocked(const std::string& job, std::uint64_t version) REQUIRES(mu_);
   // Records (job, version) as awaited in `m` (the world size as given); its give-up clock
@@ -85,8 +117,9 @@ class CommitTracker {
   // Gives up (job, version): it will not complete.
   void GiveUp(const Key& key, const Awaited& awaited) EXCLUDES(mu_);
   void Track(const ShardMeta& meta) EXCLUDES(mu_);
+  // Sets *claimed (if given) to the ranks the version's markers claim, for the backoff.
   void TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                 const std::shared_ptr<ShardJob>& shard) EXCLUDES(mu_);
+                 const std::shared_ptr<ShardJob>& shard, std::uint64_t* claimed = nullptr) EXCLUDES(mu_);
   // (job, version) is committed (by this daemon if `ours`): raises this daemon's shards of
   // it, stops awaiting it and older versions, applies the tiers' retention.
   void Finish(const std::string& job, std::uint64_t version, const std::shared_ptr<ShardJob>& shard,
@@ -106,6 +139,7 @@ class CommitTracker {
   // (another daemon decides): (job, version) -> world size.
   std::map<Key, Awaited> deciding_ GUARDED_BY(mu_);
   std::map<Key, Awaited> watching_ GUARDED_BY(mu_);
+  std::map<Key, Marker> markers_ GUARDED_BY(mu_);
   // Commits finished here, per job (the newest kFinishedKept): each is finished once.
   static constexpr std::size_t kFinishedKept = 4096;
   std::map<std::string, std::set<std::uint64_t>> finished_ GUARDED_BY(mu_);

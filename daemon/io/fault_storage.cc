@@ -28,10 +28,9 @@ FaultSpec::File ClassifyName(std::string_view name, std::string_view dir) {
   if (name == kLatestFile) return FaultSpec::File::kLatest;
   if (name == kCommittedMarker) return FaultSpec::File::kCommitted;
   if (ParseShardFileName(name)) return FaultSpec::File::kData;
-  if (name.starts_with("rank-") && EndsWith(name, ".done")) return FaultSpec::File::kDone;
-  if (name.starts_with("rank-") && name.find('.') == std::string_view::npos && BaseName(dir) == kRanksDir) {
-    return FaultSpec::File::kRanks;
-  }
+  if (ParseNodeMarkerName(name)) return FaultSpec::File::kDone;
+  // The rank's record and its registration's name (format/paths.h).
+  if (name.starts_with("rank-") && BaseName(dir) == kRanksDir) return FaultSpec::File::kRanks;
   return FaultSpec::File::kAny;
 }
 

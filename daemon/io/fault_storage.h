@@ -7,7 +7,7 @@
 //   CKPTD_TEST_FAULT=file=KIND,op=OP,fault=FAULT[,while=PATH][,count=N][,under=DIR][,delay_ms=MS]
 //
 //   KIND   data (a shard's data), header (a shard's header: its write at offset 0), done
-//          (VERSION/rank-R.done), ranks (JOB/ranks/rank-R), committed (VERSION/COMMITTED),
+//          (VERSION/node-OWNER.K.done), ranks (JOB/ranks/rank-R and rank-R.G.REG), committed (VERSION/COMMITTED),
 //          latest (JOB/latest), any. A file is known by its final name; its .tmp counts.
 //   OP     write (default), create, datasync, rename (matched on the target), any.
 //   FAULT  ENOSPC, EIO, EROFS (the call fails with that errno); short (a write writes half

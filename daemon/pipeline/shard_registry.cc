@@ -34,6 +34,18 @@ std::vector<std::shared_ptr<ShardJob>> ShardRegistry::TakeVersion(const std::str
   return out;
 }
 
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Version(const std::string& job,
+                                                              std::uint64_t version) const {
+  std::vector<std::shared_ptr<ShardJob>> out;
+  MutexLock lock(mu_);
+  auto it = by_version_.find({job, version});
+  if (it == by_version_.end()) return out;
+  for (const auto& w : it->second) {
+    if (auto p = w.lock()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Recent() const {
   MutexLock lock(mu_);
   return {recent_.begin(), recent_.end()};

@@ -34,6 +34,10 @@ class ShardRegistry {
   // Removes and returns the live shards of (job, version): the caller commits or fails them.
   std::vector<std::shared_ptr<ShardJob>> TakeVersion(const std::string& job, std::uint64_t version)
       EXCLUDES(mu_);
+  // The live shards of (job, version), left in place: the commit tracker writes a daemon's
+  // marker of a version once none of them is still on its way.
+  std::vector<std::shared_ptr<ShardJob>> Version(const std::string& job, std::uint64_t version) const
+      EXCLUDES(mu_);
   // The newest shards, oldest first (in flight and recently done).
   std::vector<std::shared_ptr<ShardJob>> Recent() const EXCLUDES(mu_);
   // Shards of `job` from copy queue `queue` (one registration) not yet captured.
