@@ -52,6 +52,10 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
     for (;;) {
       std::uint64_t i = next.fetch_add(1);
       if (i >= pieces || failed()) return;
+      if (dst.abandon && dst.abandon->load()) {
+        fail(Cancelled("copy to " + final_path + " abandoned"));
+        return;
+      }
       const std::uint64_t off = i * piece;
       const std::uint64_t len = std::min(piece, src.file_bytes - off);
       // O_DIRECT writes the last piece padded to a whole block; the file is cut after.
