@@ -99,6 +99,8 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
     for (auto& t : threads) t.join();
   }
   Status s = first_error;
+  // The last pieces may all have been written by the time it was abandoned.
+  if (s.ok() && dst.abandon && dst.abandon->load()) s = Cancelled("copy to " + final_path + " abandoned");
   if (s.ok() && dst.direct_io && src.file_bytes % kDataAlignment != 0) {
     s = storage_->Truncate(out->get(), src.file_bytes, tmp_path);
   }

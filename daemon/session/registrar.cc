@@ -93,8 +93,13 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   // commits, if its version is complete) first. Older ones are not waited for: the newest
   // supersedes them (their queued promotions are skipped when the registration is written).
   // A restart must not wait behind its older versions' promotions: they go out of the way.
-  auto older_go = [this](const ShardMeta& m) {
-    if (promoter_) promoter_->SupersedeRankBelow(m.job, m.rank, m.version);
+  // Not while a live trainer holds the rank (this registration is then refused).
+  bool rank_free = true;
+  for (const auto& other : sessions_.All()) {
+    if (other->job == req.job && other->rank == req.rank && !other->TrainerExited()) rank_free = false;
+  }
+  auto older_go = [this, rank_free](const ShardMeta& m) {
+    if (promoter_ && rank_free) promoter_->SupersedeRankBelow(m.job, m.rank, m.version);
   };
   if (Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, older_go); !st.ok())
     return st;

@@ -58,8 +58,10 @@ void Promoter::Enqueue(Task task) {
   std::vector<Skipped> skipped;
   {
     MutexLock lock(mu_);
-    // Read per call: a reload (SIGHUP) may change it.
-    const std::uint32_t keep_every = catalog_.retention().keep_every;
+    // Read per call: a reload (SIGHUP) may change it. Without keep_last every committed
+    // version is kept, and no multiple is special.
+    const Catalog::Retention retention = catalog_.retention();
+    const std::uint32_t keep_every = retention.keep_last > 0 ? retention.keep_every : 0;
     JobState& j = jobs_[job];
     const std::uint64_t v = task.meta.version;
     j.newest = std::max(j.newest, v);
@@ -87,6 +89,8 @@ void Promoter::AbandonRunningLocked(const std::string& job, std::uint32_t rank, 
                                     std::string why) {
   if (!running_ || running_meta_.job != job || running_meta_.rank != rank) return;
   if (below != 0 && running_meta_.version >= below) return;
+  if (abandon_) return;
+  spdlog::info("abandoning a running promotion: {}", why);
   abandon_why_ = std::move(why);
   abandon_ = true;
 }
