@@ -50,6 +50,9 @@ struct PausedNode {
     o.env = {"CKPTD_TEST_PAUSE=promote:" + std::to_string(held) + ":" + pause};
     daemon = std::make_unique<DaemonProcess>(o);
   }
+  // A test that failed while the promotion held must not leave the daemon's shutdown
+  // waiting on it.
+  ~PausedNode() { fs::remove(pause); }
   bool PromotionHeld() const { return fs::exists(pause + ".reached"); }
   void Release() { fs::remove(pause); }
   bool OnPersistent(const std::string& job, std::uint64_t v) const {
