@@ -96,6 +96,15 @@ work, out, mib, crash_at, write_mbps, command, *killed = sys.argv[1:]
 def read_total(i):
     status = json.load(open(os.path.join(work, f"status-{i}.json")))
     return int(status["bytes_read_total"])
+def newest_shard(i):
+    # Where the wait went: the version snapshotted just before the kill (the kill follows
+    # its snapshot call at once), from the daemon's own timings.
+    status = json.load(open(os.path.join(work, f"status-{i}.json")))
+    for s in status.get("shards", []):
+        if s["job"] == f"recovery-{i}" and s["version"] == int(crash_at):
+            return {"captured_ms": round(s["capture_ms"], 1), "committed_ms": round(s["durable_ms"], 1),
+                    "level": s["level"]}
+    return None
 rounds = []
 for i, killed_ms in enumerate(killed, 1):
     r = json.load(open(os.path.join(work, f"restored-{i}.json")))
@@ -107,6 +116,7 @@ for i, killed_ms in enumerate(killed, 1):
         "newest_snapshotted_version": int(crash_at),
         "restore_tier": r["restore_tier"],
         "daemon_bytes_read_total": read_total(i),
+        "newest_after_its_snapshot": newest_shard(i),
     })
 ms = [r["kill_to_restored_ms"] for r in rounds]
 result = {
@@ -123,11 +133,14 @@ result = {
 }
 json.dump(result, open(out, "w"), indent=2)
 print(f"== kill -9 of a trainer with {int(mib) / 1024:.1f} GiB to the end of its restarted process's restore")
-print("| round | kill to restored | restore call | restored / newest snapshotted | tier |")
-print("|---|---|---|---|---|")
+print("| round | kill to restored | newest captured / committed after the kill | restore call "
+      "| restored / newest snapshotted | tier |")
+print("|---|---|---|---|---|---|")
 for r in rounds:
-    print(f"| {r['round']} | {r['kill_to_restored_ms']:.0f} ms | {r['restore_call_ms']:.0f} ms | "
-          f"{r['restored_version']} / {r['newest_snapshotted_version']} | {r['restore_tier']} |")
+    n = r["newest_after_its_snapshot"] or {"captured_ms": float("nan"), "committed_ms": float("nan")}
+    print(f"| {r['round']} | {r['kill_to_restored_ms']:.0f} ms | {n['captured_ms']:.0f} / {n['committed_ms']:.0f} ms "
+          f"| {r['restore_call_ms']:.0f} ms | {r['restored_version']} / {r['newest_snapshotted_version']} "
+          f"| {r['restore_tier']} |")
 print(f"median {result['kill_to_restored_ms']:.0f} ms (target 1500 ms); "
       f"daemon bytes_read_total {result['daemon_bytes_read_total']} (all rounds)")
 print(f"written to {out}")
