@@ -116,6 +116,13 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                         [this](const std::string& m) {
                           metrics::Metrics().Error(metrics::ErrorKind::kPromote);
                           errors_.Record(m);
+                        },
+                        [this](const std::shared_ptr<ShardJob>& s) {
+                          // Skipped by the queue's policy: its waits hear why, but it is no
+                          // failure of the run (the trainer's next snapshot goes on).
+                          if (!s->ClaimFailureHandling()) return;
+                          s->ClaimErrorReport();
+                          if (s->ReleaseLocalPin()) local_->Unpin(s->meta().job, s->meta().version);
                         }});
   }
   flush_ = std::make_unique<FlushEngine>(
@@ -134,7 +141,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
       shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); }, config_.max_sessions_per_uid,
       *items_);
   registrar_ = std::make_unique<Registrar>(*catalog_, *owners_, *loader_, *sessions_, shards_,
-                                           config_.max_registrations_per_uid, *items_);
+                                           config_.max_registrations_per_uid, *items_, promoter_.get());
   admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_,
                                                    shards_, *snapshot_, config_.max_blob_mib << 20);
   restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_,

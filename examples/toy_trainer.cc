@@ -257,6 +257,7 @@ int main(int argc, char** argv) {
 
     std::uint64_t start = 0;
     double restore_ms = 0, restore_end_unix_ms = 0;
+    std::uint64_t restored_version = 0;
     std::string restore_tier;
     if (resume) {
       auto t0 = Clock::now();
@@ -266,6 +267,7 @@ int main(int argc, char** argv) {
           std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch())
               .count();
       restore_tier = r.tier;
+      restored_version = r.version;
       std::string step;
       for (const auto& b : r.blobs)
         if (b.name == "step") step = b.data;
@@ -440,7 +442,7 @@ int main(int argc, char** argv) {
             "\"iter_ms_mean\": %.6f, \"flush_ms_p50\": %s, \"flush_MBps_p50\": %s, \"restore_ms\": %s, "
             "\"run_s\": %.6f, \"last_version\": %" PRIu64
             ", \"final_durable_ms\": %.3f, "
-            "\"restore_tier\": \"%s\", \"restore_end_unix_ms\": %.3f}\n",
+            "\"restore_tier\": \"%s\", \"restore_end_unix_ms\": %.3f, \"restored_version\": %" PRIu64 "}\n",
             StrategyName(strategy), spin ? "spin" : "wait", compute_ms, rank, world, iter_ms.size(),
             checkpoints, state_bytes, JsonNumber(has_stalls, Percentile(stalls, 50)).c_str(),
             JsonNumber(has_stalls, Percentile(stalls, 99)).c_str(),
@@ -450,7 +452,7 @@ int main(int argc, char** argv) {
                        static_cast<double>(state_bytes) / 1e6 / (flush_p50 / 1000))
                 .c_str(),
             JsonNumber(resume, restore_ms).c_str(), run_s, last_snapshot, durable_ms, restore_tier.c_str(),
-            restore_end_unix_ms);
+            restore_end_unix_ms, restored_version);
         std::fclose(f);
       }
     }

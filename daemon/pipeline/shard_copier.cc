@@ -52,6 +52,10 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
     for (;;) {
       std::uint64_t i = next.fetch_add(1);
       if (i >= pieces || failed()) return;
+      if (dst.abandon && dst.abandon->load()) {
+        fail(Cancelled("copy to " + final_path + " abandoned"));
+        return;
+      }
       const std::uint64_t off = i * piece;
       const std::uint64_t len = std::min(piece, src.file_bytes - off);
       // O_DIRECT writes the last piece padded to a whole block; the file is cut after.
@@ -95,6 +99,8 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
     for (auto& t : threads) t.join();
   }
   Status s = first_error;
+  // The last pieces may all have been written by the time it was abandoned.
+  if (s.ok() && dst.abandon && dst.abandon->load()) s = Cancelled("copy to " + final_path + " abandoned");
   if (s.ok() && dst.direct_io && src.file_bytes % kDataAlignment != 0) {
     s = storage_->Truncate(out->get(), src.file_bytes, tmp_path);
   }

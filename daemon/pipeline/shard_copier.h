@@ -5,6 +5,7 @@
 // nothing is read from disk). A committed version is never overwritten. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +33,8 @@ class ShardCopier {
     std::string name;  // file name in it
     bool direct_io = false;
     std::uint64_t version = 0;  // for the test pause point "promote"
+    // When it turns true, the copy stops at its next piece (kCancelled, no file left).
+    const std::atomic<bool>* abandon = nullptr;
   };
 
   // Copies and publishes; returns the bytes read from disk (0 from an image).

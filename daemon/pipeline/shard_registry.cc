@@ -66,20 +66,24 @@ std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::stri
   return out;
 }
 
-Status ShardRegistry::WaitRankSettled(const std::string& job, std::uint32_t rank,
-                                      const CancelCheck& cancelled) const {
-  std::vector<std::shared_ptr<ShardJob>> inflight;
+Status ShardRegistry::WaitRankNewestSettled(const std::string& job, std::uint32_t rank,
+                                            const CancelCheck& cancelled,
+                                            const std::function<void(const ShardMeta&)>& waiting_for) const {
+  std::vector<std::shared_ptr<ShardJob>> newest_first;
   {
     MutexLock lock(mu_);
-    for (const auto& shard : recent_) {
-      if (shard->meta().job == job && shard->meta().rank == rank) inflight.push_back(shard);
+    // Admission order, not version order: after a rollback, higher numbers may be older.
+    for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+      if ((*it)->meta().job == job && (*it)->meta().rank == rank) newest_first.push_back(*it);
     }
   }
-  for (const auto& shard : inflight) {
+  for (const auto& shard : newest_first) {
+    if (waiting_for) waiting_for(shard->meta());
     // The shard's own outcome (a failure) is its trainer's to hear, not this caller's.
     Status st = WaitInSlices(std::chrono::steady_clock::time_point::max(), cancelled,
                              [&](auto slice_end) { return shard->WaitFor(Level::kPersisted, slice_end); });
     if (st.code() == StatusCode::kCancelled) return st;
+    if (st.ok()) return Status::Ok();  // what a restore can get; older ones are superseded by it
   }
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,9 +44,13 @@ class ShardRegistry {
   // Shards of `job` from copy queue `queue` (one registration) not yet captured.
   std::vector<std::shared_ptr<ShardJob>> Uncaptured(const std::string& job, const std::string& queue) const
       EXCLUDES(mu_);
-  // Blocks until every recent shard of (job, rank) is persisted or failed; kCancelled if
-  // `cancelled` turns true meanwhile.
-  Status WaitRankSettled(const std::string& job, std::uint32_t rank, const CancelCheck& cancelled) const
+  // Blocks until the newest recent shard of (job, rank) that does not fail is persisted:
+  // waits for the newest admitted one, and only if it fails for the one before, and so on;
+  // never for shards older than one that made it. kCancelled if `cancelled` turns true
+  // meanwhile.
+  // `waiting_for` (may be empty) hears of each shard before it is waited for.
+  Status WaitRankNewestSettled(const std::string& job, std::uint32_t rank, const CancelCheck& cancelled,
+                               const std::function<void(const ShardMeta&)>& waiting_for = nullptr) const
       EXCLUDES(mu_);
 
  private:

@@ -89,9 +89,20 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   if (Status st = owners_.Claim(session->job, peer); !st.ok()) return st;
 
   // A new registration of the rank makes its earlier shards stop counting towards commits
-  // (see Catalog); the ones still in flight finish (and commit, if their version is
-  // complete) first.
-  if (Status st = shards_.WaitRankSettled(session->job, session->rank, cancelled); !st.ok()) return st;
+  // (see Catalog); the newest one in flight, which a restart restores, finishes (and
+  // commits, if its version is complete) first. Older ones are not waited for: the newest
+  // supersedes them (their queued promotions are skipped when the registration is written).
+  // A restart must not wait behind its older versions' promotions: they go out of the way.
+  // Not while a live trainer holds the rank (this registration is then refused).
+  bool rank_free = true;
+  for (const auto& other : sessions_.All()) {
+    if (other->job == req.job && other->rank == req.rank && !other->TrainerExited()) rank_free = false;
+  }
+  auto older_go = [this, rank_free](const ShardMeta& m) {
+    if (promoter_ && rank_free) promoter_->SupersedeRankBelow(m.job, m.rank, m.version);
+  };
+  if (Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, older_go); !st.ok())
+    return st;
   std::shared_ptr<Session> replaced;
   if (Status st = sessions_.Add(session, &replaced); !st.ok()) return st;
   release_items.armed = false;
@@ -114,6 +125,7 @@ Status Registrar::NewRegistration(Session& s) {
   std::string id = s.id + "." + std::to_string(++s.registrations);
   if (Status st = catalog_.WriteRankRegistration(s.job, s.rank, id); !st.ok()) return st;
   s.registration = std::move(id);
+  if (promoter_) promoter_->RankRegistered(s.job, s.rank);
   return Status::Ok();
 }
 

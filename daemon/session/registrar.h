@@ -1,8 +1,9 @@
 // Registrar: the life of a registration. Register checks that the caller may use the job
 // (JobOwners), imports a trainer's descriptor table and regions (TableLoader), makes a new
-// job the caller's, waits until the rank's shards from an earlier registration have
-// settled, publishes the session (SessionTable) and records the rank's new registration id
-// on the persistent tier (so that shards of an earlier run never complete a version of this
+// job the caller's, waits until the newest of the rank's shards from an earlier
+// registration has settled (the one a restart restores; older ones are superseded by it:
+// ShardRegistry::WaitRankNewestSettled), publishes the session (SessionTable) and records the rank's new
+// registration id on the persistent tier (so that shards of an earlier run never complete a version of this
 // one: see Catalog). A re-registration (same session) re-reads the table. Each uid has at
 // most --max-registrations-per-uid of either in progress at once. Thread-safe.
 #pragma once
@@ -24,6 +25,7 @@
 #include "daemon/session/session_table.h"
 #include "daemon/session/table_loader.h"
 #include "daemon/session/uid_limits.h"
+#include "daemon/tiers/promoter.h"
 
 namespace ckpt {
 
@@ -46,15 +48,18 @@ struct Registered {
 
 class Registrar {
  public:
+  // `promoter` may be null (no local tier).
   Registrar(Catalog& catalog, JobOwners& owners, TableLoader& loader, SessionTable& sessions,
-            ShardRegistry& shards, std::uint32_t max_registrations_per_uid, ItemBudget& items)
+            ShardRegistry& shards, std::uint32_t max_registrations_per_uid, ItemBudget& items,
+            Promoter* promoter)
       : catalog_(catalog),
         owners_(owners),
         loader_(loader),
         sessions_(sessions),
         shards_(shards),
         in_flight_(max_registrations_per_uid, "--max-registrations-per-uid", "registrations"),
-        items_(items) {}
+        items_(items),
+        promoter_(promoter) {}
 
   // A new session for `peer`.
   Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,
@@ -66,7 +71,8 @@ class Registrar {
   Result<Registered> Reregister(const std::shared_ptr<Session>& s, const RegistrationRequest& req,
                                 const CancelCheck& cancelled);
   // Writes a new registration id for the session's rank: what it published before belongs
-  // to a timeline it left (a restore starts a new one).
+  // to a timeline it left (a restore starts a new one), so its promotions still queued are
+  // skipped.
   Status NewRegistration(Session& s) REQUIRES(s.mu);
 
  private:
@@ -79,6 +85,7 @@ class Registrar {
   ShardRegistry& shards_;
   InFlightLimit in_flight_;
   ItemBudget& items_;
+  Promoter* const promoter_;
 };
 
 }  // namespace ckpt

@@ -87,7 +87,7 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
                                 "wait for it before restoring");
     }
   }
-  if (Status st = shards_.WaitRankSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
   auto held = tiers_.HoldCommitted(s.job, requested);
   if (!held.ok()) return held.status();
   const std::uint64_t v = held->version;

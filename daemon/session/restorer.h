@@ -1,7 +1,7 @@
 // Restorer: fills a session's registered regions with a committed version, from the fastest
-// tier holding its shard (TierSet). Before reading, the rank's versions still in flight
-// finish (typically from a trainer that crashed right after a snapshot: the newest of them
-// is what the restarted trainer wants). Each copy is checked to be this version's shard of
+// tier holding its shard (TierSet). Before reading, the newest of the rank's versions still
+// in flight finishes (typically from a trainer that crashed right after a snapshot: it is
+// what the restarted trainer wants); older ones are not waited for. Each copy is checked to be this version's shard of
 // this rank of this world size, and its checksums are verified before any byte reaches the
 // regions (RestoreEngine); a copy on a faster tier that fails either check is reported
 // (ErrorLog), dropped from its tier, and the next tier is read instead. A restore that

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "daemon/metrics/daemon_metrics.h"
@@ -31,13 +32,141 @@ void Promoter::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// How many started versions a job remembers: enough for the one running and the few whose
+// late ranks may still arrive behind it.
+constexpr std::size_t kStartedKept = 16;
+
+std::string ShardName(const ShardMeta& m) {
+  return "version " + std::to_string(m.version) + " of job '" + m.job + "' (rank " + std::to_string(m.rank) +
+         ")";
+}
+
+}  // namespace
+
+std::uint64_t Promoter::SupersededByLocked(const ShardMeta& m, std::uint32_t keep_every) {
+  const JobState& j = jobs_[m.job];
+  if (j.started.count(m.version) != 0) return 0;
+  if (keep_every > 0 && m.version % keep_every == 0) return j.newest_kept > m.version ? j.newest_kept : 0;
+  return j.newest > m.version ? j.newest : 0;
+}
+
 void Promoter::Enqueue(Task task) {
-  local_.Pin(task.meta.job, task.meta.version);  // until promoted
+  local_.Pin(task.meta.job, task.meta.version);  // until promoted or skipped
+  const std::string job = task.meta.job;
+  std::vector<Skipped> skipped;
   {
     MutexLock lock(mu_);
+    // Read per call: a reload (SIGHUP) may change it. Without keep_last every committed
+    // version is kept, and no multiple is special.
+    const Catalog::Retention retention = catalog_.retention();
+    const std::uint32_t keep_every = retention.keep_last > 0 ? retention.keep_every : 0;
+    JobState& j = jobs_[job];
+    const std::uint64_t v = task.meta.version;
+    j.newest = std::max(j.newest, v);
+    if (keep_every > 0 && v % keep_every == 0) j.newest_kept = std::max(j.newest_kept, v);
     queue_.push_back(std::move(task));
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const std::uint64_t by = it->meta.job == job ? SupersededByLocked(it->meta, keep_every) : 0;
+      if (by == 0) {
+        ++it;
+        continue;
+      }
+      std::string why = ShardName(it->meta) + " was not persisted: superseded by version " +
+                        std::to_string(by) +
+                        " before it was persisted (the persistent tier absorbs versions more slowly than "
+                        "they arrive; the newest goes next)";
+      skipped.push_back({std::move(*it), std::move(why)});
+      it = queue_.erase(it);
+    }
   }
   cv_.Signal();
+  Skip(std::move(skipped));
+}
+
+void Promoter::AbandonRunningLocked(const std::string& job, std::uint32_t rank, std::uint64_t below,
+                                    std::string why) {
+  if (!running_ || running_meta_.job != job || running_meta_.rank != rank) return;
+  if (below != 0 && running_meta_.version >= below) return;
+  if (abandon_) return;
+  spdlog::info("abandoning a running promotion: {}", why);
+  abandon_why_ = std::move(why);
+  abandon_ = true;
+}
+
+void Promoter::SupersedeRankBelow(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  std::vector<Skipped> skipped;
+  {
+    MutexLock lock(mu_);
+    // Older versions of the job cannot commit without this rank's: those still to come go
+    // too, as they arrive.
+    JobState& j = jobs_[job];
+    j.newest = std::max(j.newest, version);
+    auto why = [&](const ShardMeta& m) {
+      return ShardName(m) + " was not persisted: superseded by version " + std::to_string(version) +
+             " before it was persisted (rank " + std::to_string(rank) +
+             " restarted, and its restart waits for its newest version only)";
+    };
+    if (running_) AbandonRunningLocked(job, rank, version, why(running_meta_));
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->meta.job != job || it->meta.rank != rank || it->meta.version >= version) {
+        ++it;
+        continue;
+      }
+      std::string w = why(it->meta);
+      skipped.push_back({std::move(*it), std::move(w)});
+      it = queue_.erase(it);
+    }
+  }
+  Skip(std::move(skipped));
+}
+
+void Promoter::RankRegistered(const std::string& job, std::uint32_t rank) {
+  std::vector<Skipped> skipped;
+  {
+    MutexLock lock(mu_);
+    jobs_.erase(job);
+    if (running_) {
+      AbandonRunningLocked(
+          job, rank, 0,
+          ShardName(running_meta_) + " was not persisted: rank " + std::to_string(rank) +
+              " registered again (a restart or a restore) before it was, so it can no longer "
+              "commit");
+    }
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->meta.job != job || it->meta.rank != rank) {
+        ++it;
+        continue;
+      }
+      std::string why =
+          ShardName(it->meta) + " was not persisted: rank " + std::to_string(rank) +
+          " registered again (a restart or a restore) before it was, so it can no longer commit";
+      skipped.push_back({std::move(*it), std::move(why)});
+      it = queue_.erase(it);
+    }
+  }
+  Skip(std::move(skipped));
+}
+
+void Promoter::Skip(std::vector<Skipped> skipped) {
+  for (auto& [task, why] : skipped) {
+    Supersede(task, why);
+    local_.Unpin(task.meta.job, task.meta.version);
+  }
+}
+
+void Promoter::Supersede(const Task& task, const std::string& why) {
+  const ShardMeta& m = task.meta;
+  // It will not commit: its image has no reader left.
+  if (auto image = memory_.Find(m.job, m.version, m.rank); image && image->meta.session == m.session) {
+    memory_.Drop(image);
+  }
+  spdlog::info("{}", why);
+  if (task.shard) {
+    task.shard->Fail(FailedPrecondition(why));
+    hooks_.on_superseded(task.shard);
+  }
 }
 
 std::uint32_t Promoter::pending() const {
@@ -56,6 +185,11 @@ void Promoter::Loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
+      running_meta_ = task.meta;
+      abandon_ = false;
+      auto& started = jobs_[task.meta.job].started;
+      started.insert(task.meta.version);
+      while (started.size() > kStartedKept) started.erase(started.begin());
     }
     Promote(task);
     local_.Unpin(task.meta.job, task.meta.version);
@@ -73,9 +207,18 @@ void Promoter::Promote(const Task& task) {
   src.image = memory_.Find(m.job, m.version, m.rank);
   if (src.image && src.image->meta.session != m.session) src.image = nullptr;
   ShardCopier::Target dst{catalog_.VersionDir(m.job, m.version), ShardFileName(m.rank), persistent_direct_io_,
-                          m.version};
+                          m.version, &abandon_};
   const auto start = std::chrono::steady_clock::now();
   auto copied = copier_.Copy(src, dst);
+  if (!copied.ok() && abandon_) {
+    std::string why;
+    {
+      MutexLock lock(mu_);
+      why = abandon_why_;
+    }
+    Supersede(task, why);
+    return;
+  }
   if (!copied.ok()) {
     Status st = copied.status().With("promote to the persistent tier");
     if (task.shard) {
