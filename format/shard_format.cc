@@ -75,8 +75,8 @@ void AppendEntry(std::string& out, const ShardItem& item) {
     if (i) out += ',';
     out += std::to_string(item.shape[i]);
   }
-  out += "],\"data_offsets\":[" + std::to_string(item.offset) + "," + std::to_string(item.offset + item.length) +
-         "]}";
+  out += "],\"data_offsets\":[" + std::to_string(item.offset) + "," +
+         std::to_string(item.offset + item.length) + "]}";
 }
 
 // `header_sum` is fixed width: planning renders a placeholder, saving the real one.
@@ -276,7 +276,8 @@ Result<std::shared_ptr<const TensorPlan>> TensorPlan::Make(std::vector<ShardItem
   }
   std::vector<std::pair<std::string, std::uint32_t>> keyed;
   keyed.reserve(all.size());
-  for (std::size_t i = 0; i < all.size(); ++i) keyed.emplace_back(all[i].TensorKey(), static_cast<std::uint32_t>(i));
+  for (std::size_t i = 0; i < all.size(); ++i)
+    keyed.emplace_back(all[i].TensorKey(), static_cast<std::uint32_t>(i));
   std::sort(keyed.begin(), keyed.end());
   plan->by_key_.reserve(all.size());
   plan->digest_line_.reserve(all.size() + 1);
@@ -329,12 +330,12 @@ std::uint64_t JsonBytes(const BlobParts& parts, std::size_t plan_meta, std::size
 Status ShardLayout::PlanAfterTensors() {
   const std::size_t first = tensors_->items_.size();
   if (items_.size() < first) return Internal("shard layout lost its planned tensors");
-  if (Status s = CheckAndPack(items_, first, tensors_->data_bytes_, &tensors_->names_, &data_bytes_); !s.ok()) {
+  if (Status s = CheckAndPack(items_, first, tensors_->data_bytes_, &tensors_->names_, &data_bytes_);
+      !s.ok()) {
     return s;
   }
   const BlobParts parts = RenderBlobParts(meta_, items_, first);
-  auto header_bytes =
-      HeaderBytesFor(JsonBytes(parts, tensors_->meta_.size(), tensors_->entries_.size()));
+  auto header_bytes = HeaderBytesFor(JsonBytes(parts, tensors_->meta_.size(), tensors_->entries_.size()));
   if (!header_bytes.ok()) return header_bytes.status();
   header_bytes_ = header_bytes.value();
   planned_ = true;
@@ -365,8 +366,9 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   };
   for (const auto& [key, blob] : blobs) {
     const std::size_t end =
-        std::upper_bound(plan.by_key_.begin() + static_cast<std::ptrdiff_t>(line), plan.by_key_.end(), key,
-                         [&](const std::string& k, std::uint32_t index) { return k < plan.items_[index].TensorKey(); }) -
+        std::upper_bound(
+            plan.by_key_.begin() + static_cast<std::ptrdiff_t>(line), plan.by_key_.end(), key,
+            [&](const std::string& k, std::uint32_t index) { return k < plan.items_[index].TensorKey(); }) -
         plan.by_key_.begin();
     copy_lines_until(end);
     AppendDigestLine(digest, key, *blob);
