@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -67,6 +69,38 @@ struct ShardMeta {
   std::string session;
 };
 
+// The items that lead every shard of one descriptor-table generation (the tensors), planned
+// once: their offsets, and every part of the header they contribute except their checksums
+// (the JSON of their metadata and entries, their lines of HeaderDigestText in key order).
+// A layout made from it plans and renders a version's header in time linear in the blobs
+// that follow, plus copying those parts and writing 16 hex digits per item, with the same
+// bytes as a layout of the whole item list.
+class TensorPlan {
+ public:
+  // Checks and packs `items` from offset 0, as ShardLayout::PlanInPlace does.
+  static Result<std::shared_ptr<const TensorPlan>> Make(std::vector<ShardItem> items);
+
+  const std::vector<ShardItem>& items() const { return items_; }
+  std::uint64_t data_bytes() const { return data_bytes_; }
+
+ private:
+  friend class ShardLayout;
+  std::vector<ShardItem> items_;  // offsets set, checksums 0
+  std::uint64_t data_bytes_ = 0;
+  std::unordered_set<std::string> names_;
+  // Per item, in item order: ,"ckpt.item.<name>":"kind=... xxh3=<16 hex>"; meta_hex_[i] is
+  // where item i's 16 hex digits go.
+  std::string meta_;
+  std::vector<std::size_t> meta_hex_;
+  // Per item, in item order: ,"<key>":{"dtype":...,"shape":[...],"data_offsets":[b,e]}
+  std::string entries_;
+  // The items' lines of HeaderDigestText in key order: line k (item by_key_[k]) spans
+  // [digest_line_[k], digest_line_[k + 1]) and ends with its 16 hex digits and a newline.
+  std::string digest_;
+  std::vector<std::size_t> digest_line_;
+  std::vector<std::uint32_t> by_key_;
+};
+
 class ShardLayout {
  public:
   // Packs `items` in the given order and sizes the header. Fails on duplicate names or an
@@ -75,6 +109,10 @@ class ShardLayout {
   // Holds `items` without planning them; PlanInPlace() plans later (the daemon defers the
   // work from the Snapshot call to a copy thread).
   static ShardLayout Unplanned(ShardMeta meta, std::vector<ShardItem> items);
+  // The items of `tensors` (offsets planned, checksums to be set) followed by `blobs`, planned
+  // by PlanInPlace() in time linear in the blobs. No blob may share a name with a tensor.
+  static ShardLayout Unplanned(ShardMeta meta, std::shared_ptr<const TensorPlan> tensors,
+                               std::vector<ShardItem> blobs);
   Status PlanInPlace();
   bool planned() const { return planned_; }
 
@@ -90,8 +128,12 @@ class ShardLayout {
   std::string RenderHeader() const;
 
  private:
+  Status PlanAfterTensors();
+  std::string RenderHeaderAfterTensors() const;
+
   ShardMeta meta_;
   std::vector<ShardItem> items_;
+  std::shared_ptr<const TensorPlan> tensors_;  // the first tensors_->items().size() of items_
   std::uint64_t header_bytes_ = 0;
   std::uint64_t data_bytes_ = 0;
   bool planned_ = false;

@@ -30,17 +30,28 @@ ShardJob::ShardJob(ShardMeta meta, std::shared_ptr<const TensorSet> tensors, std
   data_bytes_ += tensors_->bytes;
 }
 
+Result<std::shared_ptr<const TensorPlan>> TensorSet::Plan() const {
+  std::call_once(plan_once_, [this] {
+    auto plan = TensorPlan::Make(items);
+    if (plan.ok()) {
+      plan_ = std::move(plan).value();
+    } else {
+      plan_status_ = plan.status();
+    }
+  });
+  if (!plan_status_.ok()) return plan_status_;
+  return plan_;
+}
+
 Status ShardJob::Prepare() {
   if (tensors_) {
-    std::vector<ShardItem> items;
-    items.reserve(tensors_->items.size() + layout_.items().size());
-    items.insert(items.end(), tensors_->items.begin(), tensors_->items.end());
-    for (auto& blob : layout_.items()) items.push_back(std::move(blob));
+    auto plan = tensors_->Plan();
+    if (!plan.ok()) return plan.status();
     std::vector<ItemSource> sources;
-    sources.reserve(items.size());
+    sources.reserve(tensors_->sources.size() + sources_.size());
     sources.insert(sources.end(), tensors_->sources.begin(), tensors_->sources.end());
     for (auto& src : sources_) sources.push_back(std::move(src));
-    layout_ = ShardLayout::Unplanned(meta_, std::move(items));
+    layout_ = ShardLayout::Unplanned(meta_, std::move(plan).value(), std::move(layout_.items()));
     sources_ = std::move(sources);
     tensors_.reset();
   }

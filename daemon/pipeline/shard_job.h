@@ -40,6 +40,16 @@ struct TensorSet {
   std::vector<ShardItem> items;
   std::vector<ItemSource> sources;
   std::uint64_t bytes = 0;
+
+  // The items planned (offsets, their parts of the header), once per TensorSet: by the first
+  // copy thread that needs it, not by the Register or Snapshot call. Every later version of
+  // the registration then plans and renders its header in time linear in its blobs.
+  Result<std::shared_ptr<const TensorPlan>> Plan() const;
+
+ private:
+  mutable std::once_flag plan_once_;
+  mutable std::shared_ptr<const TensorPlan> plan_;
+  mutable Status plan_status_;
 };
 
 // Where a shard goes and how it is copied: decided by snapshot admission, fixed for the

@@ -1,0 +1,188 @@
+// Headers rendered from a TensorPlan (tensors planned once per table generation, blobs and
+// identity per version) against headers rendered from the whole item list by ShardLayout::Plan:
+// the bytes must be the same, for any items, blobs, identity and checksums.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "daemon/pipeline/shard_job.h"
+#include "format/shard_format.h"
+
+using namespace ckpt;
+
+namespace {
+
+ShardItem Tensor(std::string name, DType dtype, std::vector<std::int64_t> shape) {
+  ShardItem item;
+  item.name = std::move(name);
+  item.kind = ItemKind::kTensor;
+  item.dtype = dtype;
+  item.shape = std::move(shape);
+  std::uint64_t n = 1;
+  for (auto d : item.shape) n *= static_cast<std::uint64_t>(d);
+  item.length = n * DTypeSize(dtype);
+  return item;
+}
+
+ShardItem Blob(std::string name, std::uint64_t bytes) {
+  ShardItem item;
+  item.name = std::move(name);
+  item.kind = ItemKind::kBlob;
+  item.dtype = DType::kU8;
+  item.shape = {static_cast<std::int64_t>(bytes)};
+  item.length = bytes;
+  return item;
+}
+
+// Names that sort before and after "__blob__/" and need JSON escapes.
+std::vector<ShardItem> ManyTensors(std::size_t n, std::uint32_t seed, std::int64_t widen = 0) {
+  std::mt19937 rng(seed);
+  static const char* kStems[] = {"layers.", "A", "_", "__blob", "z\"q", "tab\t", "\xc3\xa9t\xc3\xa9", "0"};
+  std::vector<ShardItem> items;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string name = std::string(kStems[rng() % 8]) + std::to_string(i) + ".w";
+    switch (rng() % 4) {
+      case 0:
+        items.push_back(Tensor(name, DType::kF32, {std::int64_t(rng() % 9) + widen, 3}));
+        break;
+      case 1:
+        items.push_back(Tensor(name, DType::kBF16, {std::int64_t(rng() % 5)}));
+        break;
+      case 2:
+        items.push_back(Tensor(name, DType::kI64, {}));
+        break;
+      default:
+        items.push_back(Tensor(name, DType::kU8, {0, 2, std::int64_t(rng() % 70)}));
+        break;
+    }
+  }
+  return items;
+}
+
+void SetChecksums(std::vector<ShardItem>& items, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (auto& item : items) item.checksum = rng();
+  if (!items.empty()) items.front().checksum = 0;  // all zero digits, as the placeholders
+}
+
+// Plans and renders `tensors` + `blobs` both ways and checks that they agree.
+void CheckSameHeader(const ShardMeta& meta, const std::shared_ptr<const TensorPlan>& plan,
+                     const std::vector<ShardItem>& blobs, std::uint64_t checksum_seed) {
+  std::vector<ShardItem> all = plan->items();
+  all.insert(all.end(), blobs.begin(), blobs.end());
+  auto whole = ShardLayout::Plan(meta, all);
+  REQUIRE(whole.ok());
+  ShardLayout fast = ShardLayout::Unplanned(meta, plan, blobs);
+  REQUIRE(fast.PlanInPlace().ok());
+  CHECK(fast.header_bytes() == whole->header_bytes());
+  CHECK(fast.data_bytes() == whole->data_bytes());
+  REQUIRE(fast.items().size() == whole->items().size());
+  for (std::size_t i = 0; i < all.size(); ++i) CHECK(fast.items()[i].offset == whole->items()[i].offset);
+
+  // The placeholders, as at planning, then the checksums a version gets.
+  CHECK(fast.RenderHeader() == whole->RenderHeader());
+  SetChecksums(whole->items(), checksum_seed);
+  SetChecksums(fast.items(), checksum_seed);
+  const std::string header = fast.RenderHeader();
+  REQUIRE(header == whole->RenderHeader());
+  auto parsed = ParseShardHeader(std::string_view(header).substr(8), header.size() + fast.data_bytes());
+  INFO(parsed.status().message());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->meta.version == meta.version);
+  CHECK(parsed->meta.session == meta.session);
+  CHECK(parsed->items.size() == all.size());
+}
+
+}  // namespace
+
+TEST_CASE("a header rendered from a TensorPlan has the bytes of one rendered from all items", "[format]") {
+  const ShardMeta plain{"job-1", 42, 3, 8, ""};
+  const ShardMeta with_session{"job \"two\"", 9999999999999999999ull, 0, 1, "sess-9/3"};
+  for (std::size_t n : {0, 1, 2, 7, 60, 1000, 3000}) {
+    INFO(n << " tensors");
+    auto plan = TensorPlan::Make(ManyTensors(n, static_cast<std::uint32_t>(n)));
+    REQUIRE(plan.ok());
+    for (const ShardMeta& meta : {plain, with_session}) {
+      INFO("session '" << meta.session << "'");
+      CheckSameHeader(meta, plan.value(), {}, 1);
+      // Blob keys sort among the tensors ("__blob__/" sits between "_" and "__blob<i>").
+      CheckSameHeader(meta, plan.value(), {Blob("rng", 33), Blob("a\"b", 0), Blob("zz", 4100)}, 2);
+      CheckSameHeader(meta, plan.value(), {Blob("only", 1)}, 3);
+    }
+  }
+}
+
+TEST_CASE("versions of one TensorPlan and of a re-registration render like whole layouts", "[format]") {
+  auto gen1 = TensorPlan::Make(ManyTensors(500, 7));
+  REQUIRE(gen1.ok());
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    std::vector<ShardItem> blobs;
+    for (std::uint64_t b = 0; b < v; ++b) blobs.push_back(Blob("state" + std::to_string(b), 100 * v + b));
+    CheckSameHeader(ShardMeta{"j", v, 1, 2, "s" + std::to_string(v)}, gen1.value(), blobs, v);
+  }
+  // The same names with other shapes (a re-registration): new offsets, new entries.
+  auto gen2 = TensorPlan::Make(ManyTensors(500, 7, /*widen=*/5));
+  REQUIRE(gen2.ok());
+  CHECK(gen2.value()->data_bytes() != gen1.value()->data_bytes());
+  CheckSameHeader(ShardMeta{"j", 5, 1, 2, "s5"}, gen2.value(), {Blob("state0", 9)}, 5);
+}
+
+TEST_CASE("a TensorPlan and the blobs after it are checked like a whole layout", "[format]") {
+  auto dup = TensorPlan::Make({Tensor("w", DType::kU8, {1}), Tensor("w", DType::kF32, {1})});
+  REQUIRE(dup.status().code() == StatusCode::kAlreadyExists);
+  CHECK_THAT(dup.status().message(), Catch::Contains("'w'"));
+  ShardItem bad = Tensor("w", DType::kF32, {3});
+  bad.length = 13;
+  CHECK(TensorPlan::Make({bad}).status().code() == StatusCode::kInvalidArgument);
+
+  auto plan = TensorPlan::Make({Tensor("state", DType::kU8, {1}), Tensor("x", DType::kU8, {2})});
+  REQUIRE(plan.ok());
+  ShardLayout shares_name =
+      ShardLayout::Unplanned(ShardMeta{"j", 1, 0, 1, ""}, plan.value(), {Blob("state", 3)});
+  Status s = shares_name.PlanInPlace();
+  CHECK(s.code() == StatusCode::kAlreadyExists);
+  CHECK_THAT(s.message(), Catch::Contains("'state'"));
+  CHECK_FALSE(shares_name.planned());
+  ShardLayout two_blobs =
+      ShardLayout::Unplanned(ShardMeta{"j", 1, 0, 1, ""}, plan.value(), {Blob("b", 3), Blob("b", 1)});
+  CHECK(two_blobs.PlanInPlace().code() == StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("shards of one TensorSet share its plan and render the whole layout's header", "[format]") {
+  auto tensors = std::make_shared<TensorSet>();
+  tensors->items = ManyTensors(200, 11);
+  for (const auto& item : tensors->items) tensors->bytes += item.length;
+  tensors->sources.resize(tensors->items.size());
+  auto first = tensors->Plan();
+  auto again = tensors->Plan();
+  REQUIRE(first.ok());
+  REQUIRE(again.ok());
+  CHECK(first.value() == again.value());  // planned once
+
+  for (std::uint64_t v : {3, 4}) {
+    ShardMeta meta{"job", v, 0, 1, "reg"};
+    std::vector<ShardItem> blobs = {Blob("extra", 10 + v)};
+    std::vector<ItemSource> blob_sources(1);
+    blob_sources[0].blob = std::make_shared<const std::string>(10 + v, 'x');
+    ShardJob shard(meta, tensors, blobs, blob_sources, ShardPlacement{});
+    REQUIRE(shard.Prepare().ok());
+    CHECK(shard.sources().size() == tensors->items.size() + 1);
+    std::vector<ShardItem> all = tensors->items;
+    all.insert(all.end(), blobs.begin(), blobs.end());
+    auto whole = ShardLayout::Plan(meta, all);
+    REQUIRE(whole.ok());
+    SetChecksums(whole->items(), v);
+    SetChecksums(shard.layout().items(), v);
+    CHECK(shard.layout().RenderHeader() == whole->RenderHeader());
+    CHECK(shard.data_bytes() == whole->data_bytes());
+  }
+
+  auto broken = std::make_shared<TensorSet>();
+  broken->items = {Tensor("w", DType::kU8, {1}), Tensor("w", DType::kU8, {1})};
+  broken->sources.resize(2);
+  ShardJob shard(ShardMeta{"job", 1, 0, 1, ""}, broken, {}, {}, ShardPlacement{});
+  CHECK(shard.Prepare().code() == StatusCode::kAlreadyExists);
+  CHECK(broken->Plan().status().code() == StatusCode::kAlreadyExists);
+}
