@@ -186,6 +186,12 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--keep-every", c.keep_every,
                  "With --keep-last, also keep every committed version that is a multiple of this (0: none)")
       ->capture_default_str();
+  std::map<std::string, bool> restart_waits{{"newest", true}, {"none", false}};
+  app.add_option("--restart-waits", c.restart_waits_newest,
+                 "A trainer's restart waits for its rank's newest version in flight (newest) or restores "
+                 "the newest committed version at once (none)")
+      ->transform(CLI::CheckedTransformer(restart_waits, CLI::ignore_case))
+      ->default_str("newest");
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
   std::int64_t job_group = -1;
   app.add_option(

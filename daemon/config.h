@@ -83,6 +83,11 @@ struct Config {
   std::uint32_t keep_last = 0;
   // With keep_last, also keep every committed version that is a multiple of this (0: none).
   std::uint32_t keep_every = 0;
+  // A trainer's restart (a new registration of a rank whose trainer exited) first waits
+  // for the rank's newest version in flight to settle, so that the restart can restore it
+  // ("newest"), or restores the newest version committed by then at once, giving up the
+  // versions in flight ("none"). See docs/DESIGN-NOTES.md, "Persist queue and recovery".
+  bool restart_waits_newest = true;
   // Largest total of blob bytes one snapshot may carry.
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.

@@ -141,11 +141,12 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
       shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); }, config_.max_sessions_per_uid,
       *items_);
   registrar_ = std::make_unique<Registrar>(*catalog_, *owners_, *loader_, *sessions_, shards_,
-                                           config_.max_registrations_per_uid, *items_, promoter_.get());
+                                           config_.max_registrations_per_uid, *items_, promoter_.get(),
+                                           config_.restart_waits_newest);
   admission_ = std::make_unique<SnapshotAdmission>(*catalog_, persistent_direct_io_, local_.get(), *loader_,
                                                    shards_, *snapshot_, config_.max_blob_mib << 20);
   restorer_ = std::make_unique<Restorer>(*tiers_, *restore_, shards_, *commits_, *registrar_,
-                                         restore_counters_, errors_);
+                                         restore_counters_, errors_, config_.restart_waits_newest);
 
   if (Status st = ResumeLocalTier(); !st.ok()) return st.With("local tier " + config_.local_dir);
   commits_->Start();

@@ -214,3 +214,71 @@ TEST_CASE("kill -9 of a trainer behind a slow promotion: its restart waits for i
   }
   CHECK(said_why == 2);
 }
+
+TEST_CASE(
+    "with restart-waits none a restart restores the newest committed version at once, giving up those in "
+    "flight",
+    "[tiers][queue][crash]") {
+  TempDir dir("pq-nowait");
+  const std::string job = "nowait", pause = dir.path() + "/pause", out = dir.path() + "/resumed.log";
+  DaemonOptions o;
+  o.root = dir.path() + "/persistent";
+  o.socket = dir.path() + "/sock/ckptd.sock";
+  o.extra_args = {"--local", dir.path() + "/local", "--restart-waits", "none"};
+  std::vector<std::string> base = {
+      TOY_TRAINER_BINARY, "--socket", o.socket,       "--job", job, "--state-mib", "8",
+      "--tensors",        "2",        "--compute-ms", "5"};
+  auto committed = [&](std::uint64_t v) {
+    return fs::exists(o.root + "/" + job + "/" + VersionDirName(v) + "/COMMITTED");
+  };
+  // A first daemon commits version 1 (the run ends once it is committed).
+  {
+    DaemonProcess first(o);
+    auto args = base;
+    args.insert(args.end(), {"--iters", "1"});
+    ProcessResult r = RunProcess(args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    REQUIRE(committed(1));
+  }
+  // The next daemon holds its first promotion: version 2 of a run killed right after it.
+  { std::ofstream(pause) << "hold"; }
+  struct Unpause {
+    std::string path;
+    ~Unpause() { fs::remove(path); }
+  } unpause{pause};
+  o.env = {"CKPTD_TEST_PAUSE=promote:0:" + pause};
+  DaemonProcess daemon(o);
+  auto args = base;
+  args.insert(args.end(), {"--iters", "10", "--crash-at", "2", "--resume"});
+  ProcessResult crashed = RunProcess(args);
+  INFO(crashed.output);
+  REQUIRE(crashed.exit_code == 128 + SIGKILL);
+  REQUIRE(Eventually([&] { return fs::exists(pause + ".reached"); }));
+  // The restart restores version 1 while version 2's promotion is still held: it did not
+  // wait for it (with --restart-waits newest it would wait for version 2 to commit).
+  args = base;
+  args.insert(args.end(), {"--iters", "4", "--resume"});
+  const pid_t resumed = StartProcess(args, out);
+  REQUIRE(Eventually([&] {
+    const std::string log = daemon.Log();
+    return log.find("restored version 1") != log.rfind("restored version 1");  // the second restore
+  }));
+  CHECK(fs::exists(pause));
+  CHECK_FALSE(committed(2));
+  fs::remove(pause);
+  int status = 0;
+  REQUIRE(::waitpid(resumed, &status, 0) == resumed);
+  const std::string output = ReadFile(out);
+  INFO(output);
+  INFO(daemon.Log());
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // From the local tier: the memory tier (one version here) holds version 2's image.
+  CHECK(output.find("restored version 1 from local") != std::string::npos);
+  // The crashed run's version 2 was given up, with its reason; the resumed run's own
+  // versions 2 to 4 committed.
+  CHECK(daemon.Log().find("rank 0 registered again (a restart or a restore) before it was") !=
+        std::string::npos);
+  CHECK(committed(4));
+}

@@ -101,8 +101,13 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   auto older_go = [this, rank_free](const ShardMeta& m) {
     if (promoter_ && rank_free) promoter_->SupersedeRankBelow(m.job, m.rank, m.version);
   };
-  if (Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, older_go); !st.ok())
-    return st;
+  // --restart-waits none: nothing is waited for; the registration below skips the rank's
+  // promotions still queued or running (they could no longer commit), and the restore takes
+  // the newest version committed by then.
+  if (restart_waits_newest_) {
+    if (Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, older_go); !st.ok())
+      return st;
+  }
   std::shared_ptr<Session> replaced;
   if (Status st = sessions_.Add(session, &replaced); !st.ok()) return st;
   release_items.armed = false;

@@ -51,7 +51,7 @@ class Registrar {
   // `promoter` may be null (no local tier).
   Registrar(Catalog& catalog, JobOwners& owners, TableLoader& loader, SessionTable& sessions,
             ShardRegistry& shards, std::uint32_t max_registrations_per_uid, ItemBudget& items,
-            Promoter* promoter)
+            Promoter* promoter, bool restart_waits_newest)
       : catalog_(catalog),
         owners_(owners),
         loader_(loader),
@@ -59,7 +59,8 @@ class Registrar {
         shards_(shards),
         in_flight_(max_registrations_per_uid, "--max-registrations-per-uid", "registrations"),
         items_(items),
-        promoter_(promoter) {}
+        promoter_(promoter),
+        restart_waits_newest_(restart_waits_newest) {}
 
   // A new session for `peer`.
   Result<Registered> Register(const RegistrationRequest& req, const PeerCredentials& peer,
@@ -86,6 +87,8 @@ class Registrar {
   InFlightLimit in_flight_;
   ItemBudget& items_;
   Promoter* const promoter_;
+  // --restart-waits: false gives up the rank's versions in flight instead of waiting.
+  const bool restart_waits_newest_;
 };
 
 }  // namespace ckpt

@@ -79,7 +79,8 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   return done;
 }
 
-Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
+Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
+                                            const CancelCheck& cancelled) {
   for (const auto& [v, shard] : s.shards) {
     if (shard->level() < Level::kCaptured && !shard->failed()) {
       return FailedPrecondition("version " + std::to_string(v) +
@@ -87,7 +88,9 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
                                 "wait for it before restoring");
     }
   }
-  if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  if (restart_waits_newest_) {
+    if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  }
   auto held = tiers_.HoldCommitted(s.job, requested);
   if (!held.ok()) return held.status();
   const std::uint64_t v = held->version;

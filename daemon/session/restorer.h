@@ -1,15 +1,14 @@
 // Restorer: fills a session's registered regions with a committed version, from the fastest
 // tier holding its shard (TierSet). Before reading, the newest of the rank's versions still
 // in flight finishes (typically from a trainer that crashed right after a snapshot: it is
-// what the restarted trainer wants); older ones are not waited for. Each copy is checked to be this version's shard of
-// this rank of this world size, and its checksums are verified before any byte reaches the
-// regions (RestoreEngine); a copy on a faster tier that fails either check is reported
-// (ErrorLog), dropped from its tier, and the next tier is read instead. A restore that
-// fails on the persistent tier too returns the error, which says whether the regions are
-// untouched (a verification failure) or partly written (a failed copy). Restoring an older version than the newest committed one is a rollback: the
-// newer versions are set aside, the memory tier drops them, and numbering continues from the
-// restored version. Every restore starts a new registration of the rank. Thread-safe; the
-// caller holds the session's lock.
+// what the restarted trainer wants); older ones are not waited for. Each copy is checked to be this version's
+// shard of this rank of this world size, and its checksums are verified before any byte reaches the regions
+// (RestoreEngine); a copy on a faster tier that fails either check is reported (ErrorLog), dropped from its
+// tier, and the next tier is read instead. A restore that fails on the persistent tier too returns the error,
+// which says whether the regions are untouched (a verification failure) or partly written (a failed copy).
+// Restoring an older version than the newest committed one is a rollback: the newer versions are set aside,
+// the memory tier drops them, and numbering continues from the restored version. Every restore starts a new
+// registration of the rank. Thread-safe; the caller holds the session's lock.
 #pragma once
 
 #include <atomic>
@@ -46,14 +45,15 @@ struct RestoreCounters {
 class Restorer {
  public:
   Restorer(TierSet& tiers, RestoreEngine& engine, ShardRegistry& shards, CommitTracker& commits,
-           Registrar& registrar, RestoreCounters& counters, ErrorLog& errors)
+           Registrar& registrar, RestoreCounters& counters, ErrorLog& errors, bool restart_waits_newest)
       : tiers_(tiers),
         engine_(engine),
         shards_(shards),
         commits_(commits),
         registrar_(registrar),
         counters_(counters),
-        errors_(errors) {}
+        errors_(errors),
+        restart_waits_newest_(restart_waits_newest) {}
 
   // Restores `requested` (0: the newest committed version) into the session's regions.
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
@@ -75,6 +75,7 @@ class Restorer {
   Registrar& registrar_;
   RestoreCounters& counters_;
   ErrorLog& errors_;
+  const bool restart_waits_newest_;  // --restart-waits (see Registrar)
 };
 
 }  // namespace ckpt
