@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
         ShardMeta meta{kJob, v, rank, world, registration(rank)};
         auto shard = std::make_shared<ShardJob>(ShardLayout::Unplanned(meta, {}), std::vector<ItemSource>{},
                                                 tree.VersionDir(kJob, v), false);
-        daemons[d]->shards.Add(shard);  // admitted at snapshot time
+        (void)daemons[d]->shards.Add(shard);  // admitted at snapshot time (what it lets go is freed here)
         const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double, std::milli>(nd + rank_delay(rng)));
         events.push_back({due, d, rank, std::move(shard)});

@@ -55,7 +55,7 @@ struct Node {
     ShardMeta meta{kJob, version, rank, world, registration};
     auto shard = std::make_shared<ShardJob>(ShardLayout::Unplanned(meta, {}), std::vector<ItemSource>{},
                                             catalog.VersionDir(kJob, version), false);
-    shards.Add(shard);
+    (void)shards.Add(shard);  // what it lets go is freed here
     return shard;
   }
   bool Persist(const std::shared_ptr<ShardJob>& shard) { return tracker.OnPersisted(shard->meta(), shard); }
