@@ -15,6 +15,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "support/byte_pattern.h"
+#include "support/shard_items.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
@@ -27,26 +28,9 @@ namespace {
 ShardMeta Meta() { return ShardMeta{"job-1", 42, 3, 8, ""}; }
 
 ShardItem Tensor(std::string name, DType dtype, std::vector<std::int64_t> shape) {
-  ShardItem item;
-  item.name = std::move(name);
-  item.kind = ItemKind::kTensor;
-  item.dtype = dtype;
-  item.shape = std::move(shape);
-  std::uint64_t n = 1;
-  for (auto d : item.shape) n *= static_cast<std::uint64_t>(d);
-  item.length = n * DTypeSize(dtype);
-  return item;
+  return test::TensorItem(std::move(name), dtype, std::move(shape));
 }
-
-ShardItem Blob(std::string name, std::uint64_t bytes) {
-  ShardItem item;
-  item.name = std::move(name);
-  item.kind = ItemKind::kBlob;
-  item.dtype = DType::kU8;
-  item.shape = {static_cast<std::int64_t>(bytes)};
-  item.length = bytes;
-  return item;
-}
+ShardItem Blob(std::string name, std::uint64_t bytes) { return test::BlobItem(std::move(name), bytes); }
 
 std::vector<ShardItem> SampleItems() {
   return {Tensor("layers.0.attn.weight", DType::kF32, {16, 8}),

@@ -9,32 +9,16 @@
 
 #include "daemon/pipeline/shard_job.h"
 #include "format/shard_format.h"
+#include "support/shard_items.h"
 
 using namespace ckpt;
 
 namespace {
 
 ShardItem Tensor(std::string name, DType dtype, std::vector<std::int64_t> shape) {
-  ShardItem item;
-  item.name = std::move(name);
-  item.kind = ItemKind::kTensor;
-  item.dtype = dtype;
-  item.shape = std::move(shape);
-  std::uint64_t n = 1;
-  for (auto d : item.shape) n *= static_cast<std::uint64_t>(d);
-  item.length = n * DTypeSize(dtype);
-  return item;
+  return test::TensorItem(std::move(name), dtype, std::move(shape));
 }
-
-ShardItem Blob(std::string name, std::uint64_t bytes) {
-  ShardItem item;
-  item.name = std::move(name);
-  item.kind = ItemKind::kBlob;
-  item.dtype = DType::kU8;
-  item.shape = {static_cast<std::int64_t>(bytes)};
-  item.length = bytes;
-  return item;
-}
+ShardItem Blob(std::string name, std::uint64_t bytes) { return test::BlobItem(std::move(name), bytes); }
 
 // Names that sort before and after "__blob__/" and need JSON escapes.
 std::vector<ShardItem> ManyTensors(std::size_t n, std::uint32_t seed, std::int64_t widen = 0) {
