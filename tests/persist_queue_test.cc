@@ -69,9 +69,9 @@ struct PausedNode {
 struct Trainer {
   TrainerState state{kTensors, kTensorBytes, 7};
   std::unique_ptr<Client> client;
-  Trainer(const DaemonProcess& d, const std::string& job) {
+  Trainer(const DaemonProcess& d, const std::string& job, std::uint32_t world_size = 1) {
     client = std::make_unique<Client>(Client::connect(d.socket()));
-    client->register_items(job, 0, 1, state.Items());
+    client->register_items(job, 0, world_size, state.Items());
   }
   // Snapshots `v` and waits until it is on the local tier (queued for promotion).
   void SnapshotToLocal(std::uint64_t v) {
@@ -281,4 +281,25 @@ TEST_CASE(
   CHECK(daemon.Log().find("rank 0 registered again (a restart or a restore) before it was") !=
         std::string::npos);
   CHECK(committed(4));
+}
+
+TEST_CASE("persist queue: a job with ranks on other daemons skips nothing (each daemon would skip others)",
+          "[tiers][queue]") {
+  // Rank 0 of 2 here, rank 1 on another node. Were versions skipped here on this daemon's
+  // timing, the other daemon would skip different ones, and while trainers outpace storage
+  // no version would have both ranks persisted: none would commit (seen on GlusterFS).
+  PausedNode node("pq-spread");
+  const std::string job = "spread";
+  Trainer t(*node.daemon, job, 2);
+  t.SnapshotToLocal(1);
+  REQUIRE(Eventually([&] { return node.PromotionHeld(); }));
+  for (std::uint64_t v = 2; v <= 5; ++v) t.SnapshotToLocal(v);
+  node.Release();
+  // Every version reaches the persistent tier, in order; none is skipped.
+  for (std::uint64_t v = 1; v <= 5; ++v) {
+    INFO("version " << v);
+    CHECK(t.WaitError(v, Level::kPersisted).empty());
+    CHECK(node.OnPersistent(job, v));
+  }
+  CHECK(node.daemon->Log().find("superseded by version") == std::string::npos);
 }

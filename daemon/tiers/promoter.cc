@@ -66,8 +66,10 @@ void Promoter::Enqueue(Task task) {
     const std::uint64_t v = task.meta.version;
     j.newest = std::max(j.newest, v);
     if (keep_every > 0 && v % keep_every == 0) j.newest_kept = std::max(j.newest_kept, v);
+    j.ranks.insert(task.meta.rank);
+    const bool all_ranks_here = j.ranks.size() >= task.meta.world_size;
     queue_.push_back(std::move(task));
-    for (auto it = queue_.begin(); it != queue_.end();) {
+    for (auto it = queue_.begin(); all_ranks_here && it != queue_.end();) {
       const std::uint64_t by = it->meta.job == job ? SupersededByLocked(it->meta, keep_every) : 0;
       if (by == 0) {
         ++it;

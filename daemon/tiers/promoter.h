@@ -88,6 +88,12 @@ class Promoter {
     std::uint64_t newest = 0;         // the newest version queued
     std::uint64_t newest_kept = 0;    // the newest keep-every version queued
     std::set<std::uint64_t> started;  // versions whose promotion started, the newest few
+    // Ranks of the job whose shards were queued here. Superseded versions are skipped only
+    // once every rank of the job (world size) is seen on this daemon: daemons skip on their
+    // own timing, so a job spread over several daemons would skip different versions on
+    // each, and while trainers outpace storage no version would be persisted by all ranks
+    // (none would commit). Such a job keeps the first-in first-out queue.
+    std::set<std::uint32_t> ranks;
   };
   struct Skipped {
     Task task;
