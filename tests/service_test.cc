@@ -101,6 +101,24 @@ TEST_CASE("an unknown or misspelled config key is an error naming it and the key
   CHECK(Contains(r.output, "--keep_last"));
 }
 
+TEST_CASE("the restart-waits option takes newest or none, on the command line and in the config file",
+          "[service][config]") {
+  TempDir dir("svc");
+  fs::create_directories(dir.path() + "/root");
+  auto r =
+      Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--restart-waits", "sometimes", "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(Contains(r.output, "--restart-waits"));
+  CHECK(Contains(r.output, "newest"));
+  CHECK(Contains(r.output, "none"));
+  const std::string conf = dir.path() + "/ckptd.conf";
+  WriteText(conf, "restart-waits = none\n");
+  r = Ckptd(Flags(dir, {"--root", dir.path() + "/root", "--config", conf, "--check-config"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+}
+
 // Before: CLI11 kept the first of two settings and dropped the second without a word.
 TEST_CASE("a key set twice in the config file is an error, but a list key may repeat", "[service][config]") {
   TempDir dir("svc");
