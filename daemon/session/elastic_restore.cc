@@ -8,7 +8,6 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 
@@ -52,23 +51,12 @@ Status Noted(const Status& s, const std::string& note) {
   return Status(s.code(), s.message() + " (" + note + ")");
 }
 
-Result<std::vector<std::int64_t>> IntArray(const nlohmann::json& j, const std::string& what) {
-  if (!j.is_array()) return DataLoss(what + " is not an array");
-  std::vector<std::int64_t> out;
-  for (const auto& v : j) {
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 0) return DataLoss(what + " holds a non-integer");
-    out.push_back(v.get<std::int64_t>());
-  }
-  return out;
-}
-
 // One rank's shard of the version, read from its fastest good copy.
 struct LoadedShard {
   std::uint32_t rank = 0;
   std::vector<ShardSource> sources;
   std::size_t at = 0;  // the copy in use
   ShardInfo info;
-  ShardLayouts layouts;
   UniqueFd fd;  // file copies
   std::map<std::string, const ShardItem*> tensors, blobs;
 
@@ -78,71 +66,6 @@ struct LoadedShard {
                        : std::string(TierName(src().tier)) + " shard " + src().path;
   }
 };
-
-}  // namespace
-
-Result<ShardLayouts> ParseShardLayouts(std::string_view header_json) {
-  nlohmann::json header = nlohmann::json::parse(header_json, nullptr, /*allow_exceptions=*/false);
-  if (!header.is_object()) return DataLoss("shard header is not a JSON object");
-  ShardLayouts out;
-  auto meta = header.find("__metadata__");
-  if (meta == header.end() || !meta->is_object()) return out;
-  static constexpr std::string_view kLayout = "ckpt.layout.", kBlocks = "ckpt.blocks.", kForRank = "ckpt.for_rank.";
-  for (const auto& [key, value] : meta->items()) {
-    if (!value.is_string()) continue;
-    const std::string& text = value.get_ref<const std::string&>();
-    if (key.rfind(kLayout, 0) == 0) {
-      const std::string item = key.substr(kLayout.size());
-      const std::string what = "layout of item " + QuoteName(item);
-      nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-      if (!j.is_object() || !j.contains("global") || !j["global"].is_string()) {
-        return DataLoss(what + " is not {\"global\": ...}");
-      }
-      ItemLayout l;
-      l.global = j["global"].get<std::string>();
-      l.replicated = j.value("replicated", false);
-      if (!l.replicated) {
-        auto shape = IntArray(j.value("shape", nlohmann::json()), what + ": shape");
-        if (!shape.ok()) return shape.status();
-        auto offsets = IntArray(j.value("offsets", nlohmann::json()), what + ": offsets");
-        if (!offsets.ok()) return offsets.status();
-        if (offsets->size() != shape->size()) return DataLoss(what + ": offsets and shape differ in rank");
-        l.global_shape = std::move(shape).value();
-        l.offsets = std::move(offsets).value();
-      }
-      out.layouts[item] = std::move(l);
-    } else if (key.rfind(kBlocks, 0) == 0) {
-      const std::string item = key.substr(kBlocks.size());
-      const auto space = text.find(' ');
-      ShardLayouts::Blocks b;
-      const std::string size = text.substr(0, space);
-      if (size.empty() || size.find_first_not_of("0123456789") != std::string::npos || size.size() > 15) {
-        return DataLoss("block checksums of item " + QuoteName(item) + " have no block size");
-      }
-      b.block_bytes = std::stoull(size);
-      const std::string hex = space == std::string::npos ? "" : text.substr(space + 1);
-      if (b.block_bytes == 0 || hex.size() % 16 != 0) {
-        return DataLoss("block checksums of item " + QuoteName(item) + " are malformed");
-      }
-      for (std::size_t i = 0; i < hex.size(); i += 16) {
-        std::uint64_t v = 0;
-        if (!ParseChecksumHex(hex.substr(i, 16), &v)) {
-          return DataLoss("block checksums of item " + QuoteName(item) + " are malformed");
-        }
-        b.sums.push_back(v);
-      }
-      out.blocks[item] = std::move(b);
-    } else if (key.rfind(kForRank, 0) == 0) {
-      if (text.empty() || text.size() > 10 || text.find_first_not_of("0123456789") != std::string::npos) {
-        return DataLoss("rank of blob " + QuoteName(key.substr(kForRank.size())) + " is malformed");
-      }
-      out.blob_for_rank[key.substr(kForRank.size())] = static_cast<std::uint32_t>(std::stoull(text));
-    }
-  }
-  return out;
-}
-
-namespace {
 
 // Reads the header of `s`'s current copy and checks it is (job, version, rank) of W.
 Status LoadCopy(Storage& storage, const ElasticRequest& req, LoadedShard& s) {
@@ -186,10 +109,7 @@ Status LoadCopy(Storage& storage, const ElasticRequest& req, LoadedShard& s) {
                     std::to_string(req.version) + " of rank " + std::to_string(s.rank) + " of " +
                     std::to_string(req.version_world_size) + " (was written by another rank or copied into place)");
   }
-  auto layouts = ParseShardLayouts(json);
-  if (!layouts.ok()) return layouts.status().With(where);
   s.info = std::move(info).value();
-  s.layouts = std::move(layouts).value();
   s.tensors.clear();
   s.blobs.clear();
   for (const ShardItem& it : s.info.items) (it.kind == ItemKind::kTensor ? s.tensors : s.blobs)[it.name] = &it;
@@ -205,7 +125,7 @@ struct Piece {
   std::size_t blob = 0;           // index into the result's blobs
   Box chunk, sub, dst;
   std::size_t elem = 1;
-  const ShardLayouts::Blocks* blocks = nullptr;  // null: verified by the item checksum
+  const BlockSums* blocks = nullptr;  // null: verified by the item checksum
   std::string global;                            // for messages: the global tensor and box
 };
 
@@ -325,23 +245,20 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     return Status::Ok();
   }
 
-  const ItemLayout& layout = *et.layout;
-  const std::string gname = QuoteName(layout.global);
+  const GlobalLayout& layout = *et.layout;
+  const std::string gname = QuoteName(layout.global_name);
   // Every chunk of the global tensor, in rank order.
   struct Chunk {
     std::size_t shard;
     const ShardItem* item;
-    const ItemLayout* layout;
+    const GlobalLayout* layout;
   };
   std::vector<Chunk> chunks;
   for (std::size_t r = 0; r < shards_.size(); ++r) {
-    for (const auto& [item, l] : shards_[r].layouts.layouts) {
-      if (l.global != layout.global) continue;
-      auto it = shards_[r].tensors.find(item);
-      if (it == shards_[r].tensors.end()) {
-        return DataLoss(shards_[r].Where() + " records a layout for item " + QuoteName(item) + ", which it does not hold");
+    for (const ShardItem& it : shards_[r].info.items) {
+      if (it.kind == ItemKind::kTensor && it.layout && it.layout->global_name == layout.global_name) {
+        chunks.push_back({r, &it, &*it.layout});
       }
-      chunks.push_back({r, it->second, &l});
     }
   }
   if (chunks.empty()) {
@@ -405,15 +322,8 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     p.sub = std::move(sub).value();
     p.dst = box;
     p.elem = elem;
-    auto b = shards_[c.shard].layouts.blocks.find(c.item->name);
-    if (b != shards_[c.shard].layouts.blocks.end()) {
-      const std::uint64_t n = (c.item->length + b->second.block_bytes - 1) / b->second.block_bytes;
-      if (b->second.sums.size() != n || b->second.block_bytes % elem != 0) {
-        return DataLoss(shards_[c.shard].Where() + ": item " + QuoteName(c.item->name) + " has " +
-                        std::to_string(b->second.sums.size()) + " block checksums, not " + std::to_string(n));
-      }
-      p.blocks = &b->second;
-    }
+    // Blocks whose size is not a whole number of elements would cut an element in two.
+    if (c.item->blocks.block_bytes != 0 && c.item->blocks.block_bytes % elem == 0) p.blocks = &c.item->blocks;
     p.global = "global tensor " + gname + " box " + BoxText(p.sub);
     pieces_.push_back(std::move(p));
   }
@@ -437,8 +347,7 @@ Status ElasticRun::Plan(ElasticRestored& out) {
     // At the same world size and layout, a rank gets its own blobs only (as a plain restore).
     for (const ShardItem& it : s.info.items) {
       if (it.kind != ItemKind::kBlob) continue;
-      auto f = s.layouts.blob_for_rank.find(it.name);
-      if (f != s.layouts.blob_for_rank.end() && f->second != req_.rank) continue;
+      if (it.for_rank && *it.for_rank != req_.rank) continue;
       Piece p;
       p.shard = r;
       p.item = &it;
@@ -482,16 +391,11 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
                       ChecksumHex(sum) + ")");
     }
   } else {
-    const std::uint64_t bb = p.blocks->block_bytes;
-    for (std::uint64_t b = t.lo / bb; b * bb < t.hi; ++b) {
-      const std::uint64_t from = b * bb, to = std::min(from + bb, item.length);
-      const std::uint64_t sum = Checksum::Of(data + (from - t.lo), to - from);
-      if (sum != p.blocks->sums[b]) {
-        return DataLoss(p.global + ": block " + std::to_string(b) + " (bytes " + std::to_string(from) + "-" +
-                        std::to_string(to) + ") of item " + QuoteName(item.name) + " in " + s.Where() + " (rank " +
-                        std::to_string(s.rank) + ") failed verification (stored " + ChecksumHex(p.blocks->sums[b]) +
-                        ", read " + ChecksumHex(sum) + ")");
-      }
+    if (Status st = VerifyBlocks(*p.blocks, item.length, t.lo, data, n,
+                                 p.global + ", item " + QuoteName(item.name) + " of " + s.Where() + " (rank " +
+                                     std::to_string(s.rank) + ")");
+        !st.ok()) {
+      return st;
     }
   }
   if (p.target == SIZE_MAX) {
@@ -676,19 +580,8 @@ Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req) {
     if (it == s.tensors.end() || it->second->shape != t.target.item.shape || it->second->dtype != t.target.item.dtype) {
       return false;
     }
-    auto l = s.layouts.layouts.find(t.target.item.name);
-    if (!t.layout) {
-      if (l != s.layouts.layouts.end()) return false;
-      continue;
-    }
-    if (l == s.layouts.layouts.end() || l->second.global != t.layout->global ||
-        l->second.replicated != t.layout->replicated) {
-      return false;
-    }
-    if (!t.layout->replicated &&
-        (l->second.global_shape != t.layout->global_shape || l->second.offsets != t.layout->offsets)) {
-      return false;
-    }
+    // Both resolved: equal when the item is the same box of the same global tensor.
+    if (it->second->layout != t.layout) return false;
   }
   return true;
 }

@@ -8,8 +8,8 @@
 //
 // Steps: (1) the header of every rank's shard of the version is read from the fastest tier
 // holding it (TierSet::Sources: this daemon's memory image, the local tier, the persistent
-// tier) and checked to be that shard (identity and header checksum); its layouts and block
-// checksums come from its __metadata__ (ckpt.layout.*, ckpt.blocks.*). (2) A plan: for each
+// tier) and checked to be that shard (identity and header checksum, which covers the items'
+// layouts, block checksums and for_rank: format/global_layout.h). (2) A plan: for each
 // item with a layout, the chunks of its global tensor that overlap its box (dtype and global
 // shape must agree; pieces must not overlap and must cover the box, else the error names
 // the box); a replicated item takes one whole copy, from the rank whose copy is on the
@@ -38,27 +38,14 @@
 #include "daemon/pipeline/restore_engine.h"
 #include "daemon/tiers/tier_set.h"
 #include "format/box.h"
+#include "format/global_layout.h"
 
 namespace ckpt {
-
-// Where an item sits in a global tensor (the client's Layout, resolved: `global` never empty,
-// `global_shape` set; for a replicated item it equals the item's shape).
-struct ItemLayout {
-  std::string global;
-  std::vector<std::int64_t> global_shape;
-  std::vector<std::int64_t> offsets;  // empty when replicated
-  bool replicated = false;
-
-  bool operator==(const ItemLayout& o) const {
-    return global == o.global && global_shape == o.global_shape && offsets == o.offsets &&
-           replicated == o.replicated;
-  }
-};
 
 // A registered tensor item to fill, with its layout (none: rank-private).
 struct ElasticTarget {
   RestoreTarget target;
-  std::optional<ItemLayout> layout;
+  std::optional<GlobalLayout> layout;  // resolved (ResolveLayout)
 };
 
 struct RestoredBlob {
@@ -84,21 +71,6 @@ struct ElasticRestored {
   std::uint64_t tier_bytes[3] = {0, 0, 0};
   Tier slowest = Tier::kMemory;  // the slowest tier read from
 };
-
-// The layouts and block checksums a shard's header records (ckpt.layout.<item>,
-// ckpt.blocks.<item>), and the rank each blob is meant for, parsed from the header's JSON
-// (the bytes after the 8-byte length); the header checksum that covers them is checked by
-// ParseShardHeader. Exposed for tests.
-struct ShardLayouts {
-  std::map<std::string, ItemLayout> layouts;  // by item name; replicated: global_shape empty
-  struct Blocks {
-    std::uint64_t block_bytes = 0;
-    std::vector<std::uint64_t> sums;
-  };
-  std::map<std::string, Blocks> blocks;
-  std::map<std::string, std::uint32_t> blob_for_rank;  // blobs meant for one rank only
-};
-Result<ShardLayouts> ParseShardLayouts(std::string_view header_json);
 
 class ElasticRestore {
  public:

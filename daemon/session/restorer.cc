@@ -14,7 +14,7 @@ namespace ckpt {
 namespace {
 
 // The layout the trainer registered for item i (none: rank-private).
-std::optional<ItemLayout> RegisteredLayout(const Session&, std::size_t) { return std::nullopt; }
+std::optional<GlobalLayout> RegisteredLayout(const Session&, std::size_t) { return std::nullopt; }
 
 }  // namespace
 
