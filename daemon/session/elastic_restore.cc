@@ -15,6 +15,8 @@
 #include "daemon/metrics/daemon_metrics.h"
 #include "format/checksum.h"
 #include "format/dtype.h"
+#include "format/paths.h"
+#include "format/version_index.h"
 
 namespace ckpt {
 
@@ -54,6 +56,7 @@ Status Noted(const Status& s, const std::string& note) {
 // One rank's shard of the version, read from its fastest good copy.
 struct LoadedShard {
   std::uint32_t rank = 0;
+  bool loaded = false;  // the plan needs it (all of them without an index)
   std::vector<ShardSource> sources;
   std::size_t at = 0;  // the copy in use
   ShardInfo info;
@@ -163,14 +166,64 @@ class ElasticRun {
     ++s.at;
   }
 
+  // Loads the shards the plan needs: those the version's index.json names for the
+  // registration's boxes, replicated items (one rank, on the fastest tier), rank-private
+  // items and blobs; every shard where the version has no readable index. The index only
+  // chooses which headers to read: what is restored comes from the (checksummed) headers.
   Status LoadAll() {
     shards_.resize(req_.version_world_size);
     for (std::uint32_t r = 0; r < req_.version_world_size; ++r) {
       shards_[r].rank = r;
       shards_[r].sources = tiers_.Sources(req_.job, req_.version, r);
+    }
+    std::vector<bool> need = NeededRanks();
+    for (std::uint32_t r = 0; r < req_.version_world_size; ++r) {
+      if (!need[r]) continue;
       if (Status st = Load(shards_[r]); !st.ok()) return st;
+      shards_[r].loaded = true;
     }
     return Status::Ok();
+  }
+
+  std::vector<bool> NeededRanks() {
+    const std::uint32_t w = req_.version_world_size;
+    std::vector<bool> all(w, true), need(w, false);
+    const std::string path = JoinPath(tiers_.persistent().VersionDir(req_.job, req_.version), kIndexFileName);
+    auto text = storage_.ReadSmallFile(path);
+    if (!text.ok()) return all;  // a version written before the index
+    auto index = VersionIndex::Parse(text.value());
+    if (!index.ok() || index->world_size != w || index->version != req_.version) {
+      errors_.Record("job " + req_.job + " version " + std::to_string(req_.version) + ": " + path +
+                     " is not this version's index (" +
+                     (index.ok() ? std::string("another version or world size") : index.status().message()) +
+                     "); reading every shard's header instead");
+      return all;
+    }
+    if (req_.rank < w) need[req_.rank] = true;  // rank-private items
+    for (const IndexBlob& b : index->blobs) {
+      if (!b.for_rank || *b.for_rank == req_.rank) need[b.rank] = true;
+    }
+    for (const ElasticTarget& t : req_.targets) {
+      if (!t.layout) continue;
+      auto it = index->tensors.find(t.layout->global_name);
+      if (it == index->tensors.end()) continue;  // the plan says so
+      if (t.layout->replicated) {
+        // The holder on the fastest tier.
+        const IndexChunk* best = nullptr;
+        Tier best_tier = Tier::kPersistent;
+        for (const IndexChunk& c : it->second.chunks) {
+          const Tier tier = shards_[c.rank].sources.front().tier;
+          if (best == nullptr || tier < best_tier) best = &c, best_tier = tier;
+        }
+        if (best != nullptr) need[best->rank] = true;
+        continue;
+      }
+      const Box box{t.layout->offsets, t.target.item.shape};
+      for (const IndexChunk& c : it->second.chunks) {
+        if (c.offsets.size() == box.rank() && Intersect(box, Box{c.offsets, c.shape})) need[c.rank] = true;
+      }
+    }
+    return need;
   }
 
   Status Plan(ElasticRestored& out);
@@ -255,6 +308,7 @@ Status ElasticRun::PlanTarget(std::size_t i) {
   };
   std::vector<Chunk> chunks;
   for (std::size_t r = 0; r < shards_.size(); ++r) {
+    if (!shards_[r].loaded) continue;
     for (const ShardItem& it : shards_[r].info.items) {
       if (it.kind == ItemKind::kTensor && it.layout && it.layout->global_name == layout.global_name) {
         chunks.push_back({r, &it, &*it.layout});
@@ -344,6 +398,7 @@ Status ElasticRun::Plan(ElasticRestored& out) {
   // Blobs: those meant for every rank, and those meant for this one.
   for (std::size_t r = 0; r < shards_.size(); ++r) {
     const LoadedShard& s = shards_[r];
+    if (!s.loaded) continue;
     // At the same world size and layout, a rank gets its own blobs only (as a plain restore).
     for (const ShardItem& it : s.info.items) {
       if (it.kind != ItemKind::kBlob) continue;
