@@ -13,8 +13,18 @@ namespace ckpt {
 
 namespace {
 
-// The layout the trainer registered for item i (none: rank-private).
-std::optional<GlobalLayout> RegisteredLayout(const Session&, std::size_t) { return std::nullopt; }
+// The layout the trainer registered for item i, resolved (none: rank-private). The
+// registration checked it (TableLoader), so it resolves.
+std::optional<GlobalLayout> RegisteredLayout(const Session& s, std::size_t i) REQUIRES(s.mu) {
+  const TableItem& item = s.items[i];
+  for (const auto& [name, layout] : s.layouts) {
+    if (name != item.name) continue;
+    GlobalLayout resolved = layout;
+    if (!ResolveLayout(item.name, item.shape, &resolved).ok()) return std::nullopt;
+    return resolved;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
