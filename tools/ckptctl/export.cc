@@ -706,7 +706,7 @@ class OutputDir {
       if (ec) return ckpt::IoError("cannot create --out " + out, ec.value());
       created_ = top.string();
     } else {
-      return ckpt::IoError("cannot look at --out " + out, errno);
+      return ckpt::IoError((errno == ENOTDIR ? "cannot create --out " : "cannot look at --out ") + out, errno);
     }
     tmp_ = ckpt::JoinPath(out, ".ckptctl-export-" + std::to_string(::getpid()) + ".tmp");  // IsLeftover
     std::error_code ec;
