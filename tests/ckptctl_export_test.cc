@@ -468,9 +468,9 @@ TEST_CASE("export of 4 ranks: every global tensor whole, private items as rank<R
   CHECK(ListFiles(dir.path() + "/out") == std::vector<std::string>{"model.safetensors", "model.safetensors.index.json"});
   json index = CheckExport(dir.path() + "/out", Without(tree.globals(), "__blob__"));
   CHECK(index["weight_map"]["rank2/step"] == "model.safetensors");
-  // Tensors in the order of the index, then by decreasing element size in the file.
+  // Global tensors by name, then private items by rank; in the file by decreasing element size.
   CHECK(report->tensor_names ==
-        std::vector<std::string>{"w", "e", "c", "b", "rank0/step", "rank1/step", "rank2/step", "rank3/step"});
+        std::vector<std::string>{"b", "c", "e", "w", "rank0/step", "rank1/step", "rank2/step", "rank3/step"});
   Exported e = ReadExported(dir.path() + "/out/model.safetensors");
   CHECK(e.header["__metadata__"]["ckpt.job"] == "job");
   CHECK(e.header["__metadata__"]["ckpt.version"] == "3");
@@ -490,16 +490,17 @@ TEST_CASE("export of 4 ranks: every global tensor whole, private items as rank<R
   }
   SECTION("a small --max-shard-size makes several files, a tensor above it alone in its own") {
     ExportOptions o = Options(dir, "out-small");
-    o.max_shard_bytes = 90;  // w (192 bytes) is above it, e (64) and c (48) do not fit together
+    o.max_shard_bytes = 90;  // b (20 bytes) and c (48) fit one file, e (64) not with them, w (192) is above
     auto r = ckptctl::RunExport(o);
     REQUIRE(r.ok());
     REQUIRE(r->files.size() == 4);
-    CHECK(r->files[0].tensors == std::vector<std::size_t>{0});
-    CHECK(r->files[0].data_bytes == 192);
-    CHECK(r->files[1].tensors == std::vector<std::size_t>{1});
-    CHECK(r->files[2].tensors == std::vector<std::size_t>{2, 3, 4, 5});  // c, b, rank0/step, rank1/step
+    CHECK(r->files[0].tensors == std::vector<std::size_t>{0, 1});
+    CHECK(r->files[1].tensors == std::vector<std::size_t>{2});
+    CHECK(r->files[2].tensors == std::vector<std::size_t>{3});
+    CHECK(r->files[2].data_bytes == 192);
+    CHECK(r->files[3].tensors == std::vector<std::size_t>{4, 5, 6, 7});
     json idx = CheckExport(o.out, Without(tree.globals(), "__blob__"));
-    CHECK(idx["weight_map"]["w"] == "model-00001-of-00004.safetensors");
+    CHECK(idx["weight_map"]["w"] == "model-00003-of-00004.safetensors");
     CHECK(idx["weight_map"]["rank3/step"] == "model-00004-of-00004.safetensors");
     CHECK(ListFiles(o.out).size() == 5);
   }

@@ -182,16 +182,17 @@ def test_export_opens_with_safetensors_and_equals_the_global_tensors(committed):
 def test_export_in_several_files_with_a_small_max_shard_size(committed):
     d, tmp = committed
     out = str(tmp / "out-small")
-    # w: 192 bytes, emb: 512 (above the limit: a file of its own), cube: 64, bias: 24, steps: 8 each.
+    # In name order: bias (24 bytes) and cube (64) fit one file, emb (512) is above the limit (a
+    # file of its own), w (192) and rank0/step (8) fill the next to exactly 200 bytes.
     r = export(d, out, "--max-shard-size", "0.2KB", "--json")
     report = json.loads(r.stdout)
     assert [f["tensors"] for f in report["files"]] == [
-        ["w"], ["emb"], ["cube", "bias", "rank0/step", "rank1/step", "rank2/step", "rank3/step"]]
+        ["bias", "cube"], ["emb"], ["w", "rank0/step"], ["rank1/step", "rank2/step", "rank3/step"]]
     got, index = load_export(out)
     check_equal(got, expected())
-    assert sorted(os.listdir(out)) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                                       "model-00003-of-00003.safetensors", "model.safetensors.index.json"]
-    assert index["weight_map"]["emb"] == "model-00002-of-00003.safetensors"
+    assert sorted(os.listdir(out)) == ["model-%05d-of-00004.safetensors" % i for i in range(1, 5)] + [
+        "model.safetensors.index.json"]
+    assert index["weight_map"]["emb"] == "model-00002-of-00004.safetensors"
     assert index["metadata"]["total_size"] == sum(a.nbytes for a in expected().values())
 
 

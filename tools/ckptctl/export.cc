@@ -37,8 +37,6 @@ namespace fs = std::filesystem;
 using ckpt::DataLoss;
 using ckpt::Result;
 using ckpt::Status;
-// The index is parsed keeping its order: tensors are exported in the order the writer listed
-// them (the order of registration, which is the model's).
 using Json = nlohmann::ordered_json;
 
 inline constexpr std::string_view kIndexFile = "index.json";
@@ -291,6 +289,9 @@ Status ParseIndex(const std::string& path, const std::string& text, ExportSource
       }
       src.tensors.push_back(std::move(out));
     }
+    // By name (bytewise), as the index lists them.
+    std::sort(src.tensors.begin(), src.tensors.end(),
+              [](const ExportTensor& a, const ExportTensor& b) { return a.name < b.name; });
   }
 
   if (auto priv = doc.find("private"); priv != doc.end()) {

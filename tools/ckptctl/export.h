@@ -68,7 +68,8 @@ struct ExportSource {
   std::uint32_t world_size = 0;
   bool from_index = false;  // false: the version has no index.json (written before issue 16)
   std::string version_dir;
-  std::vector<ExportTensor> tensors;  // global tensors, then private items by rank, then blobs
+  // Global tensors by name, then private items by rank (in shard order), then blobs by rank.
+  std::vector<ExportTensor> tensors;
 };
 
 // The tensors of `version` of `job` under `root` (0: the newest committed version). NotFound
