@@ -51,13 +51,14 @@ std::string GlobalBytes(const std::string& name, DType dtype, const Dims& shape)
   std::uint32_t h = 2166136261u;
   for (unsigned char c : name) h = (h ^ c) * 16777619u;
   std::string bytes(Volume(shape) * DTypeSize(dtype), '\0');
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 131 + h + (i >> 8)) & 0xff);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<char>((i * 131 + h + (i >> 8)) & 0xff);
   return bytes;
 }
 
 // The bytes of box (offsets, shape) of a global tensor, element by element.
-std::string BoxBytes(const std::string& global, const Dims& global_shape, std::size_t element, const Dims& offsets,
-                     const Dims& shape) {
+std::string BoxBytes(const std::string& global, const Dims& global_shape, std::size_t element,
+                     const Dims& offsets, const Dims& shape) {
   std::string out;
   const std::uint64_t n = Volume(shape);
   for (std::uint64_t e = 0; e < n; ++e) {
@@ -82,8 +83,13 @@ class HandTree {
  public:
   HandTree(std::string root, std::string job, std::uint64_t version, std::uint32_t world)
       : tree_(std::move(root)), job_(std::move(job)), version_(version), world_(world), items_(world) {
-    index_ = {{"format", "ckptd-index/1"}, {"job", job_}, {"version", version_}, {"world_size", world_},
-              {"tensors", OrderedJson::object()}, {"private", OrderedJson::object()}, {"blobs", OrderedJson::array()}};
+    index_ = {{"format", "ckptd-index/1"},
+              {"job", job_},
+              {"version", version_},
+              {"world_size", world_},
+              {"tensors", OrderedJson::object()},
+              {"private", OrderedJson::object()},
+              {"blobs", OrderedJson::array()}};
   }
 
   struct Piece {
@@ -97,11 +103,17 @@ class HandTree {
     globals_[name] = bytes;
     OrderedJson chunks = OrderedJson::array();
     for (const auto& p : pieces) {
-      Add(p.rank, name, ItemKind::kTensor, dtype, p.shape, BoxBytes(bytes, shape, DTypeSize(dtype), p.offsets, p.shape));
-      chunks.push_back({{"rank", p.rank}, {"file", ShardFileName(p.rank)}, {"key", name}, {"offsets", p.offsets},
+      Add(p.rank, name, ItemKind::kTensor, dtype, p.shape,
+          BoxBytes(bytes, shape, DTypeSize(dtype), p.offsets, p.shape));
+      chunks.push_back({{"rank", p.rank},
+                        {"file", ShardFileName(p.rank)},
+                        {"key", name},
+                        {"offsets", p.offsets},
                         {"shape", p.shape}});
     }
-    index_["tensors"][name] = {{"dtype", std::string(DTypeName(dtype))}, {"shape", shape}, {"replicated", false},
+    index_["tensors"][name] = {{"dtype", std::string(DTypeName(dtype))},
+                               {"shape", shape},
+                               {"replicated", false},
                                {"chunks", chunks}};
   }
 
@@ -112,11 +124,14 @@ class HandTree {
     OrderedJson chunks = OrderedJson::array();
     for (std::uint32_t r = 0; r < world_; ++r) {
       Add(r, name, ItemKind::kTensor, dtype, shape, bytes);
-      chunks.push_back({{"rank", r}, {"file", ShardFileName(r)}, {"key", name}, {"offsets", Dims(shape.size(), 0)},
+      chunks.push_back({{"rank", r},
+                        {"file", ShardFileName(r)},
+                        {"key", name},
+                        {"offsets", Dims(shape.size(), 0)},
                         {"shape", shape}});
     }
-    index_["tensors"][name] = {{"dtype", std::string(DTypeName(dtype))}, {"shape", shape}, {"replicated", true},
-                               {"chunks", chunks}};
+    index_["tensors"][name] = {
+        {"dtype", std::string(DTypeName(dtype))}, {"shape", shape}, {"replicated", true}, {"chunks", chunks}};
   }
 
   void Private(std::uint32_t rank, const std::string& name, DType dtype, const Dims& shape) {
@@ -125,15 +140,22 @@ class HandTree {
     Add(rank, name, ItemKind::kTensor, dtype, shape, bytes);
     const std::string r = std::to_string(rank);
     if (!index_["private"].contains(r)) index_["private"][r] = OrderedJson::array();
-    index_["private"][r].push_back({{"name", name}, {"file", ShardFileName(rank)}, {"key", name},
-                                    {"dtype", std::string(DTypeName(dtype))}, {"shape", shape}});
+    index_["private"][r].push_back({{"name", name},
+                                    {"file", ShardFileName(rank)},
+                                    {"key", name},
+                                    {"dtype", std::string(DTypeName(dtype))},
+                                    {"shape", shape}});
   }
 
   void Blob(std::uint32_t rank, const std::string& name, const std::string& data) {
     globals_["rank" + std::to_string(rank) + "/__blob__/" + name] = data;
     Add(rank, name, ItemKind::kBlob, DType::kU8, {static_cast<std::int64_t>(data.size())}, data);
-    index_["blobs"].push_back({{"rank", rank}, {"name", name}, {"file", ShardFileName(rank)},
-                               {"key", std::string(kBlobPrefix) + name}, {"bytes", data.size()}, {"for_rank", nullptr}});
+    index_["blobs"].push_back({{"rank", rank},
+                               {"name", name},
+                               {"file", ShardFileName(rank)},
+                               {"key", std::string(kBlobPrefix) + name},
+                               {"bytes", data.size()},
+                               {"for_rank", nullptr}});
   }
 
   // Writes the shards, the index (unless !with_index) and COMMITTED (unless !committed).
@@ -216,7 +238,10 @@ void FillStandard(HandTree& t) {
            {{0, {0, 0}, {3, 4}}, {1, {0, 4}, {3, 4}}, {2, {3, 0}, {3, 4}}, {3, {3, 4}, {3, 4}}});
   t.Global("e", DType::kI64, {8}, {{0, {0}, {2}}, {1, {2}, {2}}, {2, {4}, {2}}, {3, {6}, {2}}});
   t.Global("c", DType::kF16, {4, 3, 2},
-           {{0, {0, 0, 0}, {4, 1, 2}}, {1, {0, 1, 0}, {4, 1, 2}}, {2, {0, 2, 0}, {4, 1, 2}}, {3, {0, 3, 0}, {4, 0, 2}}});
+           {{0, {0, 0, 0}, {4, 1, 2}},
+            {1, {0, 1, 0}, {4, 1, 2}},
+            {2, {0, 2, 0}, {4, 1, 2}},
+            {3, {0, 3, 0}, {4, 0, 2}}});
   t.Replicated("b", DType::kF32, {5});
   for (std::uint32_t r = 0; r < 4; ++r) {
     t.Private(r, "step", DType::kI64, {1});
@@ -244,7 +269,8 @@ Exported ReadExported(const std::string& path) {
   // safetensors' own rule: the data offsets tile the data section with no gap.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
   for (auto it = e.header.begin(); it != e.header.end(); ++it)
-    if (it.key() != "__metadata__") spans.emplace_back(it.value()["data_offsets"][0], it.value()["data_offsets"][1]);
+    if (it.key() != "__metadata__")
+      spans.emplace_back(it.value()["data_offsets"][0], it.value()["data_offsets"][1]);
   std::sort(spans.begin(), spans.end());
   std::uint64_t at = 0;
   for (auto [b, end] : spans) {
@@ -293,11 +319,14 @@ ExportOptions Options(const TempDir& dir, const std::string& out = "out") {
 }
 
 std::map<std::string, std::string> Without(std::map<std::string, std::string> m, const std::string& part) {
-  for (auto it = m.begin(); it != m.end();) it = it->first.find(part) != std::string::npos ? m.erase(it) : ++it;
+  for (auto it = m.begin(); it != m.end();)
+    it = it->first.find(part) != std::string::npos ? m.erase(it) : ++it;
   return m;
 }
 
-bool Contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool Contains(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 ProcessResult Ctl(std::vector<std::string> args) {
   args.insert(args.begin(), {CKPTCTL_BINARY, "export"});
@@ -376,7 +405,8 @@ TEST_CASE("export filter: a regex searched in the exported names, blobs only whe
   auto ts = make();
   std::size_t skipped = 0;
   REQUIRE(ckptctl::SelectTensors(ts, "", false, &skipped).ok());
-  CHECK(names(ts) == std::vector<std::string>{"model.layers.0.weight", "model.layers.1.weight", "rank0/step"});
+  CHECK(names(ts) ==
+        std::vector<std::string>{"model.layers.0.weight", "model.layers.1.weight", "rank0/step"});
   CHECK(skipped == 1);
   ts = make();
   REQUIRE(ckptctl::SelectTensors(ts, "layers\\.1", true, &skipped).ok());
@@ -405,7 +435,9 @@ TEST_CASE("export tiling: chunks must cover a global tensor exactly, a replicate
   t.name = "w";
   t.dtype = DType::kF32;
   t.shape = {4, 6};
-  auto chunk = [](std::uint32_t rank, Dims o, Dims s) { return ExportChunk{rank, ShardFileName(rank), "w", o, s}; };
+  auto chunk = [](std::uint32_t rank, Dims o, Dims s) {
+    return ExportChunk{rank, ShardFileName(rank), "w", o, s};
+  };
   t.chunks = {chunk(0, {0, 0}, {2, 3}), chunk(1, {0, 3}, {2, 3}), chunk(2, {2, 0}, {2, 6})};
   CHECK(ckptctl::CheckTiling(t).ok());
 
@@ -423,7 +455,8 @@ TEST_CASE("export tiling: chunks must cover a global tensor exactly, a replicate
   ExportTensor outside = t;
   outside.chunks[1] = chunk(1, {0, 4}, {2, 3});
   s = ckptctl::CheckTiling(outside);
-  CHECK(Contains(s.message(), "the chunk of rank 1 ('w') covers [0:2, 4:7], outside the tensor's shape [4,6]"));
+  CHECK(
+      Contains(s.message(), "the chunk of rank 1 ('w') covers [0:2, 4:7], outside the tensor's shape [4,6]"));
 
   ExportTensor dims = t;
   dims.chunks[0] = chunk(0, {0}, {2});
@@ -465,7 +498,8 @@ TEST_CASE("export of 4 ranks: every global tensor whole, private items as rank<R
   REQUIRE(report.ok());
   CHECK(report->skipped_blobs == 4);
   REQUIRE(report->files.size() == 1);
-  CHECK(ListFiles(dir.path() + "/out") == std::vector<std::string>{"model.safetensors", "model.safetensors.index.json"});
+  CHECK(ListFiles(dir.path() + "/out") ==
+        std::vector<std::string>{"model.safetensors", "model.safetensors.index.json"});
   json index = CheckExport(dir.path() + "/out", Without(tree.globals(), "__blob__"));
   CHECK(index["weight_map"]["rank2/step"] == "model.safetensors");
   // Global tensors by name, then private items by rank; in the file by decreasing element size.
@@ -602,11 +636,13 @@ TEST_CASE("export errors name the job, version, tensor, shard or path at fault",
   SECTION("a corrupted chunk of a global tensor") {
     tree.Corrupt(2, "w");
     fails(Options(dir), StatusCode::kDataLoss,
-          "corrupted shard " + tree.ShardPath(2) + " (rank 2): item 'w', chunk [3:6, 0:4] of tensor 'w', fails its checksum");
+          "corrupted shard " + tree.ShardPath(2) +
+              " (rank 2): item 'w', chunk [3:6, 0:4] of tensor 'w', fails its checksum");
   }
   SECTION("a corrupted private item") {
     tree.Corrupt(1, "step");
-    fails(Options(dir), StatusCode::kDataLoss, "corrupted shard " + tree.ShardPath(1) + " (rank 1): item 'step'");
+    fails(Options(dir), StatusCode::kDataLoss,
+          "corrupted shard " + tree.ShardPath(1) + " (rank 1): item 'step'");
   }
   SECTION("every copy of a replicated tensor corrupted") {
     for (std::uint32_t r = 0; r < 4; ++r) tree.Corrupt(r, "b");
@@ -634,7 +670,8 @@ TEST_CASE("export errors name the job, version, tensor, shard or path at fault",
     fails(Options(dir), StatusCode::kDataLoss, "is listed in the index as I64 [3] but");
   }
   SECTION("an index that is not one") {
-    HandTree::Put(dir.path() + "/root/job/v0000000003/index.json", "{\"format\": \"ckptd-index/1\", \"job\": 3}");
+    HandTree::Put(dir.path() + "/root/job/v0000000003/index.json",
+                  "{\"format\": \"ckptd-index/1\", \"job\": 3}");
     fails(Options(dir), StatusCode::kDataLoss, "index.json: the index has no string \"job\"");
     tree.index()["tensors"]["w"]["chunks"][0]["file"] = "../../etc/passwd";
     tree.WriteIndex();
@@ -677,7 +714,8 @@ TEST_CASE("export into a directory with files: refused without --force, replaced
   r = ckptctl::RunExport(o);
   REQUIRE_FALSE(r.ok());
   CHECK(ListFiles(out) == std::vector<std::string>{"config.json", "model-00001-of-00009.safetensors"});
-  CHECK(fs::directory_entry(out + "/.ckptctl-export-" + std::to_string(::getpid()) + ".tmp").exists() == false);
+  CHECK(fs::directory_entry(out + "/.ckptctl-export-" + std::to_string(::getpid()) + ".tmp").exists() ==
+        false);
 
   HandTree fresh(dir.path() + "/root", "job", 3, 4);  // the same tree, rewritten intact
   FillStandard(fresh);
@@ -709,7 +747,8 @@ TEST_CASE("ckptctl export: exit codes and error lines of the command", "[export]
   FillStandard(tree);
   tree.Write();
   const std::string root = dir.path() + "/root", out = dir.path() + "/out";
-  auto run_job = [&](const std::string& job, std::vector<std::string> extra, int code, const std::string& says) {
+  auto run_job = [&](const std::string& job, std::vector<std::string> extra, int code,
+                     const std::string& says) {
     std::vector<std::string> args = {"--root", root, "--job", job, "--out", out};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = Ctl(args);
@@ -743,8 +782,8 @@ TEST_CASE("ckptctl export: exit codes and error lines of the command", "[export]
   fs::create_directories(locked);
   ::chmod(locked.c_str(), 0555);
   ::chmod(dir.path().c_str(), 0755);
-  std::vector<std::string> argv = {CKPTCTL_BINARY, "export", "--root", root, "--job", "job",
-                                   "--filter",     "^e$",    "--out",  locked + "/sub"};
+  std::vector<std::string> argv = {CKPTCTL_BINARY, "export",   "--root", root,    "--job",
+                                   "job",          "--filter", "^e$",    "--out", locked + "/sub"};
   HandTree fresh(root, "job", 3, 4);
   FillStandard(fresh);
   fresh.Write();

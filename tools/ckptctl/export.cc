@@ -79,9 +79,12 @@ std::optional<std::uint64_t> Elements(const std::vector<std::int64_t>& shape, st
   std::uint64_t n = 1;
   for (auto d : shape) {
     if (d < 0) return std::nullopt;
-    if (d == 0) n = 0;
-    else if (n != 0 && n > kMaxTensorBytes / static_cast<std::uint64_t>(d)) return std::nullopt;
-    else n *= static_cast<std::uint64_t>(d);
+    if (d == 0)
+      n = 0;
+    else if (n != 0 && n > kMaxTensorBytes / static_cast<std::uint64_t>(d))
+      return std::nullopt;
+    else
+      n *= static_cast<std::uint64_t>(d);
   }
   if (n > kMaxTensorBytes / element_bytes) return std::nullopt;
   return n;
@@ -138,21 +141,24 @@ class ShardSet {
     shard->path = ckpt::JoinPath(dir_, ckpt::ShardFileName(rank));
     auto fd = ckpt::OpenRegularForRead(shard->path);
     if (!fd.ok()) {
-      return DataLoss("version " + std::to_string(version_) + " of job '" + job_ + "' is committed but rank " +
-                      std::to_string(rank) + "'s shard cannot be opened: " + fd.status().message());
+      return DataLoss("version " + std::to_string(version_) + " of job '" + job_ +
+                      "' is committed but rank " + std::to_string(rank) +
+                      "'s shard cannot be opened: " + fd.status().message());
     }
     shard->fd = std::move(fd.value());
     auto info = ckpt::ReadShardHeader(shard->fd.get(), shard->path);
-    if (!info.ok()) return DataLoss("corrupted shard of rank " + std::to_string(rank) + ": " + info.status().message());
+    if (!info.ok())
+      return DataLoss("corrupted shard of rank " + std::to_string(rank) + ": " + info.status().message());
     shard->info = std::move(info.value());
     const auto& m = shard->info.meta;
     if (m.job != job_ || m.version != version_ || m.rank != rank || m.world_size != world_size_) {
-      return DataLoss(shard->path + " holds job '" + m.job + "' version " + std::to_string(m.version) + " rank " +
-                      std::to_string(m.rank) + " of " + std::to_string(m.world_size) + ", not job '" + job_ +
-                      "' version " + std::to_string(version_) + " rank " + std::to_string(rank) + " of " +
-                      std::to_string(world_size_));
+      return DataLoss(shard->path + " holds job '" + m.job + "' version " + std::to_string(m.version) +
+                      " rank " + std::to_string(m.rank) + " of " + std::to_string(m.world_size) +
+                      ", not job '" + job_ + "' version " + std::to_string(version_) + " rank " +
+                      std::to_string(rank) + " of " + std::to_string(world_size_));
     }
-    for (std::size_t i = 0; i < shard->info.items.size(); ++i) shard->by_key[shard->info.items[i].TensorKey()] = i;
+    for (std::size_t i = 0; i < shard->info.items.size(); ++i)
+      shard->by_key[shard->info.items[i].TensorKey()] = i;
     OpenShard* raw = shard.get();
     shards_.emplace(rank, std::move(shard));
     return raw;
@@ -183,7 +189,8 @@ class IndexReader {
 
   Result<std::uint64_t> Uint(const Json& obj, const char* key, const std::string& where) const {
     auto it = obj.find(key);
-    if (it == obj.end() || !it->is_number_unsigned()) return Fail(where + " has no non-negative integer \"" + key + "\"");
+    if (it == obj.end() || !it->is_number_unsigned())
+      return Fail(where + " has no non-negative integer \"" + key + "\"");
     return it->get<std::uint64_t>();
   }
 
@@ -216,8 +223,8 @@ class IndexReader {
     if (!file.ok()) return file.status();
     auto file_rank = ckpt::ParseShardFileName(file.value());
     if (!file_rank || *file_rank != rank)
-      return Fail(where + " names the file " + Quote(file.value()) + ", not the shard of rank " + std::to_string(rank) +
-                  " (" + ckpt::ShardFileName(static_cast<std::uint32_t>(rank)) + ")");
+      return Fail(where + " names the file " + Quote(file.value()) + ", not the shard of rank " +
+                  std::to_string(rank) + " (" + ckpt::ShardFileName(static_cast<std::uint32_t>(rank)) + ")");
     return static_cast<std::uint32_t>(rank);
   }
 
@@ -233,7 +240,8 @@ Status ParseIndex(const std::string& path, const std::string& text, ExportSource
   auto format = r.String(doc, "format", "the index");
   if (!format.ok()) return format.status();
   if (format.value() != kIndexFormat)
-    return r.Fail("format " + Quote(format.value()) + " is not one this ckptctl reads (" + std::string(kIndexFormat) + ")");
+    return r.Fail("format " + Quote(format.value()) + " is not one this ckptctl reads (" +
+                  std::string(kIndexFormat) + ")");
   auto job = r.String(doc, "job", "the index");
   auto version = r.Uint(doc, "version", "the index");
   auto world = r.Uint(doc, "world_size", "the index");
@@ -241,8 +249,9 @@ Status ParseIndex(const std::string& path, const std::string& text, ExportSource
     if (!s->ok()) return *s;
   if (job.value() != src.job || version.value() != src.version || world.value() != src.world_size)
     return r.Fail("describes job '" + job.value() + "' version " + std::to_string(version.value()) + " of " +
-                  std::to_string(world.value()) + " ranks, but the directory holds job '" + src.job + "' version " +
-                  std::to_string(src.version) + " of " + std::to_string(src.world_size) + " (COMMITTED)");
+                  std::to_string(world.value()) + " ranks, but the directory holds job '" + src.job +
+                  "' version " + std::to_string(src.version) + " of " + std::to_string(src.world_size) +
+                  " (COMMITTED)");
 
   if (auto tensors = doc.find("tensors"); tensors != doc.end()) {
     if (!tensors->is_object()) return r.Fail("\"tensors\" is not an object");
@@ -259,7 +268,8 @@ Status ParseIndex(const std::string& path, const std::string& text, ExportSource
       if (!shape.ok()) return shape.status();
       out.dtype = dtype.value();
       out.shape = shape.value();
-      if (!Elements(out.shape, ckpt::DTypeSize(out.dtype))) return r.Fail(where + " has a shape too large to be real");
+      if (!Elements(out.shape, ckpt::DTypeSize(out.dtype)))
+        return r.Fail(where + " has a shape too large to be real");
       if (auto rep = t.find("replicated"); rep != t.end()) {
         if (!rep->is_boolean()) return r.Fail(where + ": \"replicated\" is not true or false");
         out.replicated = rep->get<bool>();
@@ -319,7 +329,8 @@ Status ParseIndex(const std::string& path, const std::string& text, ExportSource
         auto key = r.String(p, "key", where);
         auto dtype = r.DType(p, where);
         auto shape = r.Dims(p, "shape", where);
-        for (const Status* s : {&name.status(), &file_rank.status(), &key.status(), &dtype.status(), &shape.status()})
+        for (const Status* s :
+             {&name.status(), &file_rank.status(), &key.status(), &dtype.status(), &shape.status()})
           if (!s->ok()) return *s;
         ExportTensor out;
         out.name = "rank" + std::to_string(rank) + "/" + name.value();
@@ -398,7 +409,8 @@ Status CheckAgainstShards(ShardSet& shards, const ExportSource& src) {
       const OpenShard& s = *shard.value();
       auto it = s.by_key.find(c.key);
       const std::string what = "tensor " + Quote(t.name) + ": the chunk of rank " + std::to_string(c.rank);
-      if (it == s.by_key.end()) return DataLoss(what + " is item " + Quote(c.key) + ", which " + s.path + " does not hold");
+      if (it == s.by_key.end())
+        return DataLoss(what + " is item " + Quote(c.key) + ", which " + s.path + " does not hold");
       const ckpt::ShardItem& item = s.info.items[it->second];
       const bool want_blob = t.kind == ExportTensor::Kind::kBlob;
       if ((item.kind == ckpt::ItemKind::kBlob) != want_blob)
@@ -417,8 +429,10 @@ Status CheckUniqueNames(const std::vector<ExportTensor>& tensors) {
   std::unordered_set<std::string> seen;
   for (const auto& t : tensors) {
     if (t.name.empty()) return DataLoss("the index lists a tensor with an empty name");
-    if (t.name == "__metadata__") return DataLoss("the index lists a tensor named __metadata__, which safetensors reserves");
-    if (!seen.insert(t.name).second) return DataLoss("two tensors of the export would be named " + Quote(t.name));
+    if (t.name == "__metadata__")
+      return DataLoss("the index lists a tensor named __metadata__, which safetensors reserves");
+    if (!seen.insert(t.name).second)
+      return DataLoss("two tensors of the export would be named " + Quote(t.name));
   }
   return Status::Ok();
 }
@@ -429,7 +443,8 @@ Result<ExportSource> Load(const std::string& root, const std::string& job, std::
     return ckpt::InvalidArgument("job id " + Quote(job) + ": " + why);
   const ckpt::CheckpointTree tree(root);
   if (!Exists(tree.JobDir(job)))
-    return ckpt::NotFound("no job '" + job + "' under " + root + " (" + tree.JobDir(job) + " does not exist)");
+    return ckpt::NotFound("no job '" + job + "' under " + root + " (" + tree.JobDir(job) +
+                          " does not exist)");
   if (version == 0) {
     version = NewestCommitted(tree, job);
     if (version == 0) return ckpt::NotFound("job '" + job + "' under " + root + " has no committed version");
@@ -439,20 +454,22 @@ Result<ExportSource> Load(const std::string& root, const std::string& job, std::
   src.version = version;
   src.version_dir = tree.VersionDir(job, version);
   if (!Exists(src.version_dir))
-    return ckpt::NotFound("job '" + job + "' has no version " + std::to_string(version) + " under " + root + " (" +
-                          src.version_dir + " does not exist)");
+    return ckpt::NotFound("job '" + job + "' has no version " + std::to_string(version) + " under " + root +
+                          " (" + src.version_dir + " does not exist)");
   const std::string marker_path = tree.CommittedMarker(job, version);
   auto marker_text = ReadSmallFile(marker_path);
   if (!marker_text.ok()) {
     if (marker_text.status().code() == ckpt::StatusCode::kNotFound)
       return ckpt::NotFound("version " + std::to_string(version) + " of job '" + job +
-                            "' is not committed (no " + marker_path + "); only a committed version can be exported");
+                            "' is not committed (no " + marker_path +
+                            "); only a committed version can be exported");
     return marker_text.status();
   }
   auto marker = ckpt::ParseCommitted(marker_text.value());
   if (!marker.ok()) return marker.status().With(marker_path);
   if (marker->job != job || marker->version != version)
-    return DataLoss(marker_path + " names job '" + marker->job + "' version " + std::to_string(marker->version));
+    return DataLoss(marker_path + " names job '" + marker->job + "' version " +
+                    std::to_string(marker->version));
   src.world_size = marker->world_size;
 
   auto shards = std::make_unique<ShardSet>(src.version_dir, job, version, src.world_size);
@@ -591,8 +608,10 @@ class TensorCopier {
       if (Status st = ReadFully(s.fd.get(), buf_.data(), want, begin + done, s.path); !st.ok()) return st;
       sum.Update(buf_.data(), want);
       for (std::size_t p = 0; p < want;) {
-        const auto take = static_cast<std::size_t>(std::min<std::uint64_t>(runs.run_bytes() - within, want - p));
-        if (Status st = WriteFully(out.fd.get(), buf_.data() + p, take, offset + runs.RunOffset(run) + within, out.path);
+        const auto take =
+            static_cast<std::size_t>(std::min<std::uint64_t>(runs.run_bytes() - within, want - p));
+        if (Status st = WriteFully(out.fd.get(), buf_.data() + p, take, offset + runs.RunOffset(run) + within,
+                                   out.path);
             !st.ok())
           return st;
         p += take;
@@ -605,9 +624,11 @@ class TensorCopier {
       done += want;
     }
     if (sum.Digest() != item.checksum)
-      return DataLoss("corrupted shard " + s.path + " (rank " + std::to_string(c.rank) + "): item " + Quote(c.key) +
-                      (t.kind == ExportTensor::Kind::kGlobal ? ", chunk " + Box(c.offsets, c.shape) + " of tensor " + Quote(t.name)
-                                                             : "") +
+      return DataLoss("corrupted shard " + s.path + " (rank " + std::to_string(c.rank) + "): item " +
+                      Quote(c.key) +
+                      (t.kind == ExportTensor::Kind::kGlobal
+                           ? ", chunk " + Box(c.offsets, c.shape) + " of tensor " + Quote(t.name)
+                           : "") +
                       ", fails its checksum (stored " + ckpt::ChecksumHex(item.checksum) + ", computed " +
                       ckpt::ChecksumHex(sum.Digest()) + ")");
     return Status::Ok();
@@ -630,14 +651,16 @@ std::string RenderHeader(const std::vector<const ExportTensor*>& order, const Ex
   std::uint64_t at = 0;
   for (const ExportTensor* t : order) {
     offsets->push_back(at);
-    header[t->name] = {{"dtype", std::string(ckpt::DTypeName(t->dtype))}, {"shape", t->shape},
+    header[t->name] = {{"dtype", std::string(ckpt::DTypeName(t->dtype))},
+                       {"shape", t->shape},
                        {"data_offsets", {at, at + t->bytes()}}};
     at += t->bytes();
   }
   std::string json = header.dump(-1, ' ', false, Json::error_handler_t::replace);
   json.resize((8 + json.size() + kHeaderAlignment - 1) / kHeaderAlignment * kHeaderAlignment - 8, ' ');
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
   return out + json;
 }
 
@@ -681,18 +704,20 @@ class OutputDir {
     struct stat st {};
     if (::lstat(out.c_str(), &st) == 0) {
       if (!S_ISDIR(st.st_mode))
-        return ckpt::FailedPrecondition("--out " + out + " is " + ckpt::FileTypeName(st.st_mode) + ", not a directory");
+        return ckpt::FailedPrecondition("--out " + out + " is " + ckpt::FileTypeName(st.st_mode) +
+                                        ", not a directory");
       std::error_code ec;
       std::vector<std::string> entries;
       for (const auto& e : fs::directory_iterator(out, ec)) entries.push_back(e.path().filename().string());
       if (ec) return ckpt::IoError("cannot list --out " + out, ec.value());
       if (!entries.empty() && !force) {
         std::sort(entries.begin(), entries.end());
-        return ckpt::AlreadyExists("--out " + out + " already has " + std::to_string(entries.size()) +
-                                   (entries.size() == 1 ? " entry" : " entries") + " (" + Quote(entries.front()) +
-                                   (entries.size() > 1 ? ", ..." : "") +
-                                   "); export into a new or empty directory, or pass --force to replace an earlier "
-                                   "export there (its other files are kept)");
+        return ckpt::AlreadyExists(
+            "--out " + out + " already has " + std::to_string(entries.size()) +
+            (entries.size() == 1 ? " entry" : " entries") + " (" + Quote(entries.front()) +
+            (entries.size() > 1 ? ", ..." : "") +
+            "); export into a new or empty directory, or pass --force to replace an earlier "
+            "export there (its other files are kept)");
       }
       existing_ = std::move(entries);
     } else if (errno == ENOENT) {
@@ -707,7 +732,8 @@ class OutputDir {
       if (ec) return ckpt::IoError("cannot create --out " + out, ec.value());
       created_ = top.string();
     } else {
-      return ckpt::IoError((errno == ENOTDIR ? "cannot create --out " : "cannot look at --out ") + out, errno);
+      return ckpt::IoError((errno == ENOTDIR ? "cannot create --out " : "cannot look at --out ") + out,
+                           errno);
     }
     tmp_ = ckpt::JoinPath(out, ".ckptctl-export-" + std::to_string(::getpid()) + ".tmp");  // IsLeftover
     std::error_code ec;
@@ -724,8 +750,10 @@ class OutputDir {
     f.fd = std::move(fd.value());
     // Ask for the space now, so that a full disk fails before hours of copying, not after.
     int rc = ::posix_fallocate(f.fd.get(), 0, static_cast<off_t>(bytes));
-    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(f.fd.get(), static_cast<off_t>(bytes)) == 0 ? 0 : errno;
-    if (rc != 0) return ckpt::IoError("cannot make room for " + std::to_string(bytes) + " bytes in " + f.path, rc);
+    if (rc == EOPNOTSUPP || rc == EINVAL)
+      rc = ::ftruncate(f.fd.get(), static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    if (rc != 0)
+      return ckpt::IoError("cannot make room for " + std::to_string(bytes) + " bytes in " + f.path, rc);
     names_.push_back(name);
     return f;
   }
@@ -735,10 +763,12 @@ class OutputDir {
   Status Commit() {
     if (Status s = SyncDir(tmp_); !s.ok()) return s;
     std::vector<std::string> order = names_;
-    std::stable_partition(order.begin(), order.end(), [](const std::string& n) { return n != kExportIndexName; });
+    std::stable_partition(order.begin(), order.end(),
+                          [](const std::string& n) { return n != kExportIndexName; });
     for (const auto& name : order) {
       const std::string from = ckpt::JoinPath(tmp_, name), to = ckpt::JoinPath(out_, name);
-      if (::rename(from.c_str(), to.c_str()) != 0) return ckpt::IoError("cannot rename " + from + " to " + to, errno);
+      if (::rename(from.c_str(), to.c_str()) != 0)
+        return ckpt::IoError("cannot rename " + from + " to " + to, errno);
     }
     committed_ = true;
     const std::set<std::string> mine(names_.begin(), names_.end());
@@ -758,8 +788,8 @@ class OutputDir {
   bool committed_ = false;
 };
 
-Status WriteIndex(OutputDir& dir, const std::vector<ExportFile>& files, const std::vector<ExportTensor>& tensors,
-                  std::uint64_t total_size) {
+Status WriteIndex(OutputDir& dir, const std::vector<ExportFile>& files,
+                  const std::vector<ExportTensor>& tensors, std::uint64_t total_size) {
   // As transformers writes it: json.dumps(index, indent=2, sort_keys=True) + "\n".
   nlohmann::json weight_map = nlohmann::json::object();
   for (const auto& f : files)
@@ -789,7 +819,8 @@ std::uint64_t ExportTensor::bytes() const {
   return Elements(shape, ckpt::DTypeSize(dtype)).value_or(0) * ckpt::DTypeSize(dtype);
 }
 
-Result<ExportSource> LoadExportSource(const std::string& root, const std::string& job, std::uint64_t version) {
+Result<ExportSource> LoadExportSource(const std::string& root, const std::string& job,
+                                      std::uint64_t version) {
   return Load(root, job, version, nullptr);
 }
 
@@ -800,8 +831,8 @@ Status SelectTensors(std::vector<ExportTensor>& tensors, const std::string& filt
     try {
       re.emplace(filter, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      return ckpt::InvalidArgument("--filter " + Quote(filter) + " is not a valid regular expression (ECMAScript): " +
-                                   e.what());
+      return ckpt::InvalidArgument("--filter " + Quote(filter) +
+                                   " is not a valid regular expression (ECMAScript): " + e.what());
     }
   }
   const std::size_t before = tensors.size();
@@ -819,8 +850,9 @@ Status SelectTensors(std::vector<ExportTensor>& tensors, const std::string& filt
   if (skipped_blobs) *skipped_blobs = skipped;
   if (tensors.empty()) {
     if (before == 0) return ckpt::NotFound("the version holds no tensor to export");
-    if (re) return ckpt::NotFound("--filter " + Quote(filter) + " matches none of the " + std::to_string(before) +
-                                  " tensors" + (skipped ? " (blobs only with --blobs)" : ""));
+    if (re)
+      return ckpt::NotFound("--filter " + Quote(filter) + " matches none of the " + std::to_string(before) +
+                            " tensors" + (skipped ? " (blobs only with --blobs)" : ""));
     return ckpt::NotFound("the version holds only blobs, which are exported with --blobs");
   }
   return Status::Ok();
@@ -836,13 +868,16 @@ Status CheckTiling(const ExportTensor& t) {
   for (const auto& c : t.chunks) {
     const std::string cw = what + ": the chunk of rank " + std::to_string(c.rank) + " (" + Quote(c.key) + ")";
     if (c.offsets.size() != n || c.shape.size() != n)
-      return DataLoss(cw + " has " + std::to_string(c.shape.size()) + " dimensions, the tensor " + std::to_string(n));
+      return DataLoss(cw + " has " + std::to_string(c.shape.size()) + " dimensions, the tensor " +
+                      std::to_string(n));
     for (std::size_t d = 0; d < n; ++d) {
-      if (c.offsets[d] < 0 || c.shape[d] < 0 || c.offsets[d] > t.shape[d] || c.shape[d] > t.shape[d] - c.offsets[d])
-        return DataLoss(cw + " covers " + Box(c.offsets, c.shape) + ", outside the tensor's shape " + ShapeText(t.shape));
+      if (c.offsets[d] < 0 || c.shape[d] < 0 || c.offsets[d] > t.shape[d] ||
+          c.shape[d] > t.shape[d] - c.offsets[d])
+        return DataLoss(cw + " covers " + Box(c.offsets, c.shape) + ", outside the tensor's shape " +
+                        ShapeText(t.shape));
       if (t.replicated && (c.offsets[d] != 0 || c.shape[d] != t.shape[d]))
-        return DataLoss(cw + " covers " + Box(c.offsets, c.shape) + ", but the tensor is replicated: every copy is " +
-                        ShapeText(t.shape) + " whole");
+        return DataLoss(cw + " covers " + Box(c.offsets, c.shape) +
+                        ", but the tensor is replicated: every copy is " + ShapeText(t.shape) + " whole");
     }
     covered += Elements(c.shape, ckpt::DTypeSize(t.dtype)).value_or(0);
   }
@@ -852,7 +887,8 @@ Status CheckTiling(const ExportTensor& t) {
   std::vector<const ExportChunk*> order;
   for (const auto& c : t.chunks)
     if (Elements(c.shape, 1).value_or(0) > 0) order.push_back(&c);
-  if (n > 0) std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offsets[0] < b->offsets[0]; });
+  if (n > 0)
+    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offsets[0] < b->offsets[0]; });
   for (std::size_t i = 0; i < order.size(); ++i) {
     for (std::size_t j = i + 1; j < order.size(); ++j) {
       const ExportChunk& a = *order[i];
@@ -862,29 +898,31 @@ Status CheckTiling(const ExportTensor& t) {
       for (std::size_t d = 0; d < n && overlap; ++d)
         overlap = a.offsets[d] < b.offsets[d] + b.shape[d] && b.offsets[d] < a.offsets[d] + a.shape[d];
       if (overlap)
-        return DataLoss(what + ": the chunks of rank " + std::to_string(a.rank) + " " + Box(a.offsets, a.shape) +
-                        " and rank " + std::to_string(b.rank) + " " + Box(b.offsets, b.shape) +
-                        " overlap; they do not tile the tensor");
+        return DataLoss(what + ": the chunks of rank " + std::to_string(a.rank) + " " +
+                        Box(a.offsets, a.shape) + " and rank " + std::to_string(b.rank) + " " +
+                        Box(b.offsets, b.shape) + " overlap; they do not tile the tensor");
     }
   }
   if (covered != *volume)
-    return DataLoss(what + ": its " + std::to_string(t.chunks.size()) + " chunks cover " + std::to_string(covered) +
-                    " of its " + std::to_string(*volume) + " elements " + ShapeText(t.shape) +
-                    "; they do not tile the tensor (a chunk is missing)");
+    return DataLoss(what + ": its " + std::to_string(t.chunks.size()) + " chunks cover " +
+                    std::to_string(covered) + " of its " + std::to_string(*volume) + " elements " +
+                    ShapeText(t.shape) + "; they do not tile the tensor (a chunk is missing)");
   return Status::Ok();
 }
 
 Result<std::uint64_t> ParseByteSize(std::string_view text) {
   const auto bad = [&](const std::string& why) {
-    return ckpt::InvalidArgument("--max-shard-size " + Quote(std::string(text)) + ": " + why +
-                                 " (write a byte count or a number with KB, MB, GB, TB or KiB, MiB, GiB, TiB, e.g. "
-                                 "5GB, 500MB, 2GiB)");
+    return ckpt::InvalidArgument(
+        "--max-shard-size " + Quote(std::string(text)) + ": " + why +
+        " (write a byte count or a number with KB, MB, GB, TB or KiB, MiB, GiB, TiB, e.g. "
+        "5GB, 500MB, 2GiB)");
   };
   std::string_view s = text;
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
   while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
   std::size_t digits = 0;
-  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) ++digits;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.'))
+    ++digits;
   std::string_view number = s.substr(0, digits), unit = s.substr(digits);
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
   if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".")
@@ -892,8 +930,8 @@ Result<std::uint64_t> ParseByteSize(std::string_view text) {
   std::string upper(unit);
   for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   static const std::map<std::string, double> kUnits = {
-      {"", 1},          {"B", 1},           {"KB", 1e3},        {"MB", 1e6},        {"GB", 1e9},
-      {"TB", 1e12},     {"KIB", 1024.0},    {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   auto it = kUnits.find(upper);
   if (it == kUnits.end()) return bad("unknown unit " + Quote(std::string(unit)));
   if (unit == "b" || (unit.size() == 2 && unit[1] == 'b'))
@@ -942,7 +980,8 @@ Result<ExportReport> RunExport(const ExportOptions& options) {
   auto src = Load(options.root, options.job, options.version, &shards);
   if (!src.ok()) return src.status();
   ExportReport report;
-  if (Status s = SelectTensors(src->tensors, options.filter, options.blobs, &report.skipped_blobs); !s.ok()) return s;
+  if (Status s = SelectTensors(src->tensors, options.filter, options.blobs, &report.skipped_blobs); !s.ok())
+    return s;
   for (const auto& t : src->tensors)
     if (Status s = CheckTiling(t); !s.ok()) return s;
 
@@ -974,7 +1013,8 @@ Result<ExportReport> RunExport(const ExportOptions& options) {
     if (!out.ok()) return out.status();
     if (Status s = WriteFully(out->fd.get(), header.data(), header.size(), 0, out->path); !s.ok()) return s;
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (Status s = copier.Copy(*order[i], out.value(), header.size() + offsets[i], &report.warnings); !s.ok())
+      if (Status s = copier.Copy(*order[i], out.value(), header.size() + offsets[i], &report.warnings);
+          !s.ok())
         return s;
     }
     if (::fsync(out->fd.get()) != 0) return ckpt::IoError("cannot sync " + out->path, errno);

@@ -65,9 +65,10 @@ int Export(const ExportOptions& options, bool json) {
                {"warnings", report->warnings}});
     return kOk;
   }
-  std::printf("exported job %s version %llu (%u ranks): %zu tensors, %s in %zu files to %s\n", report->job.c_str(),
-              static_cast<unsigned long long>(report->version), report->world_size, report->tensor_names.size(),
-              Human(report->total_size).c_str(), report->files.size(), report->out.c_str());
+  std::printf("exported job %s version %llu (%u ranks): %zu tensors, %s in %zu files to %s\n",
+              report->job.c_str(), static_cast<unsigned long long>(report->version), report->world_size,
+              report->tensor_names.size(), Human(report->total_size).c_str(), report->files.size(),
+              report->out.c_str());
   for (const auto& f : report->files)
     std::printf("  %-36s %6zu tensors %s\n", f.name.c_str(), f.tensors.size(), Human(f.data_bytes).c_str());
   std::printf("  %s\n", std::string(kExportIndexName).c_str());
@@ -75,7 +76,9 @@ int Export(const ExportOptions& options, bool json) {
     std::printf("%zu blobs not exported (--blobs exports them as U8 tensors rank<R>/__blob__/<name>)\n",
                 report->skipped_blobs);
   if (!report->from_index)
-    std::printf("the version has no index.json (written before ckptd kept one): every item exported as rank<R>/<name>\n");
+    std::printf(
+        "the version has no index.json (written before ckptd kept one): every item exported as "
+        "rank<R>/<name>\n");
   return kOk;
 }
 
