@@ -656,9 +656,15 @@ TEST_CASE("export errors name the job, version, tensor, shard or path at fault",
     HandTree::Put(tree.ShardPath(1), file);
     fails(Options(dir), StatusCode::kDataLoss, "corrupted shard of rank 1: ");
   }
-  SECTION("a missing shard") {
+  SECTION("a missing shard; a filter that leaves its tensors out saves the rest") {
     fs::remove(tree.ShardPath(3));
     fails(Options(dir), StatusCode::kDataLoss, "is committed but rank 3's shard cannot be opened");
+    ExportOptions o = Options(dir);
+    o.filter = "^rank[0-2]/";
+    auto r = ckptctl::RunExport(o);
+    INFO(r.status().message());
+    REQUIRE(r.ok());
+    CHECK(r->tensor_names == std::vector<std::string>{"rank0/step", "rank1/step", "rank2/step"});
   }
   SECTION("an index that names an item the shard does not hold, or with another shape") {
     tree.index()["tensors"]["e"]["chunks"][1]["key"] = "nope";
@@ -728,6 +734,14 @@ TEST_CASE("export into a directory with files: refused without --force, replaced
   std::sort(want.begin(), want.end());
   CHECK(ListFiles(out) == want);  // the stale file of the earlier export is gone, config.json kept
   CheckExport(out, Without(fresh.globals(), "__blob__"));
+
+  // --out that is a symbolic link to a directory is that directory.
+  fs::create_directories(dir.path() + "/real");
+  fs::create_directory_symlink(dir.path() + "/real", dir.path() + "/link");
+  r = ckptctl::RunExport(Options(dir, "link"));
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  CheckExport(dir.path() + "/real", Without(fresh.globals(), "__blob__"));
 
   // --out that is a file, or under one.
   HandTree::Put(dir.path() + "/file", "x");

@@ -437,6 +437,8 @@ Status CheckUniqueNames(const std::vector<ExportTensor>& tensors) {
   return Status::Ok();
 }
 
+// The version's tensors, not yet checked against the shards (CheckAgainstShards), so that an
+// export checks only the shards of what it exports.
 Result<ExportSource> Load(const std::string& root, const std::string& job, std::uint64_t version,
                           std::unique_ptr<ShardSet>* shards_out) {
   if (std::string why = ckpt::CheckJobId(job); !why.empty())
@@ -484,8 +486,7 @@ Result<ExportSource> Load(const std::string& root, const std::string& job, std::
     return index_text.status();
   }
   if (Status s = CheckUniqueNames(src.tensors); !s.ok()) return s;
-  if (Status s = CheckAgainstShards(*shards, src); !s.ok()) return s;
-  if (shards_out) *shards_out = std::move(shards);
+  *shards_out = std::move(shards);
   return src;
 }
 
@@ -702,7 +703,7 @@ class OutputDir {
     if (out.empty()) return ckpt::InvalidArgument("--out is empty");
     out_ = out;
     struct stat st {};
-    if (::lstat(out.c_str(), &st) == 0) {
+    if (::stat(out.c_str(), &st) == 0) {  // following a link: --out may be one to a directory
       if (!S_ISDIR(st.st_mode))
         return ckpt::FailedPrecondition("--out " + out + " is " + ckpt::FileTypeName(st.st_mode) +
                                         ", not a directory");
@@ -720,6 +721,11 @@ class OutputDir {
             "export there (its other files are kept)");
       }
       existing_ = std::move(entries);
+      // The directory itself from here on, not a symbolic link to it (OpenDirectory, for the
+      // syncs, follows none).
+      fs::path real = fs::canonical(out, ec);
+      if (ec) return ckpt::IoError("cannot resolve --out " + out, ec.value());
+      out_ = real.string();
     } else if (errno == ENOENT) {
       // Create the missing part of the path; remember its top, to take it away on failure.
       std::error_code ec;
@@ -735,7 +741,7 @@ class OutputDir {
       return ckpt::IoError((errno == ENOTDIR ? "cannot create --out " : "cannot look at --out ") + out,
                            errno);
     }
-    tmp_ = ckpt::JoinPath(out, ".ckptctl-export-" + std::to_string(::getpid()) + ".tmp");  // IsLeftover
+    tmp_ = ckpt::JoinPath(out_, ".ckptctl-export-" + std::to_string(::getpid()) + ".tmp");  // IsLeftover
     std::error_code ec;
     fs::remove_all(tmp_, ec);  // a leftover of a killed export of a process of the same id
     if (::mkdir(tmp_.c_str(), 0755) != 0) return ckpt::IoError("cannot write into --out " + out, errno);
@@ -821,7 +827,11 @@ std::uint64_t ExportTensor::bytes() const {
 
 Result<ExportSource> LoadExportSource(const std::string& root, const std::string& job,
                                       std::uint64_t version) {
-  return Load(root, job, version, nullptr);
+  std::unique_ptr<ShardSet> shards;
+  auto src = Load(root, job, version, &shards);
+  if (!src.ok()) return src;
+  if (Status s = CheckAgainstShards(*shards, src.value()); !s.ok()) return s;
+  return src;
 }
 
 Status SelectTensors(std::vector<ExportTensor>& tensors, const std::string& filter, bool blobs,
@@ -982,6 +992,8 @@ Result<ExportReport> RunExport(const ExportOptions& options) {
   ExportReport report;
   if (Status s = SelectTensors(src->tensors, options.filter, options.blobs, &report.skipped_blobs); !s.ok())
     return s;
+  // Only what is exported must be intact: a filter can save the rest of a damaged version.
+  if (Status s = CheckAgainstShards(*shards, src.value()); !s.ok()) return s;
   for (const auto& t : src->tensors)
     if (Status s = CheckTiling(t); !s.ok()) return s;
 
