@@ -14,10 +14,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "format/checksum.h"
 #include "format/dtype.h"
+#include "format/global_layout.h"
 #include "format/markers.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
@@ -81,8 +83,16 @@ std::string BoxBytes(const std::string& global, const Dims& global_shape, std::s
 // writes them), index.json in the schema of HELPERS.md, COMMITTED.
 class HandTree {
  public:
-  HandTree(std::string root, std::string job, std::uint64_t version, std::uint32_t world)
-      : tree_(std::move(root)), job_(std::move(job)), version_(version), world_(world), items_(world) {
+  // `layouts`: the shards record the global layouts of their items too (format 3), as the
+  // daemon writes them; else they are format 2 and only the index knows the layouts.
+  HandTree(std::string root, std::string job, std::uint64_t version, std::uint32_t world,
+           bool layouts = false)
+      : tree_(std::move(root)),
+        job_(std::move(job)),
+        version_(version),
+        world_(world),
+        layouts_(layouts),
+        items_(world) {
     index_ = {{"format", "ckptd-index/1"},
               {"job", job_},
               {"version", version_},
@@ -104,7 +114,8 @@ class HandTree {
     OrderedJson chunks = OrderedJson::array();
     for (const auto& p : pieces) {
       Add(p.rank, name, ItemKind::kTensor, dtype, p.shape,
-          BoxBytes(bytes, shape, DTypeSize(dtype), p.offsets, p.shape));
+          BoxBytes(bytes, shape, DTypeSize(dtype), p.offsets, p.shape),
+          GlobalLayout{name, shape, p.offsets, false});
       chunks.push_back({{"rank", p.rank},
                         {"file", ShardFileName(p.rank)},
                         {"key", name},
@@ -123,7 +134,8 @@ class HandTree {
     globals_[name] = bytes;
     OrderedJson chunks = OrderedJson::array();
     for (std::uint32_t r = 0; r < world_; ++r) {
-      Add(r, name, ItemKind::kTensor, dtype, shape, bytes);
+      Add(r, name, ItemKind::kTensor, dtype, shape, bytes,
+          GlobalLayout{name, shape, Dims(shape.size(), 0), true});
       chunks.push_back({{"rank", r},
                         {"file", ShardFileName(r)},
                         {"key", name},
@@ -211,8 +223,16 @@ class HandTree {
     std::string bytes;
   };
   void Add(std::uint32_t rank, const std::string& name, ItemKind kind, DType dtype, const Dims& shape,
-           std::string bytes) {
+           std::string bytes, std::optional<GlobalLayout> layout = std::nullopt) {
     ShardItem item;
+    if (layout && layouts_) {
+      // In the header too (format 3), with block sums where the layout is not replicated.
+      item.layout = std::move(layout);
+      if (!item.layout->replicated) {
+        item.blocks.block_bytes = kMinBlockBytes;
+        item.blocks.sums = ComputeBlockSums(bytes.data(), bytes.size(), kMinBlockBytes);
+      }
+    }
     item.name = name;
     item.kind = kind;
     item.dtype = dtype;
@@ -225,6 +245,7 @@ class HandTree {
   std::string job_;
   std::uint64_t version_;
   std::uint32_t world_;
+  bool layouts_;
   std::vector<std::vector<Item>> items_;
   OrderedJson index_;
   std::map<std::string, std::string> globals_;
@@ -572,6 +593,29 @@ TEST_CASE("export of a version without index.json: every item of every rank as r
   CheckExport(o.out, tree.globals());
 }
 
+TEST_CASE("export of format 3 shards: with the index, and without it from the layouts in their headers",
+          "[export]") {
+  TempDir dir("export");
+  HandTree tree(dir.path() + "/root", "job", 2, 4, /*layouts=*/true);
+  FillStandard(tree);
+  tree.Write();
+  REQUIRE(ReadShardHeader(tree.ShardPath(0))->format_version == "3");
+  auto r = ckptctl::RunExport(Options(dir));
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  CHECK(r->from_index);
+  CheckExport(dir.path() + "/out", Without(tree.globals(), "__blob__"));
+
+  fs::remove(dir.path() + "/root/job/v0000000002/index.json");
+  ExportOptions o = Options(dir, "out-headers");
+  o.blobs = true;
+  r = ckptctl::RunExport(o);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->from_index);
+  CheckExport(o.out, tree.globals());
+}
+
 TEST_CASE("export errors name the job, version, tensor, shard or path at fault", "[export]") {
   TempDir dir("export");
   HandTree tree(dir.path() + "/root", "job", 3, 4);
@@ -678,14 +722,16 @@ TEST_CASE("export errors name the job, version, tensor, shard or path at fault",
   SECTION("an index that is not one") {
     HandTree::Put(dir.path() + "/root/job/v0000000003/index.json",
                   "{\"format\": \"ckptd-index/1\", \"job\": 3}");
-    fails(Options(dir), StatusCode::kDataLoss, "index.json: the index has no string \"job\"");
+    fails(Options(dir), StatusCode::kDataLoss, "index.json: top level: lacks \"version\"");
     tree.index()["tensors"]["w"]["chunks"][0]["file"] = "../../etc/passwd";
     tree.WriteIndex();
-    fails(Options(dir), StatusCode::kDataLoss, "names the file '../../etc/passwd', not the shard of rank 0");
+    fails(Options(dir), StatusCode::kDataLoss,
+          "index.json: tensors.'w'.chunks[0].file: is not rank-00000.safetensors, the shard of rank 0");
     tree.index()["tensors"]["w"]["chunks"][0]["file"] = "rank-00000.safetensors";
     tree.index()["tensors"]["w"]["chunks"][0]["rank"] = 7;
     tree.WriteIndex();
-    fails(Options(dir), StatusCode::kDataLoss, "names rank 7 of a version of world size 4");
+    fails(Options(dir), StatusCode::kDataLoss,
+          "index.json: tensors.'w'.chunks[0].rank: is not an integer from 0 to 3");
   }
   SECTION("interrupted") {
     ExportOptions o = Options(dir);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +28,7 @@
 #include "format/markers.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
+#include "format/version_index.h"
 
 namespace ckptctl {
 namespace {
@@ -39,8 +39,6 @@ using ckpt::Result;
 using ckpt::Status;
 using Json = nlohmann::ordered_json;
 
-inline constexpr std::string_view kIndexFile = "index.json";
-inline constexpr std::string_view kIndexFormat = "ckptd-index/1";
 // No tensor of more bytes than this is believed (an index could claim any shape); far above
 // any real one, and small enough that offsets of files holding several never wrap 64 bits.
 inline constexpr std::uint64_t kMaxTensorBytes = std::uint64_t{1} << 56;
@@ -90,7 +88,7 @@ std::optional<std::uint64_t> Elements(const std::vector<std::int64_t>& shape, st
   return n;
 }
 
-Result<std::string> ReadSmallFile(const std::string& path) {
+Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t limit) {
   auto fd = ckpt::OpenRegularForRead(path);
   if (!fd.ok()) return fd.status();
   std::string text;
@@ -101,7 +99,7 @@ Result<std::string> ReadSmallFile(const std::string& path) {
     if (r < 0) return ckpt::IoError("cannot read " + path, errno);
     if (r == 0) break;
     text.append(buf, static_cast<std::size_t>(r));
-    if (text.size() > ckpt::kMaxHeaderBytes) return DataLoss(path + " is larger than any index ckptd writes");
+    if (text.size() > limit) return DataLoss(path + " is larger than " + std::to_string(limit) + " bytes");
   }
   return text;
 }
@@ -172,231 +170,63 @@ class ShardSet {
 };
 
 // ---------------------------------------------------------------------------------------
-// The index (HELPERS.md "Per-version index"), parsed strictly: it lies on a shared file system
-// anyone with write access may have edited, so every field is checked before use.
+// The index (format/version_index.h) as the tensors to export.
 
-class IndexReader {
- public:
-  IndexReader(std::string path, std::uint32_t world_size) : path_(std::move(path)), world_size_(world_size) {}
+ExportChunk ChunkOf(const ckpt::IndexChunk& c) { return {c.rank, c.file, c.key, c.offsets, c.shape}; }
 
-  Status Fail(const std::string& what) const { return DataLoss(path_ + ": " + what); }
+ExportTensor PrivateTensor(std::uint32_t rank, const ckpt::IndexItem& item) {
+  ExportTensor out;
+  out.name = "rank" + std::to_string(rank) + "/" + item.name;
+  out.kind = ExportTensor::Kind::kPrivate;
+  out.dtype = item.dtype;
+  out.shape = item.shape;
+  out.chunks.push_back(
+      {rank, item.file, item.key, std::vector<std::int64_t>(item.shape.size(), 0), item.shape});
+  return out;
+}
 
-  Result<std::string> String(const Json& obj, const char* key, const std::string& where) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || !it->is_string()) return Fail(where + " has no string \"" + key + "\"");
-    return it->get<std::string>();
+ExportTensor BlobTensor(const ckpt::IndexBlob& blob) {
+  ExportTensor out;
+  out.name = "rank" + std::to_string(blob.rank) + "/" + std::string(ckpt::kBlobPrefix) + blob.name;
+  out.kind = ExportTensor::Kind::kBlob;
+  out.dtype = ckpt::DType::kU8;
+  out.shape = {static_cast<std::int64_t>(blob.bytes)};
+  out.chunks.push_back({blob.rank, blob.file, blob.key, {0}, out.shape});
+  return out;
+}
+
+// Global tensors by name (the index's map), then private items by rank, then blobs.
+Status FromIndex(const ckpt::VersionIndex& index, ExportSource& src) {
+  for (const auto& [name, t] : index.tensors) {
+    ExportTensor out;
+    out.name = name;
+    out.kind = ExportTensor::Kind::kGlobal;
+    out.dtype = t.dtype;
+    out.shape = t.shape;
+    out.replicated = t.replicated;
+    if (!Elements(out.shape, ckpt::DTypeSize(out.dtype)))
+      return DataLoss("tensor " + Quote(name) + " has a shape too large to be real: " + ShapeText(t.shape));
+    for (const auto& c : t.chunks) out.chunks.push_back(ChunkOf(c));
+    src.tensors.push_back(std::move(out));
   }
-
-  Result<std::uint64_t> Uint(const Json& obj, const char* key, const std::string& where) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || !it->is_number_unsigned())
-      return Fail(where + " has no non-negative integer \"" + key + "\"");
-    return it->get<std::uint64_t>();
-  }
-
-  Result<std::vector<std::int64_t>> Dims(const Json& obj, const char* key, const std::string& where) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || !it->is_array()) return Fail(where + " has no array \"" + key + "\"");
-    std::vector<std::int64_t> dims;
-    for (const auto& d : *it) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-        return Fail(where + ": \"" + key + "\" holds " + d.dump() + ", not a non-negative integer");
-      dims.push_back(d.get<std::int64_t>());
-    }
-    return dims;
-  }
-
-  Result<ckpt::DType> DType(const Json& obj, const std::string& where) const {
-    auto name = String(obj, "dtype", where);
-    if (!name.ok()) return name.status();
-    auto t = ckpt::ParseDType(name.value());
-    if (!t) return Fail(where + " has the unknown dtype " + Quote(name.value()));
-    return *t;
-  }
-
-  // "rank" and "file" of a chunk, a private item or a blob: a rank of the world, its own shard.
-  Result<std::uint32_t> Rank(const Json& obj, std::uint64_t rank, const std::string& where) const {
-    if (rank >= world_size_)
-      return Fail(where + " names rank " + std::to_string(rank) + " of a version of world size " +
-                  std::to_string(world_size_));
-    auto file = String(obj, "file", where);
-    if (!file.ok()) return file.status();
-    auto file_rank = ckpt::ParseShardFileName(file.value());
-    if (!file_rank || *file_rank != rank)
-      return Fail(where + " names the file " + Quote(file.value()) + ", not the shard of rank " +
-                  std::to_string(rank) + " (" + ckpt::ShardFileName(static_cast<std::uint32_t>(rank)) + ")");
-    return static_cast<std::uint32_t>(rank);
-  }
-
- private:
-  std::string path_;
-  std::uint32_t world_size_;
-};
-
-Status ParseIndex(const std::string& path, const std::string& text, ExportSource& src) {
-  IndexReader r(path, src.world_size);
-  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return r.Fail("not a JSON object");
-  auto format = r.String(doc, "format", "the index");
-  if (!format.ok()) return format.status();
-  if (format.value() != kIndexFormat)
-    return r.Fail("format " + Quote(format.value()) + " is not one this ckptctl reads (" +
-                  std::string(kIndexFormat) + ")");
-  auto job = r.String(doc, "job", "the index");
-  auto version = r.Uint(doc, "version", "the index");
-  auto world = r.Uint(doc, "world_size", "the index");
-  for (const Status* s : {&job.status(), &version.status(), &world.status()})
-    if (!s->ok()) return *s;
-  if (job.value() != src.job || version.value() != src.version || world.value() != src.world_size)
-    return r.Fail("describes job '" + job.value() + "' version " + std::to_string(version.value()) + " of " +
-                  std::to_string(world.value()) + " ranks, but the directory holds job '" + src.job +
-                  "' version " + std::to_string(src.version) + " of " + std::to_string(src.world_size) +
-                  " (COMMITTED)");
-
-  if (auto tensors = doc.find("tensors"); tensors != doc.end()) {
-    if (!tensors->is_object()) return r.Fail("\"tensors\" is not an object");
-    for (auto it = tensors->begin(); it != tensors->end(); ++it) {
-      const std::string where = "tensor " + Quote(it.key());
-      const Json& t = it.value();
-      if (!t.is_object()) return r.Fail(where + " is not an object");
-      ExportTensor out;
-      out.name = it.key();
-      out.kind = ExportTensor::Kind::kGlobal;
-      auto dtype = r.DType(t, where);
-      auto shape = r.Dims(t, "shape", where);
-      if (!dtype.ok()) return dtype.status();
-      if (!shape.ok()) return shape.status();
-      out.dtype = dtype.value();
-      out.shape = shape.value();
-      if (!Elements(out.shape, ckpt::DTypeSize(out.dtype)))
-        return r.Fail(where + " has a shape too large to be real");
-      if (auto rep = t.find("replicated"); rep != t.end()) {
-        if (!rep->is_boolean()) return r.Fail(where + ": \"replicated\" is not true or false");
-        out.replicated = rep->get<bool>();
-      }
-      auto chunks = t.find("chunks");
-      if (chunks == t.end() || !chunks->is_array() || chunks->empty())
-        return r.Fail(where + " has no chunks (an array of at least one)");
-      for (std::size_t i = 0; i < chunks->size(); ++i) {
-        const Json& c = (*chunks)[i];
-        const std::string cw = where + " chunk " + std::to_string(i);
-        if (!c.is_object()) return r.Fail(cw + " is not an object");
-        ExportChunk chunk;
-        auto rank_n = r.Uint(c, "rank", cw);
-        if (!rank_n.ok()) return rank_n.status();
-        auto rank = r.Rank(c, rank_n.value(), cw);
-        auto key = r.String(c, "key", cw);
-        auto offsets = r.Dims(c, "offsets", cw);
-        auto cshape = r.Dims(c, "shape", cw);
-        for (const Status* s : {&rank.status(), &key.status(), &offsets.status(), &cshape.status()})
-          if (!s->ok()) return *s;
-        chunk.rank = rank.value();
-        chunk.file = ckpt::ShardFileName(chunk.rank);
-        chunk.key = key.value();
-        chunk.offsets = offsets.value();
-        chunk.shape = cshape.value();
-        out.chunks.push_back(std::move(chunk));
-      }
-      src.tensors.push_back(std::move(out));
-    }
-    // By name (bytewise), as the index lists them.
-    std::sort(src.tensors.begin(), src.tensors.end(),
-              [](const ExportTensor& a, const ExportTensor& b) { return a.name < b.name; });
-  }
-
-  if (auto priv = doc.find("private"); priv != doc.end()) {
-    if (!priv->is_object()) return r.Fail("\"private\" is not an object");
-    // By rank in numeric order, whatever the order of the keys.
-    std::map<std::uint32_t, const Json*> by_rank;
-    for (auto it = priv->begin(); it != priv->end(); ++it) {
-      std::uint64_t rank = 0;
-      const std::string& k = it.key();
-      auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), rank);
-      if (ec != std::errc() || end != k.data() + k.size() || k.empty() || (k.size() > 1 && k[0] == '0') ||
-          rank >= src.world_size)
-        return r.Fail("\"private\" has the key " + Quote(k) + ", not a rank of the world size " +
-                      std::to_string(src.world_size));
-      if (!it.value().is_array()) return r.Fail("\"private\" of rank " + k + " is not an array");
-      by_rank[static_cast<std::uint32_t>(rank)] = &it.value();
-    }
-    for (const auto& [rank, items] : by_rank) {
-      for (std::size_t i = 0; i < items->size(); ++i) {
-        const Json& p = (*items)[i];
-        const std::string where = "private item " + std::to_string(i) + " of rank " + std::to_string(rank);
-        if (!p.is_object()) return r.Fail(where + " is not an object");
-        auto name = r.String(p, "name", where);
-        auto file_rank = r.Rank(p, rank, where);
-        auto key = r.String(p, "key", where);
-        auto dtype = r.DType(p, where);
-        auto shape = r.Dims(p, "shape", where);
-        for (const Status* s :
-             {&name.status(), &file_rank.status(), &key.status(), &dtype.status(), &shape.status()})
-          if (!s->ok()) return *s;
-        ExportTensor out;
-        out.name = "rank" + std::to_string(rank) + "/" + name.value();
-        out.kind = ExportTensor::Kind::kPrivate;
-        out.dtype = dtype.value();
-        out.shape = shape.value();
-        out.chunks.push_back({rank, ckpt::ShardFileName(rank), key.value(),
-                              std::vector<std::int64_t>(out.shape.size(), 0), out.shape});
-        src.tensors.push_back(std::move(out));
-      }
-    }
-  }
-
-  if (auto blobs = doc.find("blobs"); blobs != doc.end()) {
-    if (!blobs->is_array()) return r.Fail("\"blobs\" is not an array");
-    for (std::size_t i = 0; i < blobs->size(); ++i) {
-      const Json& b = (*blobs)[i];
-      const std::string where = "blob " + std::to_string(i);
-      if (!b.is_object()) return r.Fail(where + " is not an object");
-      auto rank_n = r.Uint(b, "rank", where);
-      if (!rank_n.ok()) return rank_n.status();
-      auto rank = r.Rank(b, rank_n.value(), where);
-      auto name = r.String(b, "name", where);
-      auto key = r.String(b, "key", where);
-      auto bytes = r.Uint(b, "bytes", where);
-      for (const Status* s : {&rank.status(), &name.status(), &key.status(), &bytes.status()})
-        if (!s->ok()) return *s;
-      if (bytes.value() > kMaxTensorBytes) return r.Fail(where + " claims more bytes than any blob holds");
-      ExportTensor out;
-      out.name = "rank" + std::to_string(rank.value()) + "/" + std::string(ckpt::kBlobPrefix) + name.value();
-      out.kind = ExportTensor::Kind::kBlob;
-      out.dtype = ckpt::DType::kU8;
-      out.shape = {static_cast<std::int64_t>(bytes.value())};
-      out.chunks.push_back({rank.value(), ckpt::ShardFileName(rank.value()), key.value(), {0}, out.shape});
-      src.tensors.push_back(std::move(out));
-    }
-  }
+  for (const auto& [rank, items] : index.private_items)
+    for (const auto& item : items) src.tensors.push_back(PrivateTensor(rank, item));
+  for (const auto& blob : index.blobs) src.tensors.push_back(BlobTensor(blob));
   return Status::Ok();
 }
 
-// A version without index.json (committed before the index existed): every tensor item is
-// rank-private, every blob a blob, read from the shard headers.
-Status ListFromHeaders(ShardSet& shards, ExportSource& src) {
-  std::vector<ExportTensor> blobs;
-  for (std::uint32_t rank = 0; rank < src.world_size; ++rank) {
+// A version without index.json (committed before the daemon wrote one): the index the shard
+// headers make (their layouts, if format 3; else every item rank-private).
+Result<ckpt::VersionIndex> IndexFromHeaders(ShardSet& shards, std::uint32_t world_size) {
+  ckpt::VersionIndexBuilder builder;
+  for (std::uint32_t rank = 0; rank < world_size; ++rank) {
     auto shard = shards.Get(rank);
     if (!shard.ok()) return shard.status();
-    for (const auto& item : shard.value()->info.items) {
-      ExportTensor out;
-      out.dtype = item.dtype;
-      out.shape = item.shape;
-      out.chunks.push_back({rank, ckpt::ShardFileName(rank), item.TensorKey(),
-                            std::vector<std::int64_t>(item.shape.size(), 0), item.shape});
-      if (item.kind == ckpt::ItemKind::kBlob) {
-        out.kind = ExportTensor::Kind::kBlob;
-        out.name = "rank" + std::to_string(rank) + "/" + std::string(ckpt::kBlobPrefix) + item.name;
-        blobs.push_back(std::move(out));
-      } else {
-        out.kind = ExportTensor::Kind::kPrivate;
-        out.name = "rank" + std::to_string(rank) + "/" + item.name;
-        src.tensors.push_back(std::move(out));
-      }
-    }
+    if (Status s = builder.Add(shard.value()->info); !s.ok()) return DataLoss(s.message());
   }
-  for (auto& b : blobs) src.tensors.push_back(std::move(b));
-  return Status::Ok();
+  auto index = std::move(builder).Finish();
+  if (!index.ok()) return DataLoss(index.status().message());
+  return index;
 }
 
 // Every chunk names an item of its shard of the dtype and shape the index gives it (the
@@ -459,7 +289,7 @@ Result<ExportSource> Load(const std::string& root, const std::string& job, std::
     return ckpt::NotFound("job '" + job + "' has no version " + std::to_string(version) + " under " + root +
                           " (" + src.version_dir + " does not exist)");
   const std::string marker_path = tree.CommittedMarker(job, version);
-  auto marker_text = ReadSmallFile(marker_path);
+  auto marker_text = ReadSmallFile(marker_path, 64 << 10);
   if (!marker_text.ok()) {
     if (marker_text.status().code() == ckpt::StatusCode::kNotFound)
       return ckpt::NotFound("version " + std::to_string(version) + " of job '" + job +
@@ -475,16 +305,30 @@ Result<ExportSource> Load(const std::string& root, const std::string& job, std::
   src.world_size = marker->world_size;
 
   auto shards = std::make_unique<ShardSet>(src.version_dir, job, version, src.world_size);
-  const std::string index_path = ckpt::JoinPath(src.version_dir, kIndexFile);
-  auto index_text = ReadSmallFile(index_path);
+  const std::string index_path = tree.IndexFile(job, version);
+  auto index_text = ReadSmallFile(index_path, ckpt::kMaxIndexBytes);
+  Result<ckpt::VersionIndex> index = ckpt::VersionIndex{};
   if (index_text.ok()) {
     src.from_index = true;
-    if (Status s = ParseIndex(index_path, index_text.value(), src); !s.ok()) return s;
+    index = ckpt::VersionIndex::Parse(index_text.value());
+    if (!index.ok()) {
+      // Its messages start "index.json: ..." or "index.json is ...": name the whole path instead.
+      std::string why = index.status().message();
+      if (why.rfind(ckpt::kIndexFileName, 0) == 0) why.erase(0, ckpt::kIndexFileName.size());
+      return DataLoss(index_path + why);
+    }
+    if (index->job != job || index->version != version || index->world_size != src.world_size)
+      return DataLoss(index_path + " describes job '" + index->job + "' version " +
+                      std::to_string(index->version) + " of " + std::to_string(index->world_size) +
+                      " ranks, but the directory holds job '" + job + "' version " + std::to_string(version) +
+                      " of " + std::to_string(src.world_size) + " (COMMITTED)");
   } else if (index_text.status().code() == ckpt::StatusCode::kNotFound) {
-    if (Status s = ListFromHeaders(*shards, src); !s.ok()) return s;
+    index = IndexFromHeaders(*shards, src.world_size);
+    if (!index.ok()) return index.status();
   } else {
     return index_text.status();
   }
+  if (Status s = FromIndex(index.value(), src); !s.ok()) return s;
   if (Status s = CheckUniqueNames(src.tensors); !s.ok()) return s;
   *shards_out = std::move(shards);
   return src;
