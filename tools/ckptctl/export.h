@@ -4,7 +4,7 @@
 //   ROOT/JOB/vNNNNNNNNNN/index.json + rank-*.safetensors     (what the daemon wrote)
 //     -> LoadExportSource: the tensors to export, each with the chunks it is made of
 //     -> SelectTensors (--filter, --blobs), CheckTiling, PackFiles (--max-shard-size)
-//     -> WriteExport: DIR/model-00001-of-0000N.safetensors ... + model.safetensors.index.json
+//     -> the writer (RunExport): DIR/model-00001-of-0000N.safetensors ... + the index
 //
 // Each global tensor is exported whole under its global name, a replicated one once; a
 // rank-private item as "rank<R>/<name>"; a blob (only with --blobs) as the U8 tensor
@@ -66,13 +66,14 @@ struct ExportSource {
   std::string job;
   std::uint64_t version = 0;
   std::uint32_t world_size = 0;
-  bool from_index = false;  // false: the version has no index.json (written before issue 16)
+  bool from_index = false;  // false: no index.json; the index was rebuilt from the shard headers
   std::string version_dir;
   // Global tensors by name, then private items by rank (in shard order), then blobs by rank.
   std::vector<ExportTensor> tensors;
 };
 
-// The tensors of `version` of `job` under `root` (0: the newest committed version). NotFound
+// The tensors of `version` of `job` under `root` (0: the newest committed version), from its
+// index.json, or from its shard headers (format/version_index.h) when it has none. NotFound
 // for an unknown job, a version that is not there or not committed, a job without any committed
 // version; DataLoss for an index or shard header that is malformed or disagrees with the shards
 // (a missing key, another dtype or shape). Reads the index and the shard headers, no data.

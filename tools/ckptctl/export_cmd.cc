@@ -76,9 +76,7 @@ int Export(const ExportOptions& options, bool json) {
     std::printf("%zu blobs not exported (--blobs exports them as U8 tensors rank<R>/__blob__/<name>)\n",
                 report->skipped_blobs);
   if (!report->from_index)
-    std::printf(
-        "the version has no index.json (written before ckptd kept one): every item exported as "
-        "rank<R>/<name>\n");
+    std::printf("the version has no index.json: its tensors were read from the shard headers\n");
   return kOk;
 }
 
