@@ -4,11 +4,11 @@
 
 A real ckptd; 4 ranks (one process, 4 clients) register pieces of 3 global F32 tensors of
 --dim x --dim each: A split along dimension 0 (each chunk one run), B along dimension 1 (runs
-of dim/4 elements), C in a 2 x 2 grid (runs of dim/2), commit version 1, and the version's
-index.json lists the chunks (written here in the daemon's schema where the daemon does not
-record layouts). Then, --rounds times: `ckptctl verify` of the version (reads and hashes every
-byte: the floor of any verified export) and `ckptctl export` into a fresh directory, timed, with
-the export's peak RSS; the page cache is warm for both (the shards were just written).
+of dim/4 elements), C in a 2 x 2 grid (runs of dim/2), each with its ckpt.Layout, and commit
+version 1 (the daemon writes its index.json). Then, --rounds times: `ckptctl verify` of the
+version (reads and hashes every byte: the floor of any verified export) and `ckptctl export`
+into a fresh directory, timed, with the export's peak RSS; the page cache is warm for both (the
+shards were just written).
 
   PYTHONPATH=BUILD/python /usr/bin/python3 bench/export_bench.py --ckptd BUILD/ckptd
       --ckptctl BUILD/ckptctl [--dim 8192] [--rounds 3] [--out docs/results/export.json]
@@ -88,7 +88,8 @@ def main() -> None:
             spec, at = [], 0
             for name, bx in layout.items():
                 shape = bx[rank][1]
-                spec.append((name, "F32", list(shape), region, at))
+                spec.append(ckpt.TensorItem(name, "F32", list(shape), region, at,
+                                            layout=ckpt.Layout(name, [args.dim, args.dim], list(bx[rank][0]))))
                 at += int(np.prod(shape)) * 4
             client = ckpt.Client.connect(str(work / "ckptd.sock"))
             client.register_items(JOB, rank, WORLD, spec)
@@ -98,15 +99,6 @@ def main() -> None:
             client.snapshot(1)
         for client in clients:
             client.wait_durable(1, ckpt.Level.COMMITTED, timeout=600)
-        vdir = work / "root" / JOB / ("v%010d" % 1)
-        index = {"format": "ckptd-index/1", "job": JOB, "version": 1, "world_size": WORLD, "private": {},
-                 "blobs": [], "tensors": {
-                     name: {"dtype": "F32", "shape": [args.dim, args.dim], "replicated": False,
-                            "chunks": [{"rank": r, "file": "rank-%05d.safetensors" % r, "key": name,
-                                        "offsets": list(o), "shape": list(s)} for r, (o, s) in enumerate(bx)]}
-                     for name, bx in layout.items()}}
-        (vdir / "index.json").write_text(json.dumps(index))
-
         rounds = []
         for i in range(args.rounds):
             t0 = time.monotonic()

@@ -5,9 +5,10 @@ safe_open) opens every file it wrote: every global tensor equals the original, t
 items are there as rank<R>/<name>, the index's weight_map and total_size are right. Also with
 a --max-shard-size small enough to make several files, with --filter, and with --blobs.
 
-The index.json that says which chunks make each global tensor: the daemon writes it once the
-version is committed. Where the daemon does not (yet) record layouts, the test writes the
-same index itself next to the daemon's shards, in the schema the daemon writes.
+Each rank declares where its items sit (ckpt.Layout); the daemon writes the version's
+index.json at commit, and export reads that. Item names differ from the global names for some
+tensors ("emb.shard" is a piece of "emb"), as they do in sharded trainers. One blob is written
+for one rank only (for_rank); export names every blob by the rank that wrote it.
 (fixtures: conftest.py)"""
 
 import json
@@ -35,6 +36,7 @@ GLOBALS = {
     "emb": (EMB, [((4 * r, 0), (4, 4)) for r in range(WORLD)]),
     "cube": (CUBE, [((0, r, 0), (4, 1, 2)) for r in range(WORLD)]),
 }
+ITEM_NAMES = {"w": "w", "emb": "emb.shard", "cube": "cube.piece"}  # the items' own names
 DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16",
           np.dtype(np.uint8): "U8"}
 
@@ -53,39 +55,18 @@ def blob_of(rank):
 
 
 def rank_items(rank):
-    """(name, array) of everything rank `rank` registers: its pieces, the replica, its step."""
+    """(name, array, layout) of everything rank `rank` registers: its pieces, the replica, its step."""
     items = []
     for name, (array, boxes) in GLOBALS.items():
         offsets, shape = boxes[rank]
-        items.append((name, piece(array, offsets, shape)))
-    items.append(("bias", BIAS.copy()))
-    items.append(("step", step_of(rank)))
+        items.append((ITEM_NAMES[name], piece(array, offsets, shape),
+                      ckpt.Layout(name, list(array.shape), list(offsets))))
+    items.append(("bias", BIAS.copy(), ckpt.Layout(replicated=True)))
+    items.append(("step", step_of(rank), None))
     return items
 
 
-def write_index(version_dir):
-    """The index the daemon writes (HELPERS.md schema), for the layouts above."""
-    tensors = {}
-    for name, (array, boxes) in GLOBALS.items():
-        tensors[name] = {
-            "dtype": DTYPES[array.dtype], "shape": list(array.shape), "replicated": False,
-            "chunks": [{"rank": r, "file": "rank-%05d.safetensors" % r, "key": name,
-                        "offsets": list(o), "shape": list(s)} for r, (o, s) in enumerate(boxes)]}
-    tensors["bias"] = {
-        "dtype": "F32", "shape": list(BIAS.shape), "replicated": True,
-        "chunks": [{"rank": r, "file": "rank-%05d.safetensors" % r, "key": "bias", "offsets": [0],
-                    "shape": list(BIAS.shape)} for r in range(WORLD)]}
-    index = {
-        "format": "ckptd-index/1", "job": JOB, "version": VERSION, "world_size": WORLD, "tensors": tensors,
-        "private": {str(r): [{"name": "step", "file": "rank-%05d.safetensors" % r, "key": "step",
-                              "dtype": "I64", "shape": [1]}] for r in range(WORLD)},
-        "blobs": [{"rank": r, "name": "rng", "file": "rank-%05d.safetensors" % r, "key": "__blob__/rng",
-                   "bytes": len(blob_of(r)), "for_rank": None} for r in range(WORLD)],
-    }
-    tmp = os.path.join(version_dir, "index.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(index, f, indent=1)
-    os.rename(tmp, os.path.join(version_dir, "index.json"))
+SAMPLER = b"sampler position, for rank 0 only"  # written by rank 3, for rank 0
 
 
 def expected(blobs=False):
@@ -96,31 +77,38 @@ def expected(blobs=False):
         want["rank%d/step" % r] = step_of(r)
         if blobs:
             want["rank%d/__blob__/rng" % r] = np.frombuffer(blob_of(r), dtype=np.uint8)
+    if blobs:
+        want["rank3/__blob__/sampler"] = np.frombuffer(SAMPLER, dtype=np.uint8)
     return want
 
 
 @pytest.fixture
 def committed(daemon, temp_dir):
-    """Version 1 of a 4-rank job committed by `daemon`; yields (daemon, temp_dir)."""
+    """Version 1 of a 4-rank job with layouts, committed by `daemon`; yields (daemon, temp_dir)."""
     clients, regions = [], []
     for rank in range(WORLD):
         items = rank_items(rank)
-        region = ckpt.SharedRegion.create(sum(a.nbytes for _, a in items))
+        region = ckpt.SharedRegion.create(sum(a.nbytes for _, a, _ in items))
         view = np.frombuffer(region, dtype=np.uint8)
         spec, at = [], 0
-        for name, array in items:
+        for name, array, layout in items:
             view[at:at + array.nbytes] = np.frombuffer(array.tobytes(), dtype=np.uint8)
-            spec.append((name, DTYPES[array.dtype], list(array.shape), region, at))
+            spec.append(ckpt.TensorItem(name, DTYPES[array.dtype], list(array.shape), region, at, layout=layout))
             at += array.nbytes
         client = daemon.client()
         client.register_items(JOB, rank, WORLD, spec)
         clients.append(client)
         regions.append(region)
     for rank, client in enumerate(clients):
-        client.snapshot(VERSION, {"rng": blob_of(rank)})
+        blobs = {"rng": blob_of(rank)}
+        if rank == 3:
+            blobs["sampler"] = ckpt.Blob(SAMPLER, for_rank=0)
+        client.snapshot(VERSION, blobs)
     for client in clients:
         client.wait_durable(VERSION, ckpt.Level.COMMITTED, timeout=60)
-    write_index(os.path.join(daemon.root, JOB, "v%010d" % VERSION))
+    with open(os.path.join(daemon.root, JOB, "v%010d" % VERSION, "index.json")) as f:
+        index = json.load(f)  # the daemon's, which export reads
+    assert index["tensors"]["emb"]["chunks"][2]["key"] == "emb.shard"
     yield daemon, temp_dir
     for client in clients:
         client.unregister()
@@ -172,7 +160,7 @@ def test_export_opens_with_safetensors_and_equals_the_global_tensors(committed):
     out = str(tmp / "out-all")
     r = export(d, out)
     assert "exported job %s version %d (4 ranks): 8 tensors" % (JOB, VERSION) in r.stdout
-    assert "4 blobs not exported" in r.stdout
+    assert "5 blobs not exported" in r.stdout
     got, index = load_export(out)
     check_equal(got, expected())
     assert sorted(os.listdir(out)) == ["model.safetensors", "model.safetensors.index.json"]
@@ -205,6 +193,11 @@ def test_export_with_filter_and_blobs(committed):
     assert sorted(want) == ["cube", "emb", "rank2/__blob__/rng", "rank2/step"]
     check_equal(got, want)
     assert bytes(got["rank2/__blob__/rng"]) == blob_of(2)
+    out = str(tmp / "out-blobs")
+    export(d, out, "--blobs")
+    got, _ = load_export(out)
+    check_equal(got, expected(blobs=True))
+    assert bytes(got["rank3/__blob__/sampler"]) == SAMPLER
 
 
 def test_export_refuses_and_explains(committed):
@@ -212,7 +205,7 @@ def test_export_refuses_and_explains(committed):
     out = str(tmp / "out-refused")
     r = export(d, out, "--filter", "^decoder\\.", check=False)
     assert r.returncode == 3
-    assert "ckptctl: export: --filter '^decoder\\.' matches none of the 12 tensors" in r.stderr
+    assert "ckptctl: export: --filter '^decoder\\.' matches none of the 13 tensors" in r.stderr
     assert not os.path.exists(out)
     r = export(d, out, "--max-shard-size", "5Gb", check=False)
     assert r.returncode == 2 and "ambiguous unit 'Gb'" in r.stderr
