@@ -4,6 +4,7 @@
 // ShardLayout, their index.json and COMMITTED), every byte of every exported tensor checked
 // against the global tensor, and each error path, through RunExport and through the binary
 // for the exit codes and the "ckptctl: export:" lines.
+#include <ckpt/client.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -591,6 +592,67 @@ TEST_CASE("export of a version without index.json: every item of every rank as r
   REQUIRE(r.ok());
   CHECK_FALSE(r->from_index);
   CheckExport(o.out, tree.globals());
+}
+
+TEST_CASE("export of what a real ckptd wrote for 4 ranks declaring layouts, from its index.json",
+          "[export]") {
+  TempDir dir("export");
+  DaemonOptions opts;
+  opts.root = dir.path() + "/root";
+  opts.socket = dir.path() + "/sock/ckptd.sock";
+  DaemonProcess daemon(opts);
+  struct Piece {
+    std::string item, global;
+    DType dtype;
+    Dims global_shape, offsets, shape;
+  };
+  std::map<std::string, std::string> want;
+  std::vector<Client> clients;
+  std::vector<std::shared_ptr<SharedRegion>> regions;
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    const std::int64_t ri = r;
+    const std::vector<Piece> pieces = {
+        {"w", "w", DType::kF32, {6, 8}, {ri / 2 * 3, ri % 2 * 4}, {3, 4}},
+        {"e.part", "e", DType::kI64, {8}, {2 * ri}, {2}},
+        {"b", "b", DType::kF32, {5}, {0}, {5}},
+        {"step", "", DType::kI64, {1}, {0}, {1}},
+    };
+    std::string bytes;
+    std::vector<std::pair<std::uint64_t, const Piece*>> at;
+    for (const auto& p : pieces) {
+      const std::string name = p.global.empty() ? "rank" + std::to_string(r) + "/" + p.item : p.global;
+      const std::string global = GlobalBytes(name, p.dtype, p.global_shape);
+      want[name] = global;
+      at.emplace_back(bytes.size(), &p);
+      bytes += BoxBytes(global, p.global_shape, DTypeSize(p.dtype), p.offsets, p.shape);
+    }
+    regions.push_back(SharedRegion::create(bytes.size()));
+    std::memcpy(regions.back()->data(), bytes.data(), bytes.size());
+    std::vector<TensorItem> items;
+    for (const auto& [offset, p] : at) {
+      TensorItem t{p->item, p->dtype, p->shape, regions.back(), offset, nullptr, std::nullopt};
+      if (p->item == "b")
+        t.layout = Layout{"", {}, {}, true};
+      else if (!p->global.empty())
+        t.layout = Layout{p->global, p->global_shape, p->offsets, false};
+      items.push_back(std::move(t));
+    }
+    clients.push_back(Client::connect(daemon.socket()));
+    clients.back().register_items("job", r, 4, items);
+  }
+  for (std::uint32_t r = 0; r < 4; ++r) clients[r].snapshot(1, {Blob{"rng", "rank " + std::to_string(r)}});
+  for (auto& c : clients) c.wait_durable(1, Level::kCommitted, std::chrono::seconds(60));
+  REQUIRE(fs::exists(dir.path() + "/root/job/v0000000001/index.json"));
+
+  ExportOptions o = Options(dir);
+  o.max_shard_bytes = 64;  // by name: b (20 bytes), e (64), w (192: above), then the 4 steps
+  auto r = ckptctl::RunExport(o);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  CHECK(r->from_index);
+  CHECK(r->skipped_blobs == 4);
+  CHECK(r->files.size() == 4);
+  CheckExport(o.out, want);
 }
 
 TEST_CASE("export of format 3 shards: with the index, and without it from the layouts in their headers",
