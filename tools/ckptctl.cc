@@ -1,5 +1,5 @@
 // ckptctl: look at a running ckptd (status, ls, jobs, prefetch, metrics) or at checkpoint files
-// (verify, inspect). The subcommands live in tools/ckptctl/ (commands.h); here the command
+// (verify, inspect, export). The subcommands live in tools/ckptctl/ (commands.h); here the command
 // line is parsed and one of them called. Exit codes: tools/ckptctl/common.h.
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -98,8 +98,39 @@ int main(int argc, char** argv) {
   inspect->add_option("shards", paths, "Shard files");
   tree_options(inspect, "Only this rank's shard (default: every rank)");
 
+  // export: a committed version of a checkpoint tree, consolidated (tools/ckptctl/export.h).
+  ExportOptions export_opts;
+  std::string max_shard_size = "5GB";
+  auto* exp = app.add_subcommand(
+      "export",
+      "Write a committed version as Hugging Face safetensors files (each global tensor whole, rank-private items "
+      "as rank<R>/<name>) plus model.safetensors.index.json, with no daemon (docs/export.md)");
+  exp->add_option("--root", export_opts.root, "Checkpoint root (the daemon's persistent tier)")->required();
+  exp->add_option("--job", export_opts.job, "Job id under --root")->required();
+  exp->add_option("--version", export_opts.version, "Committed version (default: the newest committed)");
+  exp->add_option("--out", export_opts.out, "Directory to write (created if missing; must be empty unless --force)")
+      ->required();
+  exp->add_option("--filter", export_opts.filter,
+                  "Export only the tensors whose exported name this regular expression finds (ECMAScript, "
+                  "searched anywhere in the name: ^model\\. or /step$)");
+  exp->add_option("--max-shard-size", max_shard_size,
+                  "Most data bytes per file, as Hugging Face writes it: 5GB, 500MB, 2GiB, or bytes; a larger "
+                  "tensor gets a file of its own")
+      ->capture_default_str();
+  exp->add_flag("--blobs", export_opts.blobs,
+                "Export blobs too, as U8 tensors rank<R>/__blob__/<name> (default: left out, and counted)");
+  exp->add_flag("--force", export_opts.force,
+                "Write into a directory that has files in it: the files of an earlier export there are replaced, "
+                "others (config.json, tokenizer files) kept");
+  json_flag(exp);
+
   try {
     app.parse(argc, argv);
+    if (*exp) {
+      auto size = ParseByteSize(max_shard_size);
+      if (!size.ok()) throw CLI::ValidationError(size.status().message());
+      export_opts.max_shard_bytes = size.value();
+    }
     if ((*verify || *inspect) && paths.empty() && tree.root.empty())
       throw CLI::RequiredError("shard files or --root and --job");
   } catch (const CLI::ParseError& e) {
@@ -112,5 +143,6 @@ int main(int argc, char** argv) {
   if (*metrics) return Metrics(socket, json);
   if (*verify) return Verify(paths, tree, json);
   if (*inspect) return Inspect(paths, tree, json);
+  if (*exp) return Export(export_opts, json);
   return kUsage;
 }

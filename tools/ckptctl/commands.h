@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/ckptctl/export.h"
+
 namespace ckptctl {
 
 // Where a checkpoint tree's shard is, for verify and inspect without a daemon: every shard
@@ -29,5 +31,7 @@ int Metrics(const std::string& socket, bool json);
 // `paths` and the shards of `tree` (if its root is set).
 int Verify(std::vector<std::string> paths, const TreeSelection& tree, bool json);
 int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json);
+// Consolidates a committed version into Hugging Face safetensors files (export.h).
+int Export(const ExportOptions& options, bool json);
 
 }  // namespace ckptctl
