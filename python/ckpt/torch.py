@@ -89,6 +89,7 @@ reports). Pickled state is loaded with pickle: load only checkpoints you trust.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import operator
 import os
@@ -107,9 +108,12 @@ from . import Client, DaemonRestartedError, Error, Level, SharedRegion, VersionN
 
 __all__ = [
     "Checkpointer",
+    "Layout",
+    "REPLICATED",
     "StateMismatchError",
     "UnsupportedTensorError",
     "VersionNotFoundError",
+    "flat_shard",
     "load_checkpoint",
 ]
 
@@ -140,6 +144,55 @@ class UnsupportedTensorError(ValueError):
 
 class StateMismatchError(ValueError):
     """The model / optimizer / objects do not match the checkpoint being loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a tensor item sits in a global tensor, so that a restore at another world size
+    can reshard it (the fields of ckpt.Layout, the client's):
+
+      Layout(global_shape=[1024, 512], offsets=[256, 0])   the box [256, 256 + rows) x [0, 512)
+                                                            of a 1024 x 512 tensor
+      flat_shard(start, global_numel)                       elements [start, start + numel) of a
+                                                            flat 1-D tensor (ZeRO-1 partitions)
+      REPLICATED                                            the whole tensor, the same on every rank
+
+    global_name: the global tensor's name; None: the item's name (for optimizer state: the rule
+    of Checkpointer's `layouts`). The box's extent is the item's shape."""
+
+    global_shape: Tuple[int, ...] = ()
+    offsets: Tuple[int, ...] = ()
+    global_name: Optional[str] = None
+    replicated: bool = False
+
+    def __post_init__(self):
+        for field in ("global_shape", "offsets"):
+            value = getattr(self, field)
+            try:
+                value = tuple(operator.index(v) for v in value)
+            except TypeError:
+                raise TypeError(f"Layout.{field} must be a sequence of ints, not {value!r}") from None
+            if any(v < 0 for v in value):
+                raise ValueError(f"Layout.{field} {list(value)} has a negative value")
+            object.__setattr__(self, field, value)
+        if self.replicated and self.offsets:
+            raise ValueError("a replicated Layout has no offsets (every rank holds the whole tensor)")
+        if not self.replicated and len(self.global_shape) != len(self.offsets):
+            raise ValueError(f"Layout: global_shape {list(self.global_shape)} and offsets {list(self.offsets)} "
+                             f"must have one value per dimension")
+        if self.global_name is not None and (not isinstance(self.global_name, str) or not self.global_name):
+            raise ValueError(f"Layout.global_name must be a non-empty string or None, not {self.global_name!r}")
+
+
+REPLICATED = Layout(replicated=True)
+
+
+def flat_shard(start: int, global_numel: int, global_name: Optional[str] = None) -> Layout:
+    """The layout of a flat 1-D tensor that is elements [start, start + its numel) of a flat
+    global tensor of global_numel elements: a ZeRO-1/2 optimizer partition. With the global
+    name of the flat tensor (the same on every rank), a restore at another world size gives
+    each rank its new range, whatever the old ranks' ranges were."""
+    return Layout(global_shape=(global_numel,), offsets=(start,), global_name=global_name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -307,19 +360,106 @@ def _shard_name(rank: int) -> str:
 
 class _Slot:
     """One tensor item: the tensor object the trainer uses, where its bytes live, and how to
-    tell whether it is still the tensor the trainer uses (owner[key] is tensor, same address).
+    tell whether it is still the tensor the trainer uses (owner[key] is holder, same address;
+    holder is the tensor itself, or the DTensor / ShardedTensor whose local piece it is).
     A staged slot (a buffer the forward changes) is registered at region/offset of a staging
-    copy that save() refreshes (`block`); ptr is then the address of the trainer's tensor."""
+    copy that save() refreshes (`block`); ptr is then the address of the trainer's tensor.
+    layout: where it sits in its global tensor (a Layout with global_name set), None: private;
+    auto: the layout a DTensor or ShardedTensor gave; param: for optimizer state, the index of
+    its parameter."""
 
-    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block")
+    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block", "holder",
+                 "layout", "auto", "param")
 
-    def __init__(self, name, tensor, owner, key, staged=False):
+    def __init__(self, name, tensor, owner, key, staged=False, holder=None, auto=None, param=None):
         self.name, self.tensor, self.owner, self.key, self.staged = name, tensor, owner, key, staged
+        self.holder = tensor if holder is None else holder
+        self.auto, self.param, self.layout = auto, param, None
         self.ptr = self.region = self.offset = self.block = None
 
     def current(self) -> bool:
         t = self.tensor
-        return (self.owner is None or self.owner.get(self.key) is t) and t.data_ptr() == self.ptr
+        return (self.owner is None or self.owner.get(self.key) is self.holder) and t.data_ptr() == self.ptr
+
+
+def _sharded_tensor_type():
+    """torch.distributed._shard's ShardedTensor class if that module was imported (no
+    ShardedTensor exists otherwise; importing it here would fail on torch 1.13 under Python
+    3.11, whose dataclasses refuse its metadata class), else None."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor.api")
+    return getattr(module, "ShardedTensor", None)
+
+
+def _dtensor_type():
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):  # torch >= 2.4, older 2.x
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _dtensor_box(name: str, t) -> Layout:
+    """The layout of this rank's local tensor of DTensor `t` (Shard and Replicate placements)."""
+    kinds = {type(p).__name__ for p in t.placements}
+    if kinds <= {"Replicate"}:
+        return REPLICATED
+    if not kinds <= {"Shard", "Replicate"}:
+        raise UnsupportedTensorError(f"{name}: DTensor placements {list(t.placements)} are not supported "
+                                     f"(Shard and Replicate only; a Partial one must be reduced first)")
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:  # torch < 2.4
+        from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
+    shape, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    if list(shape) != _shape(t._local_tensor):
+        raise UnsupportedTensorError(f"{name}: the DTensor's local tensor is {_shape(t._local_tensor)}, not the "
+                                     f"{list(shape)} its placements {list(t.placements)} give (padded?)")
+    return Layout(global_shape=_shape(t), offsets=[int(o) for o in offsets])
+
+
+def _local_pieces(name: str, t: torch.Tensor) -> List[Tuple[str, torch.Tensor, Optional[Layout]]]:
+    """(item name, local tensor, layout) of each piece of `t` this rank holds: `t` itself for a
+    plain tensor; the local tensor of a DTensor; each local shard of a ShardedTensor (named
+    NAME[j] when there are several)."""
+    sharded = _sharded_tensor_type()
+    if sharded is not None and isinstance(t, sharded):
+        shards = t.local_shards()
+        size = _shape(t.metadata().size)
+        return [(name if len(shards) == 1 else f"{name}[{j}]", sh.tensor,
+                 Layout(global_shape=size, offsets=list(sh.metadata.shard_offsets), global_name=name))
+                for j, sh in enumerate(shards)]
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        return [(name, t._local_tensor, dataclasses.replace(_dtensor_box(name, t), global_name=name))]
+    return [(name, t, None)]
+
+
+def _as_layout(layout: Any) -> Layout:
+    """A Layout from a Layout or anything with its fields (a ckpt.Layout)."""
+    if isinstance(layout, Layout):
+        return layout
+    if not all(hasattr(layout, f) for f in ("global_shape", "offsets", "replicated")):
+        raise TypeError(f"layouts: a value must be a ckpt.torch.Layout (or ckpt.Layout), not "
+                        f"{type(layout).__name__}")
+    return Layout(global_shape=layout.global_shape, offsets=layout.offsets,
+                  global_name=getattr(layout, "global_name", None) or None, replicated=layout.replicated)
+
+
+def _check_box(name: str, t: torch.Tensor, layout: Layout) -> None:
+    """Raises ValueError unless `layout` fits item `name` (the daemon checks it too)."""
+    shape = _shape(t)
+    if layout.replicated:
+        if layout.global_shape and list(layout.global_shape) != shape:
+            raise ValueError(f"{name}: a replicated layout's global_shape {list(layout.global_shape)} is not the "
+                             f"tensor's shape {shape}")
+        return
+    if len(layout.global_shape) != len(shape):
+        raise ValueError(f"{name}: the layout has {len(layout.global_shape)} dimensions (global_shape "
+                         f"{list(layout.global_shape)}), the tensor {len(shape)} (shape {shape})")
+    for d, (off, n, g) in enumerate(zip(layout.offsets, shape, layout.global_shape)):
+        if off + n > g:
+            raise ValueError(f"{name}: the box at offsets {list(layout.offsets)} with shape {shape} does not fit "
+                             f"in global_shape {list(layout.global_shape)} (dimension {d}: {off} + {n} > {g})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -447,8 +587,22 @@ class Checkpointer:
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                  extra_state: Optional[Dict[str, Any]] = None, rng: bool = True,
                  wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None,
-                 background: bool = True, warn_blob_bytes: Optional[int] = 64 * 1024, **objects: Any):
+                 background: bool = True, warn_blob_bytes: Optional[int] = 64 * 1024,
+                 layouts: Optional[Mapping[Union[str, torch.Tensor], Layout]] = None, replicated: bool = False,
+                 **objects: Any):
         rank, world_size = _rank_and_world(rank, world_size)
+        explicit: Tuple[Dict[int, Layout], Dict[str, Layout]] = ({}, {})
+        self._explicit_refs: Dict[int, torch.Tensor] = {}  # keeps the tensors keyed by id alive
+        for key, layout in (layouts or {}).items():
+            layout = _as_layout(layout)
+            if isinstance(key, torch.Tensor):
+                explicit[0][id(key)] = layout
+                self._explicit_refs[id(key)] = key
+            elif isinstance(key, str):
+                explicit[1][key] = layout
+            else:
+                raise TypeError(f"layouts: a key must be a tensor or an item name, not {type(key).__name__}")
+        self._explicit, self._replicate_all, self._layouts_checked = explicit, bool(replicated), False
         if isinstance(client_or_socket, Client):
             if reconnect_budget is not None:
                 raise ValueError("reconnect_budget applies to a client the Checkpointer connects: pass it to "
@@ -734,6 +888,12 @@ class Checkpointer:
         """(name, dtype, shape) of every registered tensor item."""
         return list(self._items_meta)
 
+    @property
+    def layouts(self) -> Dict[str, Layout]:
+        """Item name -> its Layout (global_name set) for every tensor item that has one: what
+        a restore at another world size can reshard. Items not listed are rank-private."""
+        return {s.name: s.layout for s in self._slots if s.layout is not None}
+
     def tensors(self) -> Dict[str, torch.Tensor]:
         """The registered tensors (the trainer's own objects) by item name."""
         return {s.name: s.tensor for s in self._slots}
@@ -750,22 +910,28 @@ class Checkpointer:
 
         forward_changes: set = set()  # id() of the buffers the forward changes
 
-        def add(name, t, owner, key) -> Optional[str]:
+        def add(name, t, owner, key, param=None) -> Optional[str]:
             if id(t) in seen:
                 return seen[id(t)]
-            _check_tensor(name, t)
-            if t.numel() == 0:
+            pieces = _local_pieces(name, t)
+            wrapped = pieces[0][1] is not t  # a DTensor or ShardedTensor: its local pieces are the items
+            for piece, local, _ in pieces:
+                _check_tensor(piece, local)
+            if not wrapped and t.numel() == 0:
                 return None  # no bytes: goes into the blob
-            old = previous.get(id(t))
-            # Host buffers the forward changes get a staging copy: the forward may run
-            # before the version is captured, so only the next update has to wait.
-            staged = id(t) in forward_changes and t.device.type == "cpu"
-            slot = _Slot(name, t, owner, key, staged)
-            if t.device.type == "cuda":
-                slot.ptr = t.data_ptr()  # registered where it is (CUDA IPC), never moved
-            elif old is not None and old.current() and old.staged == staged:
-                slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
-            slots.append(slot)
+            for piece, local, auto in pieces:
+                if local.numel() == 0:
+                    continue  # this rank holds none of it
+                old = previous.get(id(local))
+                # Host buffers the forward changes get a staging copy: the forward may run
+                # before the version is captured, so only the next update has to wait.
+                staged = id(t) in forward_changes and local.device.type == "cpu"
+                slot = _Slot(piece, local, owner, key, staged, holder=t, auto=auto, param=param)
+                if local.device.type == "cuda":
+                    slot.ptr = local.data_ptr()  # registered where it is (CUDA IPC), never moved
+                elif old is not None and old.current() and old.staged == staged:
+                    slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
+                slots.append(slot)
             seen[id(t)] = name
             return name
 
@@ -812,17 +978,18 @@ class Checkpointer:
                             raise UnsupportedTensorError(
                                 f"{name} is the same tensor as {seen[id(v)]}; shared optimizer state "
                                 f"tensors are not supported")
-                        if add(name, v, st, k) is not None:
+                        if add(name, v, st, k, param=i) is not None:
                             continue
                     self._optim_other.setdefault(i, []).append(k)
         self._check_no_shared_storage(slots)
+        self._resolve_layouts(slots)
         self._move_to_shm([s for s in slots if s.ptr is None and not s.staged])
         self._move_to_staging([s for s in slots if s.ptr is None and s.staged])
-        before = [(s.name, s.ptr, id(s.region), s.offset) for s in self._slots]
+        before = [(s.name, s.ptr, id(s.region), s.offset, s.layout) for s in self._slots]
         self._slots = slots
         owned = [s for s in slots if s.owner is not None]
         # What _tracking_current compares, as parallel lists (compared by C-level map()s).
-        self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.tensor for s in owned],
+        self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.holder for s in owned],
                        [s.tensor for s in slots], [s.ptr for s in slots])
         self._items_meta = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor)) for s in slots]
         self._cuda_device = next((s.tensor.device for s in slots if s.tensor.device.type == "cuda"), None)
@@ -830,7 +997,69 @@ class Checkpointer:
         self._stage_blocks = list(blocks.values())
         self._forward_changes_registered = any(id(s.tensor) in forward_changes and not s.staged for s in slots)
         self._static = _Pickled(_dumps(self._items_meta))
-        return before != [(s.name, s.ptr, id(s.region), s.offset) for s in slots]
+        return before != [(s.name, s.ptr, id(s.region), s.offset, s.layout) for s in slots]
+
+    def _resolve_layouts(self, slots: List[_Slot]) -> None:
+        """Sets each slot's layout (see the class's `layouts`): an explicit one, else the
+        DTensor's or ShardedTensor's, else for optimizer state its parameter's where the shapes
+        match, else replicated where `replicated` says so; None: rank-private."""
+        by_id, by_name = self._explicit
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        param_layout: Dict[int, Tuple[Layout, List[int]]] = {}  # param index -> (its layout, local shape)
+        used = set()
+        for s in slots:
+            if s.param is not None:
+                continue
+            key = id(s.holder) if id(s.holder) in by_id else s.name if s.name in by_name else None
+            given = None if key is None else (by_id[key] if isinstance(key, int) else by_name[key])
+            if given is not None:
+                used.add(key)
+                if s.auto is not None:
+                    raise ValueError(f"{s.name}: a {type(s.holder).__name__} has its own layout (from its "
+                                     f"placements); leave it out of `layouts`")
+            layout = given or s.auto or (REPLICATED if self._replicate_all else None)
+            if layout is not None:
+                _check_box(s.name, s.tensor, layout)
+                layout = dataclasses.replace(layout, global_name=layout.global_name or s.name)
+            s.layout = layout
+            i = index_of.get(id(s.holder))
+            if i is not None and layout is not None:
+                param_layout[i] = (layout, _shape(s.tensor))
+        for s in slots:
+            if s.param is None:
+                continue
+            if s.name in by_name:
+                used.add(s.name)
+                layout = by_name[s.name]
+                _check_box(s.name, s.tensor, layout)
+                s.layout = dataclasses.replace(layout, global_name=layout.global_name or s.name)
+                continue
+            owner = param_layout.get(s.param)
+            if owner is None:  # its parameter is rank-private (or holds no bytes here)
+                layout = s.auto or (REPLICATED if self._replicate_all else None)
+                s.layout = None if layout is None else dataclasses.replace(layout, global_name=s.name)
+                continue
+            p_layout, p_shape = owner
+            name = f"optim.state.{p_layout.global_name}.{s.key}"
+            if s.auto is not None:
+                layout = s.auto
+            elif p_layout.replicated or (_shape(s.tensor) != p_shape and s.tensor.numel() == 1):
+                layout = REPLICATED  # replicated, or a sharded parameter's step counter
+            elif _shape(s.tensor) == p_shape:
+                layout = p_layout
+            else:
+                layout = None  # another shape (factored statistics...): rank-private
+            s.layout = None if layout is None else dataclasses.replace(layout, global_name=name)
+        # Optimizer state named in `layouts` may appear later (after the first step).
+        unknown = [k for k in list(by_id) + list(by_name)
+                   if k not in used and not (isinstance(k, str) and k.startswith("optim.state."))]
+        if unknown and not self._layouts_checked:
+            names = [repr(k) if isinstance(k, str) else f"a tensor of shape {_shape(self._explicit_refs[k])}"
+                     for k in unknown]
+            raise ValueError(f"layouts: {', '.join(map(str, names[:5]))} is not a tensor item of this Checkpointer "
+                             f"(keys: tensors of the model or optimizer, or item names such as "
+                             f"{', '.join(s.name for s in slots[:3])})")
+        self._layouts_checked = True
 
     @staticmethod
     def _check_no_shared_storage(slots: List[_Slot]) -> None:
