@@ -118,6 +118,9 @@ __all__ = [
 ]
 
 BLOB = "ckpt.torch"  # name of the pickled non-tensor state blob
+# Parts of the blob that are each rank's own: at another world size, rank r takes them from old
+# rank r (old rank 0 for a rank the old run did not have); the rest comes from old rank 0.
+_PER_RANK = ("rng", "generators", "objects")
 _FORMAT = 1
 _ALIGN = 64  # byte alignment of tensors inside the shared regions
 _DEADLINE_EXCEEDED, _NOT_FOUND, _FAILED_PRECONDITION = 4, 5, 9  # gRPC status codes carried by ckpt.Error.code
@@ -424,7 +427,7 @@ def _local_pieces(name: str, t: torch.Tensor) -> List[Tuple[str, torch.Tensor, O
     sharded = _sharded_tensor_type()
     if sharded is not None and isinstance(t, sharded):
         shards = t.local_shards()
-        size = _shape(t.metadata().size)
+        size = [int(d) for d in t.metadata().size]
         return [(name if len(shards) == 1 else f"{name}[{j}]", sh.tensor,
                  Layout(global_shape=size, offsets=list(sh.metadata.shard_offsets), global_name=name))
                 for j, sh in enumerate(shards)]
@@ -568,6 +571,22 @@ class Checkpointer:
       once, naming it and what makes it large (tensors, a module, an optimizer, a bound
       method): such state is pickled on the training thread at every save. Default 64 KiB;
       None: no check.
+    layouts: {tensor or item name: Layout}: where tensors of this rank sit in global tensors,
+      so that load() at another world size reshards them. Keys: a parameter or buffer of the
+      model (or of the optimizer), or an item name ("model.<key>", "optim.param.<i>",
+      "optim.state.<i>.<key>"). Values: Layout(global_shape, offsets) (a box), flat_shard(start,
+      global_numel) (a flat ZeRO-1 partition) or REPLICATED. DTensors and ShardedTensors need no
+      entry: their placements give their layout. Each item's global tensor is named by the
+      layout's global_name, default the item name; the optimizer state of a parameter with a
+      layout follows it: a state tensor of the parameter's shape gets its box (Adam's exp_avg),
+      a one-element one is replicated (a step counter), another shape stays rank-private; its
+      global name is "optim.state.<the parameter's global name>.<key>". A box that does not fit
+      its global shape, or a key that is not a tensor item here, is a ValueError naming it.
+    replicated: True: every other tensor item (of the model, of its parameters' optimizer
+      state) is the same on every rank (DDP): the version keeps one copy for other world
+      sizes, and any world size restores it. Without a layout an item is rank-private: only
+      the rank that wrote it restores it, at the same world size. `ck.layouts` lists the
+      layouts of the registered items.
     **objects: more objects with state_dict()/load_state_dict() (grad scalers, samplers with
       state...), pickled at each save under their keyword, and torch.Generator objects (the
       generator of a RandomSampler or DataLoader, of random augmentations...): their
@@ -662,6 +681,10 @@ class Checkpointer:
         self._stage_blocks: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (trainer's, registered)
         self._forward_changes_registered = False  # a buffer the forward changes is registered as is
         self._root: Optional[str] = None
+        # Set by load(): the world size that wrote the restored version, and whether the
+        # restore resharded it (another world size, or other boxes).
+        self.restored_world_size: Optional[int] = None
+        self.resharded = False
         self._cuda_device: Optional[torch.device] = None  # of the GPU items, if any
         self._params: List[torch.Tensor] = []
         if optimizer is not None:
@@ -798,7 +821,16 @@ class Checkpointer:
         """Restores version `step` ("latest": the newest committed) into the model, optimizer,
         scheduler, objects, extra_state and RNG states, in place, and returns its step.
         Restoring an older version than the newest rolls the job back: the daemon sets newer
-        versions aside, and saving continues from step + 1."""
+        versions aside, and saving continues from step + 1.
+
+        A version written at another world size (or with other boxes) is resharded: every
+        tensor item must have a layout (see `layouts`, `replicated`) whose global tensor the
+        version has, with the same dtype and global shape (else StateMismatchError, naming
+        them); the daemon fills each box from the chunks that overlap it. The step, param
+        groups, scheduler and extra_state come from old rank 0; RNG states, generators and
+        keyword objects from old rank r, or old rank 0 for a rank r the old run did not have
+        (docs/pytorch.md, "Changing the world size"). Afterwards restored_world_size is the
+        world size that wrote the version and resharded says whether it was resharded."""
         self._check_open()
         if step != "latest":
             if isinstance(step, bool) or not hasattr(step, "__index__") or step.__index__() <= 0:
@@ -812,22 +844,184 @@ class Checkpointer:
             version = latest
         else:
             version = step
-        header = self._shard_header(version, latest)
-        if header is not None:
-            self._prepare_for(header, version)
+        index = self._version_index(version, latest)
+        if index is not None and self._reshards(index):
+            self._prepare_resharded(index, version)
+        else:
+            header = self._shard_header(version, latest)
+            if header is not None:
+                self._prepare_for(header, version)
         try:
-            restored, blobs = self._client.restore(version)
+            restored, by_rank, written_by, resharded = self._restore(version)
         except Error as e:
             raise _mapped(e) from e
         for trainer, registered in self._stage_blocks:  # the daemon filled the staging copies
             trainer.copy_(registered)
-        if BLOB not in blobs:
-            raise StateMismatchError(f"version {restored} of job '{self.job}' was not written by ckpt.torch "
-                                     f"(it has no '{BLOB}' blob)")
-        state = pickle.loads(blobs[BLOB])
+        state = self._restored_state(by_rank, restored, written_by, resharded)
         self._apply(state, restored)
         self._last_saved = restored
+        self.restored_world_size, self.resharded = written_by, resharded
         return int(state["step"])
+
+    def _restore(self, version: int) -> Tuple[int, Dict[int, Dict[str, bytes]], int, bool]:
+        """The daemon's restore: (version, {writer's rank: {blob name: bytes}}, the world size
+        that wrote it, whether it was resharded)."""
+        restored, blobs = self._client.restore(version)
+        return restored, {self.rank: blobs}, self.world_size, False
+
+    def _restored_state(self, by_rank: Mapping[int, Mapping[str, bytes]], version: int, written_by: int,
+                        resharded: bool) -> Dict[str, Any]:
+        """The blob state to apply. Restored by the ranks that wrote it: this rank's own. At
+        another world size (see docs/pytorch.md, "Changing the world size"): the state of the
+        job (step, param groups, scheduler, model entries that are not tensors, extra_state)
+        from old rank 0's blob; the per-rank state (RNG states, generators, keyword objects)
+        from old rank r's for a rank r the old run had, else from old rank 0's."""
+        def state_of(rank: int) -> Optional[Dict[str, Any]]:
+            data = by_rank.get(rank, {}).get(BLOB)
+            return None if data is None else pickle.loads(data)
+
+        if not resharded:
+            state = state_of(self.rank)
+            if state is None:
+                raise StateMismatchError(f"version {version} of job '{self.job}' was not written by ckpt.torch "
+                                         f"(it has no '{BLOB}' blob)")
+            return state
+        job = state_of(0)
+        if job is None:
+            raise StateMismatchError(f"version {version} of job '{self.job}' (world size {written_by}) has no "
+                                     f"'{BLOB}' blob of rank 0: it was not written by ckpt.torch, or by a version "
+                                     f"of it that kept no blob for other world sizes")
+        own = state_of(self.rank) if self.rank < written_by else None
+        own = job if own is None else own
+        state = {k: v for k, v in job.items() if k not in _PER_RANK}
+        state.update({k: own[k] for k in _PER_RANK if k in own})
+        rebind = {k: v for k, v in job.get("rebind", {}).items() if not k.startswith("objects.")}
+        rebind.update({k: v for k, v in own.get("rebind", {}).items() if k.startswith("objects.")})
+        state["rebind"] = rebind
+        return state
+
+    def _version_index(self, version: int, latest: int) -> Optional[Dict[str, Any]]:
+        """The version's index.json (its global tensors, their chunks, the world size that
+        wrote it); None if the root cannot be read from here or the version has none
+        (written before indexes existed)."""
+        vdir = self._version_path(version, latest)
+        if vdir is None:
+            return None
+        try:
+            with open(os.path.join(vdir, "index.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def _reshards(self, index: Mapping[str, Any]) -> bool:
+        """Whether restoring the version of `index` here reshards: another world size, or a
+        laid-out model tensor or parameter of this rank whose box is not a chunk this rank
+        wrote."""
+        if int(index["world_size"]) != self.world_size:
+            return True
+        mine = {(g, tuple(c["offsets"]), tuple(c["shape"]))
+                for g, t in index["tensors"].items() for c in t["chunks"] if int(c["rank"]) == self.rank}
+        for s in self._slots:
+            lay = s.layout
+            if s.param is None and lay is not None and not lay.replicated:
+                if (lay.global_name, lay.offsets, tuple(_shape(s.tensor))) not in mine:
+                    return True
+        return False
+
+    def _prepare_resharded(self, index: Mapping[str, Any], version: int) -> None:
+        """The resharding counterpart of _prepare_for: checks the laid-out items against the
+        version's global tensors and gives the optimizer the state tensors the checkpoint
+        has, in this rank's boxes (zeros, filled by the restore)."""
+        written_by = int(index["world_size"])
+        where = (f"version {version} of job '{self.job}' (written by {written_by} ranks; this is rank "
+                 f"{self.rank} of {self.world_size})")
+        tensors = index["tensors"]
+        problems = []
+        private = [s.name for s in self._slots if s.layout is None]
+        if private:
+            problems.append(f"{', '.join(private[:5])}{' ...' if len(private) > 5 else ''} "
+                            f"{'is' if len(private) == 1 else 'are'} rank-private (no layout), which only the "
+                            f"rank that wrote it restores, at the same world size: declare "
+                            f"{'its' if len(private) == 1 else 'their'} layout (layouts=, or replicated=True "
+                            f"for state that is the same on every rank)")
+        theirs = [f"{item['name']} of rank {r}" for r, items in sorted(index.get("private", {}).items())
+                  for item in items]
+        if theirs:
+            problems.append(f"the checkpoint has rank-private items ({', '.join(theirs[:5])}"
+                            f"{' ...' if len(theirs) > 5 else ''}), which a restore at another world size "
+                            f"cannot place")
+        covered = set()
+        params: Dict[int, Tuple[Layout, _Slot]] = {}
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        for s in self._slots:
+            if s.param is not None or s.layout is None:
+                continue
+            g_name = s.layout.global_name
+            if id(s.holder) in index_of:
+                params[index_of[id(s.holder)]] = (s.layout, s)
+            g = tensors.get(g_name)
+            if g is None:
+                problems.append(f"{s.name} is part of {g_name}, which the checkpoint does not have")
+                continue
+            covered.add(g_name)
+            dtype = _TORCH_TO_CODE[s.tensor.dtype]
+            shape = _shape(s.tensor) if s.layout.replicated else list(s.layout.global_shape)
+            if (g["dtype"], list(g["shape"])) != (dtype, shape):
+                problems.append(f"{g_name} is {dtype} {shape} here but {g['dtype']} {list(g['shape'])} in the "
+                                f"checkpoint")
+        wanted: Dict[int, Dict[str, Mapping[str, Any]]] = {}
+        prefixes = {f"optim.state.{lay.global_name}.": i for i, (lay, _) in params.items()}
+        for g_name, g in tensors.items():
+            if not g_name.startswith("optim.state."):
+                if g_name not in covered:
+                    problems.append(f"the checkpoint has {g_name} ({g['dtype']} {list(g['shape'])}), which no item "
+                                    f"here is part of")
+                continue
+            owner = next(((i, g_name[len(pre):]) for pre, i in prefixes.items()
+                          if g_name.startswith(pre) and "." not in g_name[len(pre):]), None)
+            if owner is None:
+                problems.append(f"the checkpoint has optimizer state {g_name}, of no parameter here")
+                continue
+            wanted.setdefault(owner[0], {})[owner[1]] = g
+        if wanted and self.optimizer is None:
+            problems.append("the checkpoint has optimizer state but this Checkpointer has no optimizer")
+        if problems:
+            more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+            raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
+        if self.optimizer is None:
+            return
+        changed = False
+        state = self.optimizer.state
+        for i, p in enumerate(self._params):
+            want = wanted.get(i, {})
+            st = state.get(p)
+            have = {k: v for k, v in (st or {}).items() if isinstance(v, torch.Tensor) and v.numel() > 0}
+            for k in have:
+                if k not in want:
+                    del st[k]
+                    changed = True
+            for k, g in want.items():
+                dtype = _CODE_TO_TORCH.get(g["dtype"])
+                if dtype is None:
+                    raise StateMismatchError(f"{where}: {k} of parameter {i} has dtype {g['dtype']}, unknown to "
+                                             f"this torch")
+                t = have.get(k)
+                if g.get("replicated"):
+                    make = lambda: torch.zeros(g["shape"], dtype=dtype, device=self._state_device(p, k))  # noqa: E731
+                    fits = t is not None and _shape(t) == list(g["shape"])
+                else:
+                    make = lambda: torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)  # noqa: E731
+                    fits = t is not None and _shape(t) == _shape(p) and type(t) is type(p.data)
+                if fits and t.dtype == dtype:
+                    continue
+                if st is None:
+                    st = state[p] = {}
+                st[k] = make()
+                changed = True
+            if st is not None and not st and not want:
+                del state[p]
+        if (changed or not self._tracking_current()) and self._collect():
+            self.registration = self._register()
 
     def close(self) -> None:
         """Removes the hooks and ends the registration (versions in flight still complete).
@@ -1200,10 +1394,10 @@ class Checkpointer:
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _shard_header(self, version: int, latest: int) -> Optional[Dict[str, Tuple[str, List[int]]]]:
-        """name -> (dtype, shape) of the tensor items of this rank's shard of `version`, from
-        the shard's header in the daemon's root; None if the root cannot be read from here
-        (then the daemon's own checks apply)."""
+    def _version_path(self, version: int, latest: int) -> Optional[str]:
+        """The directory of committed `version` in the daemon's root; None if the root cannot
+        be read from here (then the daemon's own checks apply). Raises VersionNotFoundError if
+        the version is not committed."""
         if self._root is None:
             self._root = json.loads(self._client.status()).get("root", "")
         job_dir = os.path.join(self._root, self.job)
@@ -1214,6 +1408,15 @@ class Checkpointer:
             newest = f" (newest committed: {latest})" if latest else " (it has none)"
             raise VersionNotFoundError(f"version {version} of job '{self.job}' does not exist or is not "
                                        f"committed under {self._root}{newest}")
+        return vdir
+
+    def _shard_header(self, version: int, latest: int) -> Optional[Dict[str, Tuple[str, List[int]]]]:
+        """name -> (dtype, shape) of the tensor items of this rank's shard of `version`, from
+        the shard's header in the daemon's root; None if the root cannot be read from here
+        (then the daemon's own checks apply)."""
+        vdir = self._version_path(version, latest)
+        if vdir is None:
+            return None
         try:
             shard = read_header(os.path.join(vdir, _shard_name(self.rank)))
         except OSError:

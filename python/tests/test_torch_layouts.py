@@ -1,0 +1,203 @@
+"""ckpt.torch layouts: what Checkpointer records for each tensor item (explicit boxes, flat
+ZeRO-1 partitions, replicated state, DTensor and ShardedTensor pieces, optimizer state that
+follows its parameter), the errors of layouts that do not fit, and load() at another world
+size (resharding, with several ranks of one job in this process, each a Checkpointer with a
+client of its own)."""
+
+import gc
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ckpt = pytest.importorskip("ckpt")
+import ckpt.torch as ct  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clients_gone_before_daemons_stop(start_daemon):
+    yield
+    gc.collect()
+
+
+def sharded_model(rank, world, rows=8):
+    """A Linear whose weight rows (and bias) are split over the ranks, plus a replicated head."""
+    torch.manual_seed(0)
+    per = rows // world
+    full = torch.nn.Sequential(torch.nn.Linear(4, rows), torch.nn.Linear(per, 3))
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(full[0].weight.detach()[rank * per:(rank + 1) * per].clone())
+    m.b = torch.nn.Parameter(full[0].bias.detach()[rank * per:(rank + 1) * per].clone())
+    m.head = full[1]
+    layouts = {m.w: ct.Layout(global_shape=[rows, 4], offsets=[rank * per, 0]),
+               "model.b": ct.Layout(global_shape=[rows], offsets=[rank * per])}
+    return m, layouts
+
+
+def step(m, opt):
+    x = torch.randn(2, 4)
+    opt.zero_grad()
+    m.head(torch.relu(x @ m.w.T + m.b)).sum().backward()
+    opt.step()
+
+
+def test_boxes_replicated_state_and_optimizer_state_that_follows_its_parameter(daemon):
+    m, layouts = sharded_model(1, 2)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    with ct.Checkpointer(daemon.socket, "lay", model=m, optimizer=opt, rank=1, world_size=2,
+                         layouts=layouts, replicated=True) as ck:
+        step(m, opt)
+        ck.save(1)  # registers again with Adam's state
+        got = ck.layouts
+    assert got["model.w"] == ct.Layout([8, 4], [4, 0], "model.w")
+    assert got["model.b"] == ct.Layout([8], [4], "model.b")
+    assert got["model.head.weight"] == ct.Layout(replicated=True, global_name="model.head.weight")
+    # Adam's state: the parameter's box, under a name of the parameter's global tensor; the
+    # step counter (one element) replicated.
+    assert got["optim.state.0.exp_avg"] == ct.Layout([8, 4], [4, 0], "optim.state.model.w.exp_avg")
+    assert got["optim.state.1.exp_avg_sq"] == ct.Layout([8], [4], "optim.state.model.b.exp_avg_sq")
+    assert got["optim.state.0.step"] == ct.Layout(replicated=True, global_name="optim.state.model.w.step")
+    assert got["optim.state.2.exp_avg"].replicated
+    assert len(got) == 4 + 4 * 3
+
+
+def test_without_replicated_items_without_a_layout_stay_rank_private(daemon):
+    m, layouts = sharded_model(0, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    with ct.Checkpointer(daemon.socket, "priv", model=m, optimizer=opt, rank=0, world_size=2,
+                         layouts=layouts) as ck:
+        step(m, opt)
+        ck.save(1)
+        got = ck.layouts
+    assert sorted(got) == ["model.b", "model.w", "optim.state.0.momentum_buffer", "optim.state.1.momentum_buffer"]
+
+
+def test_a_flat_zero_partition_with_a_global_name_of_its_own(daemon):
+    # ZeRO-1: each rank's optimizer updates elements [start, start + n) of the flat fp32 master
+    # copy of all parameters (here 10 elements split 4 / 3 / 3).
+    flat = torch.zeros(3, requires_grad=True)
+    opt = torch.optim.Adam([flat], lr=0.1)
+    with ct.Checkpointer(daemon.socket, "zero", optimizer=opt, rank=1, world_size=3,
+                         layouts={flat: ct.flat_shard(4, 10, "master")}) as ck:
+        flat.grad = torch.ones(3)
+        opt.step()
+        ck.save(1)
+        got = ck.layouts
+    assert got == {"optim.param.0": ct.Layout([10], [4], "master"),
+                   "optim.state.0.step": ct.Layout(replicated=True, global_name="optim.state.master.step"),
+                   "optim.state.0.exp_avg": ct.Layout([10], [4], "optim.state.master.exp_avg"),
+                   "optim.state.0.exp_avg_sq": ct.Layout([10], [4], "optim.state.master.exp_avg_sq")}
+
+
+def test_optimizer_state_of_another_shape_stays_rank_private(daemon):
+    p = torch.nn.Parameter(torch.zeros(4, 2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    opt.state[p]["row_stats"] = torch.zeros(4)  # factored statistics (Adafactor-like)
+    with ct.Checkpointer(daemon.socket, "fact", optimizer=opt, rank=0, world_size=2,
+                         layouts={p: ct.Layout([8, 2], [0, 0])}) as ck:
+        assert "optim.state.0.row_stats" in ck.tensors()
+        assert "optim.state.0.row_stats" not in ck.layouts
+
+
+@pytest.mark.parametrize("layout, message", [
+    (ct.Layout([8, 4], [6, 0]), r"model.w: the box at offsets \[6, 0\] with shape \[4, 4\] does not fit in "
+                                r"global_shape \[8, 4\] \(dimension 0: 6 \+ 4 > 8\)"),
+    (ct.Layout([8], [0]), r"model.w: the layout has 1 dimensions \(global_shape \[8\]\), the tensor 2"),
+    (ct.Layout([5, 3], offsets=[0, 0]), r"dimension 1: 0 \+ 4 > 3"),
+])
+def test_a_layout_that_does_not_fit_its_tensor_is_a_value_error_naming_it(daemon, layout, message):
+    m, _ = sharded_model(0, 2)
+    with pytest.raises(ValueError, match=message):
+        ct.Checkpointer(daemon.socket, "bad", model=m, rank=0, world_size=2, layouts={m.w: layout})
+
+
+def test_layouts_that_name_nothing_here_or_are_not_layouts_are_errors(daemon):
+    m, _ = sharded_model(0, 2)
+    with pytest.raises(ValueError, match=r"layouts: 'model.nope' is not a tensor item of this Checkpointer"):
+        ct.Checkpointer(daemon.socket, "bad", model=m, layouts={"model.nope": ct.REPLICATED})
+    with pytest.raises(ValueError, match=r"layouts: a tensor of shape \[2\] is not a tensor item"):
+        ct.Checkpointer(daemon.socket, "bad", model=m, layouts={torch.zeros(2): ct.REPLICATED})
+    with pytest.raises(TypeError, match="must be a ckpt.torch.Layout"):
+        ct.Checkpointer(daemon.socket, "bad", model=m, layouts={m.w: (8, 4)})
+    with pytest.raises(TypeError, match="a key must be a tensor or an item name, not int"):
+        ct.Checkpointer(daemon.socket, "bad", model=m, layouts={3: ct.REPLICATED})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_shape": [4], "offsets": [0, 0]}, "one value per dimension"),
+    ({"global_shape": [4], "offsets": [-1]}, "negative"),
+    ({"replicated": True, "offsets": [0]}, "a replicated Layout has no offsets"),
+    ({"global_shape": [4], "offsets": [0], "global_name": ""}, "non-empty string"),
+])
+def test_layout_checks_its_own_fields(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ct.Layout(**kwargs)
+
+
+def _sharded_tensor_module():
+    """torch.distributed._shard.sharded_tensor, or a skip saying why this torch has none."""
+    try:
+        import torch.distributed._shard.sharded_tensor as st
+    except Exception as e:  # noqa: BLE001 (torch 1.13 under Python 3.11 fails with ValueError)
+        pytest.skip(f"torch {torch.__version__} on Python {sys.version.split()[0]}: "
+                    f"torch.distributed._shard does not import ({type(e).__name__}: {str(e)[:120]})")
+    return st
+
+
+@pytest.fixture
+def gloo_world_of_one(temp_dir):
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("this torch has no torch.distributed with gloo")
+    dist.init_process_group("gloo", init_method=f"file://{temp_dir / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_sharded_tensor_gives_one_item_per_local_shard_with_its_metadata_box(daemon, gloo_world_of_one):
+    st = _sharded_tensor_module()
+    from torch.distributed._shard.metadata import ShardMetadata
+    shards = [st.Shard(torch.full((2, 4), 1.0), ShardMetadata([0, 0], [2, 4], "rank:0/cpu")),
+              st.Shard(torch.full((3, 4), 2.0), ShardMetadata([2, 0], [3, 4], "rank:0/cpu"))]
+    m = torch.nn.Module()
+    m.register_buffer("table", st.init_from_local_shards(shards, 5, 4))
+    with ct.Checkpointer(daemon.socket, "st", model=m) as ck:
+        assert ck.layouts == {"model.table[0]": ct.Layout([5, 4], [0, 0], "model.table"),
+                              "model.table[1]": ct.Layout([5, 4], [2, 0], "model.table")}
+        assert torch.equal(ck.tensors()["model.table[1]"], torch.full((3, 4), 2.0))
+        ck.save(1)
+        ck.wait_durable()
+        stored = ct.load_checkpoint(daemon.root, "st", 1)["tensors"]
+    assert torch.equal(stored["model.table[0]"], torch.full((2, 4), 1.0))
+    with pytest.raises(ValueError, match="has its own layout"):
+        ct.Checkpointer(daemon.socket, "st2", model=m, layouts={"model.table[0]": ct.REPLICATED})
+
+
+def _dtensor_api():
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+    except ImportError:
+        pytest.skip(f"torch {torch.__version__} has no DTensor (torch.distributed.tensor: torch >= 2.4)")
+    return DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+
+
+def test_dtensor_parameters_give_their_boxes_and_adam_state_follows(daemon, gloo_world_of_one):
+    DTensor, Replicate, Shard, distribute_tensor, init_device_mesh = _dtensor_api()
+    mesh = init_device_mesh("cpu", (1,))
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(distribute_tensor(torch.arange(12.0).view(3, 4), mesh, [Shard(1)]))
+    m.r = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Replicate()]))
+    opt = torch.optim.Adam(m.parameters(), lr=0.1, foreach=False)
+    with ct.Checkpointer(daemon.socket, "dt", model=m, optimizer=opt) as ck:
+        assert ck.layouts == {"model.w": ct.Layout([3, 4], [0, 0], "model.w"),
+                              "model.r": ct.Layout(replicated=True, global_name="model.r")}
+        (m.w.sum() + m.r.sum()).backward()
+        opt.step()
+        ck.save(1)
+        got = ck.layouts
+        assert got["optim.state.0.exp_avg"] == ct.Layout([3, 4], [0, 0], "optim.state.model.w.exp_avg")
+        # The registered tensor is the DTensor's local tensor, moved into shared memory.
+        assert ck.tensors()["model.w"] is m.w._local_tensor
+        ck.wait_durable()
+        stored = ct.load_checkpoint(daemon.root, "dt", 1)["tensors"]
+        assert torch.equal(stored["model.w"], m.w._local_tensor)
