@@ -5,6 +5,7 @@ size (resharding, with several ranks of one job in this process, each a Checkpoi
 client of its own)."""
 
 import gc
+import json
 import sys
 
 import pytest
@@ -201,3 +202,112 @@ def test_dtensor_parameters_give_their_boxes_and_adam_state_follows(daemon, gloo
         ck.wait_durable()
         stored = ct.load_checkpoint(daemon.root, "dt", 1)["tensors"]
         assert torch.equal(stored["model.w"], m.w._local_tensor)
+
+
+needs_layouts = pytest.mark.skipif(not hasattr(ckpt, "Layout"),
+                                   reason="this ckpt module has no layouts (ckpt.Layout): no restore at another "
+                                          "world size")
+ROWS = 12
+
+
+def tp_rank(rank, world):
+    """Rank `rank` of `world`: rows [lo, hi) of a 12 x 4 weight and of its bias, a replicated
+    vector, Adam, and a generator of its own."""
+    torch.manual_seed(0)
+    full = torch.nn.Linear(4, ROWS)
+    lo, hi = rank * ROWS // world, (rank + 1) * ROWS // world
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(full.weight.detach()[lo:hi].clone())
+    m.b = torch.nn.Parameter(full.bias.detach()[lo:hi].clone())
+    m.scale = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    layouts = {m.w: ct.Layout([ROWS, 4], [lo, 0]), m.b: ct.Layout([ROWS], [lo])}
+    return m, opt, layouts, (lo, hi)
+
+
+def save_4_ranks(daemon, job, replicated=True):
+    """Saves version 1 of `job` with 4 ranks; returns the global tensors and each rank's RNG
+    and generator states."""
+    ranks = [tp_rank(r, 4) for r in range(4)]
+    gens = [torch.Generator().manual_seed(50 + r) for r in range(4)]
+    cks = [ct.Checkpointer(daemon.socket, job, rank=r, world_size=4, model=m, optimizer=opt, layouts=lay,
+                           replicated=replicated, extra_state={"samples_seen": 96, "written_by": r}, gen=gens[r])
+           for r, (m, opt, lay, _) in enumerate(ranks)]
+    for r, (m, opt, _, _) in enumerate(ranks):
+        (m.w.sum() * (r + 1) + m.b.sum() + m.scale.sum()).backward()
+        opt.step()
+    rng = []
+    for r, ck in enumerate(cks):
+        torch.manual_seed(100 + r)  # each rank's own torch stream (the ranks share this process)
+        rng.append(torch.get_rng_state())
+        ck.save(1)
+    for ck in cks:
+        ck.wait_durable(1, timeout=60)
+        ck.close()
+    glob = {"w": torch.cat([m.w.detach() for m, _, _, _ in ranks]),
+            "b": torch.cat([m.b.detach() for m, _, _, _ in ranks]),
+            "w.exp_avg": torch.cat([opt.state[m.w]["exp_avg"] for m, opt, _, _ in ranks]),
+            "b.exp_avg_sq": torch.cat([opt.state[m.b]["exp_avg_sq"] for m, opt, _, _ in ranks]),
+            "scale": ranks[0][0].scale.detach().clone()}
+    return glob, rng, [g.get_state() for g in gens]
+
+
+@needs_layouts
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_load_at_another_world_size_reshards_and_follows_the_blob_rules(daemon, world):
+    glob, rng, gen_states = save_4_ranks(daemon, f"re{world}")
+    ranks = []
+    for r in range(world):
+        m, opt, layouts, (lo, hi) = tp_rank(r, world)
+        data, gen = {}, torch.Generator()
+        torch.manual_seed(7)  # what a new rank starts with
+        ck = ct.Checkpointer(daemon.socket, f"re{world}", rank=r, world_size=world, model=m, optimizer=opt,
+                             layouts=layouts, replicated=True, extra_state=data, gen=gen)
+        ranks.append((ck, m, opt))
+        assert ck.load("latest") == 1
+        assert (ck.restored_world_size, ck.resharded) == (4, True)
+        assert torch.equal(m.w.detach(), glob["w"][lo:hi]) and torch.equal(m.b.detach(), glob["b"][lo:hi])
+        assert torch.equal(opt.state[m.w]["exp_avg"], glob["w.exp_avg"][lo:hi])
+        assert torch.equal(opt.state[m.b]["exp_avg_sq"], glob["b.exp_avg_sq"][lo:hi])
+        assert torch.equal(m.scale.detach(), glob["scale"])
+        assert float(opt.state[m.w]["step"]) == 1.0
+        # Job state from old rank 0; per-rank state from old rank r (old rank 0 for a new rank).
+        assert data == {"samples_seen": 96, "written_by": 0}
+        old = r if r < 4 else 0
+        assert torch.equal(torch.get_rng_state(), rng[old]), f"rank {r}: not old rank {old}'s torch RNG"
+        assert torch.equal(gen.get_state(), gen_states[old])
+    # Training goes on at the new world size.
+    for ck, m, opt in ranks:
+        (m.w.sum() + m.b.sum()).backward()
+        opt.step()
+        ck.save(2)
+    for ck, _, _ in ranks:
+        ck.wait_durable(2, timeout=60)
+        ck.close()
+    listed = json.loads(daemon.ctl("ls", "--job", f"re{world}", "--json").stdout)
+    assert listed["latest"] == 2
+    assert next(v for v in listed["versions"] if v["version"] == 2)["durable_ranks"] == list(range(world))
+
+
+@needs_layouts
+def test_a_resharding_load_refuses_rank_private_items_and_other_shapes_before_restoring(daemon):
+    save_4_ranks(daemon, "priv4", replicated=False)  # scale and its Adam state: rank-private
+    m, opt, layouts, _ = tp_rank(0, 2)
+    with ct.Checkpointer(daemon.socket, "priv4", rank=0, world_size=2, model=m, optimizer=opt,
+                         layouts=layouts) as ck:
+        with pytest.raises(ct.StateMismatchError) as e:
+            ck.load("latest")
+    msg = str(e.value)
+    assert "version 1 of job 'priv4' (written by 4 ranks; this is rank 0 of 2)" in msg
+    assert "model.scale is rank-private (no layout)" in msg
+    assert "the checkpoint has rank-private items (model.scale of rank 0" in msg
+    assert torch.equal(m.w.detach(), tp_rank(0, 2)[0].w.detach())  # nothing restored
+
+    # Another global shape: 16 rows here, 12 in the checkpoint.
+    save_4_ranks(daemon, "shape4")
+    m, opt, _, _ = tp_rank(0, 2)
+    with ct.Checkpointer(daemon.socket, "shape4", rank=0, world_size=2, model=m, optimizer=opt, replicated=True,
+                         layouts={m.w: ct.Layout([16, 4], [0, 0]), m.b: ct.Layout([16], [0])}) as ck:
+        with pytest.raises(ct.StateMismatchError, match=r"model.w is F32 \[16, 4\] here but F32 \[12, 4\] in the "
+                                                        r"checkpoint"):
+            ck.load("latest")
