@@ -372,10 +372,11 @@ class _Slot:
     its parameter."""
 
     __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block", "holder",
-                 "layout", "auto", "param")
+                 "layout", "auto", "param", "mirror")
 
-    def __init__(self, name, tensor, owner, key, staged=False, holder=None, auto=None, param=None):
+    def __init__(self, name, tensor, owner, key, staged=False, holder=None, auto=None, param=None, mirror=False):
         self.name, self.tensor, self.owner, self.key, self.staged = name, tensor, owner, key, staged
+        self.mirror = mirror  # a staged copy of a tensor left where it is (block: the tensor, its copy)
         self.holder = tensor if holder is None else holder
         self.auto, self.param, self.layout = auto, param, None
         self.ptr = self.region = self.offset = self.block = None
@@ -720,8 +721,9 @@ class Checkpointer:
         if not self._tracking_current():
             self._refresh()
         parts = self._blob_state(step)
-        for trainer, registered in self._stage_blocks:
-            registered.copy_(trainer)
+        with torch.no_grad():
+            for trainer, registered in self._stage_blocks:
+                registered.copy_(trainer)
         if self._cuda_device is not None or self._send_inline or not self.background:
             blob = _dumps(parts)
             try:
@@ -855,8 +857,9 @@ class Checkpointer:
             restored, by_rank, written_by, resharded = self._restore(version)
         except Error as e:
             raise _mapped(e) from e
-        for trainer, registered in self._stage_blocks:  # the daemon filled the staging copies
-            trainer.copy_(registered)
+        with torch.no_grad():  # the daemon filled the staging copies
+            for trainer, registered in self._stage_blocks:
+                trainer.copy_(registered)
         state = self._restored_state(by_rank, restored, written_by, resharded)
         self._apply(state, restored)
         self._last_saved = restored
@@ -1103,6 +1106,7 @@ class Checkpointer:
         self._model_aliases, self._model_other, self._optim_other = {}, [], {}
 
         forward_changes: set = set()  # id() of the buffers the forward changes
+        dtensor_type = _dtensor_type()
 
         def add(name, t, owner, key, param=None) -> Optional[str]:
             if id(t) in seen:
@@ -1120,10 +1124,16 @@ class Checkpointer:
                 # Host buffers the forward changes get a staging copy: the forward may run
                 # before the version is captured, so only the next update has to wait.
                 staged = id(t) in forward_changes and local.device.type == "cpu"
-                slot = _Slot(piece, local, owner, key, staged, holder=t, auto=auto, param=param)
+                # A DTensor's local tensor on the CPU may alias a buffer of its owner (FSDP2's
+                # padded shard, which the all-gather reads): it stays where it is, and a copy in
+                # shared memory, refreshed by save(), is registered instead.
+                mirror = wrapped and dtensor_type is not None and isinstance(t, dtensor_type) \
+                    and local.device.type == "cpu"
+                slot = _Slot(piece, local, owner, key, staged or mirror, holder=t, auto=auto, param=param,
+                             mirror=mirror)
                 if local.device.type == "cuda":
                     slot.ptr = local.data_ptr()  # registered where it is (CUDA IPC), never moved
-                elif old is not None and old.current() and old.staged == staged:
+                elif old is not None and old.current() and (old.staged, old.mirror) == (slot.staged, mirror):
                     slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
                 slots.append(slot)
             seen[id(t)] = name
@@ -1178,13 +1188,16 @@ class Checkpointer:
         self._check_no_shared_storage(slots)
         self._resolve_layouts(slots)
         self._move_to_shm([s for s in slots if s.ptr is None and not s.staged])
-        self._move_to_staging([s for s in slots if s.ptr is None and s.staged])
+        self._move_to_staging([s for s in slots if s.ptr is None and s.staged and not s.mirror])
+        self._mirror([s for s in slots if s.ptr is None and s.mirror])
         before = [(s.name, s.ptr, id(s.region), s.offset, s.layout) for s in self._slots]
         self._slots = slots
         owned = [s for s in slots if s.owner is not None]
         # What _tracking_current compares, as parallel lists (compared by C-level map()s).
+        wrapped = [s for s in slots if s.holder is not s.tensor and hasattr(s.holder, "_local_tensor")]
         self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.holder for s in owned],
-                       [s.tensor for s in slots], [s.ptr for s in slots])
+                       [s.tensor for s in slots], [s.ptr for s in slots],
+                       [s.holder for s in wrapped], [s.tensor for s in wrapped])
         self._items_meta = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor)) for s in slots]
         self._cuda_device = next((s.tensor.device for s in slots if s.tensor.device.type == "cuda"), None)
         blocks = {id(s.block): s.block for s in slots if s.block is not None}
@@ -1301,6 +1314,23 @@ class Checkpointer:
         for s in slots:
             s.region, s.block = staging, block
 
+    def _mirror(self, slots: List[_Slot]) -> None:
+        """Registers a copy of each tensor of `slots` in one new shared region, leaving the
+        tensors where they are; save() refreshes the copies, load() copies them back."""
+        if not slots:
+            return
+        offsets, size = [], 0
+        for s in slots:
+            offsets.append(size)
+            size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        region = SharedRegion.create(size)
+        self._regions.append(region)
+        for s, off in zip(slots, offsets):
+            t = s.tensor
+            copy = torch.frombuffer(region, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
+            copy.copy_(t.detach())
+            s.ptr, s.region, s.offset, s.block = t.data_ptr(), region, off, (t, copy)
+
     def _register(self):
         items = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor),
                   s.region if s.region is not None else s.ptr, s.offset or 0) for s in self._slots]
@@ -1312,9 +1342,11 @@ class Checkpointer:
         """Cheap check that the registered tensors are still the trainer's (run per save):
         each is still in its owner's dict and at its address, and no optimizer state
         appeared. C-level loops (map), no Python code per tensor."""
-        owners, keys, owned, tensors, ptrs = self._watch
+        owners, keys, owned, tensors, ptrs, dtensors, locals_ = self._watch
         if not all(map(operator.is_, map(dict.get, owners, keys), owned)):
             return False
+        if not all(map(operator.is_, map(operator.attrgetter("_local_tensor"), dtensors), locals_)):
+            return False  # FSDP2 gave a DTensor another local tensor
         if list(map(_DATA_PTR, tensors)) != ptrs:
             return False
         if self.optimizer is not None:
@@ -1474,7 +1506,11 @@ class Checkpointer:
                     raise StateMismatchError(f"{where}: optim.state.{i}.{k} has dtype {dtype}, unknown to this torch")
                 if st is None:
                     st = state[p] = {}
-                st[k] = torch.zeros(shape, dtype=_CODE_TO_TORCH[dtype], device=self._state_device(p, k))
+                local = getattr(p, "_local_tensor", None)  # a DTensor's state is a DTensor like it
+                if local is not None and _shape(local) == shape:
+                    st[k] = torch.zeros_like(p, dtype=_CODE_TO_TORCH[dtype], memory_format=torch.contiguous_format)
+                else:
+                    st[k] = torch.zeros(shape, dtype=_CODE_TO_TORCH[dtype], device=self._state_device(p, k))
                 changed = True
             if st is not None and not st and not want:
                 del state[p]
