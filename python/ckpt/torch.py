@@ -105,6 +105,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 
 from . import Client, DaemonRestartedError, Error, Level, SharedRegion, VersionNotFoundError, load_version, read_header
+from . import _ckpt
 
 __all__ = [
     "Checkpointer",
@@ -438,6 +439,15 @@ def _local_pieces(name: str, t: torch.Tensor) -> List[Tuple[str, torch.Tensor, O
     return [(name, t, None)]
 
 
+_LAYOUTS = hasattr(_ckpt, "Layout")  # the module takes layouts, blobs for a rank, and tells resharded restores
+
+
+def _native_layout(layout: Layout):
+    """The ckpt.Layout (the client's) of `layout`."""
+    return _ckpt.Layout(global_name=layout.global_name or "", global_shape=list(layout.global_shape),
+                        offsets=list(layout.offsets), replicated=layout.replicated)
+
+
 def _as_layout(layout: Any) -> Layout:
     """A Layout from a Layout or anything with its fields (a ckpt.Layout)."""
     if isinstance(layout, Layout):
@@ -742,21 +752,28 @@ class Checkpointer:
 
     def _snapshot(self, step: int, blob: bytes) -> None:
         if self._cuda_device is None:
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, self._blobs(blob))
         else:  # the version is the state once the work queued so far on the stream has run
-            self._client.snapshot(step, {BLOB: blob}, stream=torch.cuda.current_stream(self._cuda_device))
+            self._client.snapshot(step, self._blobs(blob), stream=torch.cuda.current_stream(self._cuda_device))
+
+    def _blobs(self, blob: bytes) -> Dict[str, Any]:
+        """The snapshot's blobs: rank 0's for every rank of a restore at another world size (the
+        job's state comes from it), any other rank's for the rank of its number only."""
+        if not _LAYOUTS:
+            return {BLOB: blob}
+        return {BLOB: _ckpt.Blob(blob, for_rank=None if self.rank == 0 else self.rank)}
 
     def _send(self, step: int, parts: Dict[str, Any]) -> List[DaemonRestartedError]:
         """On the worker thread: pickles the blob (parts pickled already, RNG states), asks
         for the snapshot and waits until it is captured. Returns the restart reports the
         snapshot call gave, for the training thread to note (warnings belong there)."""
-        blob = _dumps(parts)
+        blobs = self._blobs(_dumps(parts))
         restarts = []
         try:
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, blobs)
         except DaemonRestartedError as e:
             restarts.append(e)
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, blobs)
         try:
             self._client.wait_snapshot(step)
         except DaemonRestartedError as e:
@@ -869,8 +886,14 @@ class Checkpointer:
     def _restore(self, version: int) -> Tuple[int, Dict[int, Dict[str, bytes]], int, bool]:
         """The daemon's restore: (version, {writer's rank: {blob name: bytes}}, the world size
         that wrote it, whether it was resharded)."""
-        restored, blobs = self._client.restore(version)
-        return restored, {self.rank: blobs}, self.world_size, False
+        if not _LAYOUTS:
+            restored, blobs = self._client.restore(version)
+            return restored, {self.rank: blobs}, self.world_size, False
+        r = self._client.restore(version, result=True)
+        by_rank: Dict[int, Dict[str, bytes]] = {}
+        for b in r.blobs:
+            by_rank.setdefault(int(b.from_rank), {})[b.name] = b.data
+        return int(r.version), by_rank, int(r.world_size), bool(r.resharded)
 
     def _restored_state(self, by_rank: Mapping[int, Mapping[str, bytes]], version: int, written_by: int,
                         resharded: bool) -> Dict[str, Any]:
@@ -883,8 +906,8 @@ class Checkpointer:
             data = by_rank.get(rank, {}).get(BLOB)
             return None if data is None else pickle.loads(data)
 
-        if not resharded:
-            state = state_of(self.rank)
+        if not resharded:  # this rank's own blobs only
+            state = next((pickle.loads(b[BLOB]) for b in by_rank.values() if BLOB in b), None)
             if state is None:
                 raise StateMismatchError(f"version {version} of job '{self.job}' was not written by ckpt.torch "
                                          f"(it has no '{BLOB}' blob)")
@@ -1334,6 +1357,9 @@ class Checkpointer:
     def _register(self):
         items = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor),
                   s.region if s.region is not None else s.ptr, s.offset or 0) for s in self._slots]
+        if _LAYOUTS:
+            items = [item if s.layout is None else item + (_native_layout(s.layout),)
+                     for item, s in zip(items, self._slots)]
         registration = self._client.register_items(self.job, self.rank, self.world_size, items)
         self._send_inline = True
         return registration
