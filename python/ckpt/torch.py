@@ -415,7 +415,14 @@ def _dtensor_box(name: str, t) -> Layout:
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     except ImportError:  # torch < 2.4
         from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
-    shape, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    mesh = t.device_mesh
+    copies = [mesh.size(d) for d, p in enumerate(t.placements) if type(p).__name__ == "Replicate" and mesh.size(d) > 1]
+    if copies:
+        raise UnsupportedTensorError(
+            f"{name}: a DTensor sharded over some mesh dimensions and replicated over others (placements "
+            f"{list(t.placements)}, mesh {tuple(mesh.shape)}, as in HSDP) is not supported: each piece of a "
+            f"global tensor must be held by one rank")
+    shape, offsets = compute_local_shape_and_global_offset(t.shape, mesh, t.placements)
     if list(shape) != _shape(t._local_tensor):
         raise UnsupportedTensorError(f"{name}: the DTensor's local tensor is {_shape(t._local_tensor)}, not the "
                                      f"{list(shape)} its placements {list(t.placements)} give (padded?)")

@@ -355,13 +355,30 @@ dist.destroy_process_group()
 """
 
 
-def run_ranks(daemon, world, *args):
+HSDP_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+import ckpt.torch as ct
+rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + port, rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (2, 1))
+m = torch.nn.Module()
+m.w = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 2), mesh, [Replicate(), Shard(0)]))
+try:
+    ct.Checkpointer(None, "hsdp", model=m)
+except ct.UnsupportedTensorError as e:
+    print("RESULT " + json.dumps(str(e)), flush=True)
+dist.destroy_process_group()
+""".replace("import sys,", "import json, sys,")
+
+
+def run_ranks(daemon, world, *args, script=None):
     import socket
     import subprocess
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", FSDP2_SCRIPT, str(r), str(world), port, *args],
+    procs = [subprocess.Popen([sys.executable, "-c", script or FSDP2_SCRIPT, str(r), str(world), port, *args],
                               env=daemon.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     results = []
@@ -409,3 +426,11 @@ def test_fsdp2_state_of_2_ranks_resumes_on_1_and_on_3(daemon):
         for r in resumed:
             assert r["step"] == 3 and r["resharded"]
             assert r["full"] == saved
+
+
+def test_a_dtensor_replicated_over_part_of_its_mesh_is_refused_naming_it(daemon):
+    _dtensor_api()
+    for message in run_ranks(daemon, 2, script=HSDP_SCRIPT):
+        assert message.startswith("model.w: a DTensor sharded over some mesh dimensions and replicated over "
+                                  "others"), message
+        assert "each piece of a global tensor must be held by one rank" in message
