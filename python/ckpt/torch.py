@@ -446,9 +446,6 @@ def _local_pieces(name: str, t: torch.Tensor) -> List[Tuple[str, torch.Tensor, O
     return [(name, t, None)]
 
 
-_LAYOUTS = hasattr(_ckpt, "Layout")  # the module takes layouts, blobs for a rank, and tells resharded restores
-
-
 def _native_layout(layout: Layout):
     """The ckpt.Layout (the client's) of `layout`."""
     return _ckpt.Layout(global_name=layout.global_name or "", global_shape=list(layout.global_shape),
@@ -766,8 +763,6 @@ class Checkpointer:
     def _blobs(self, blob: bytes) -> Dict[str, Any]:
         """The snapshot's blobs: rank 0's for every rank of a restore at another world size (the
         job's state comes from it), any other rank's for the rank of its number only."""
-        if not _LAYOUTS:
-            return {BLOB: blob}
         return {BLOB: _ckpt.Blob(blob, for_rank=None if self.rank == 0 else self.rank)}
 
     def _send(self, step: int, parts: Dict[str, Any]) -> List[DaemonRestartedError]:
@@ -893,9 +888,6 @@ class Checkpointer:
     def _restore(self, version: int) -> Tuple[int, Dict[int, Dict[str, bytes]], int, bool]:
         """The daemon's restore: (version, {writer's rank: {blob name: bytes}}, the world size
         that wrote it, whether it was resharded)."""
-        if not _LAYOUTS:
-            restored, blobs = self._client.restore(version)
-            return restored, {self.rank: blobs}, self.world_size, False
         r = self._client.restore(version, result=True)
         by_rank: Dict[int, Dict[str, bytes]] = {}
         for b in r.blobs:
@@ -1364,9 +1356,8 @@ class Checkpointer:
     def _register(self):
         items = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor),
                   s.region if s.region is not None else s.ptr, s.offset or 0) for s in self._slots]
-        if _LAYOUTS:
-            items = [item if s.layout is None else item + (_native_layout(s.layout),)
-                     for item, s in zip(items, self._slots)]
+        items = [item if s.layout is None else item + (_native_layout(s.layout),)
+                 for item, s in zip(items, self._slots)]
         registration = self._client.register_items(self.job, self.rank, self.world_size, items)
         self._send_inline = True
         return registration

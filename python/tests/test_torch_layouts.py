@@ -7,6 +7,7 @@ client of its own)."""
 import gc
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +72,15 @@ def test_without_replicated_items_without_a_layout_stay_rank_private(daemon):
         ck.save(1)
         got = ck.layouts
     assert sorted(got) == ["model.b", "model.w", "optim.state.0.momentum_buffer", "optim.state.1.momentum_buffer"]
+
+
+def test_a_layout_of_the_client_ckpt_layout_is_taken_too(daemon):
+    m, _ = sharded_model(1, 2)
+    with ct.Checkpointer(daemon.socket, "native", model=m, rank=1, world_size=2,
+                         layouts={m.w: ckpt.Layout(global_shape=[8, 4], offsets=[4, 0]),
+                                  m.b: ckpt.Layout(global_name="bias", global_shape=[8], offsets=[4])}) as ck:
+        assert ck.layouts == {"model.w": ct.Layout([8, 4], [4, 0], "model.w"),
+                              "model.b": ct.Layout([8], [4], "bias")}
 
 
 def test_a_flat_zero_partition_with_a_global_name_of_its_own(daemon):
@@ -204,9 +214,6 @@ def test_dtensor_parameters_give_their_boxes_and_adam_state_follows(daemon, gloo
         assert torch.equal(stored["model.w"], m.w._local_tensor)
 
 
-needs_layouts = pytest.mark.skipif(not hasattr(ckpt, "Layout"),
-                                   reason="this ckpt module has no layouts (ckpt.Layout): no restore at another "
-                                          "world size")
 ROWS = 12
 
 
@@ -244,6 +251,12 @@ def save_4_ranks(daemon, job, replicated=True):
     for ck in cks:
         ck.wait_durable(1, timeout=60)
         ck.close()
+    # The version's index: the global tensors, each rank's chunk, rank 0's blob for every rank.
+    index = json.loads((Path(daemon.root) / job / "v0000000001" / "index.json").read_text())
+    assert index["world_size"] == 4
+    assert [c["offsets"] for c in index["tensors"]["model.w"]["chunks"]] == [[0, 0], [3, 0], [6, 0], [9, 0]]
+    assert index["tensors"]["optim.state.model.w.exp_avg"]["shape"] == [ROWS, 4]
+    assert [(b["rank"], b["for_rank"]) for b in index["blobs"]] == [(0, None), (1, 1), (2, 2), (3, 3)]
     glob = {"w": torch.cat([m.w.detach() for m, _, _, _ in ranks]),
             "b": torch.cat([m.b.detach() for m, _, _, _ in ranks]),
             "w.exp_avg": torch.cat([opt.state[m.w]["exp_avg"] for m, opt, _, _ in ranks]),
@@ -252,7 +265,6 @@ def save_4_ranks(daemon, job, replicated=True):
     return glob, rng, [g.get_state() for g in gens]
 
 
-@needs_layouts
 @pytest.mark.parametrize("world", [2, 3, 5])
 def test_load_at_another_world_size_reshards_and_follows_the_blob_rules(daemon, world):
     glob, rng, gen_states = save_4_ranks(daemon, f"re{world}")
@@ -289,7 +301,6 @@ def test_load_at_another_world_size_reshards_and_follows_the_blob_rules(daemon, 
     assert next(v for v in listed["versions"] if v["version"] == 2)["durable_ranks"] == list(range(world))
 
 
-@needs_layouts
 def test_a_resharding_load_refuses_rank_private_items_and_other_shapes_before_restoring(daemon):
     save_4_ranks(daemon, "priv4", replicated=False)  # scale and its Adam state: rank-private
     m, opt, layouts, _ = tp_rank(0, 2)
@@ -417,7 +428,6 @@ def test_fsdp2_trains_as_without_ckpt_and_saves_each_ranks_shard_with_its_box(da
         assert r["full"] == with_ckpt[0]["full"]
 
 
-@needs_layouts
 def test_fsdp2_state_of_2_ranks_resumes_on_1_and_on_3(daemon):
     _fsdp2()
     saved = run_ranks(daemon, 2, "fsdp-re", "ckpt")[0]["full"]
