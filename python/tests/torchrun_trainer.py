@@ -134,6 +134,7 @@ def main():
             expected = torch.load(args.expect)
             assert step == int(expected["step"]), (step, expected["step"])
             assert data["samples_seen"] == expected["samples_seen"], (data, expected["samples_seen"])
+            assert (ck.restored_world_size, ck.resharded) == (expected["world_size"], world != expected["world_size"])
             mine = global_state_local(model, opt)
             for name, t in mine.items():
                 want = local_slice(model, name, expected["tensors"][name])
