@@ -444,3 +444,19 @@ def test_a_dtensor_replicated_over_part_of_its_mesh_is_refused_naming_it(daemon)
         assert message.startswith("model.w: a DTensor sharded over some mesh dimensions and replicated over "
                                   "others"), message
         assert "each piece of a global tensor must be held by one rank" in message
+
+
+def test_load_at_the_same_world_size_with_other_boxes_reshards_too(daemon):
+    glob, _, _ = save_4_ranks(daemon, "swap")
+    ranks = []
+    for r in range(4):
+        m, opt, layouts, (lo, hi) = tp_rank(3 - r, 4)  # rank r holds the rows old rank 3 - r held
+        ck = ct.Checkpointer(daemon.socket, "swap", rank=r, world_size=4, model=m, optimizer=opt,
+                             layouts=layouts, replicated=True, extra_state={})
+        ranks.append(ck)
+        assert ck.load("latest") == 1
+        assert (ck.restored_world_size, ck.resharded) == (4, True)
+        assert torch.equal(m.w.detach(), glob["w"][lo:hi])
+        assert torch.equal(opt.state[m.w]["exp_avg"], glob["w.exp_avg"][lo:hi])
+    for ck in ranks:
+        ck.close()
