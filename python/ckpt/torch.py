@@ -996,6 +996,7 @@ class Checkpointer:
                                 f"checkpoint")
         wanted: Dict[int, Dict[str, Mapping[str, Any]]] = {}
         prefixes = {f"optim.state.{lay.global_name}.": i for i, (lay, _) in params.items()}
+        orphans = []  # optimizer state of no parameter here
         for g_name, g in tensors.items():
             if not g_name.startswith("optim.state."):
                 if g_name not in covered:
@@ -1005,11 +1006,14 @@ class Checkpointer:
             owner = next(((i, g_name[len(pre):]) for pre, i in prefixes.items()
                           if g_name.startswith(pre) and "." not in g_name[len(pre):]), None)
             if owner is None:
-                problems.append(f"the checkpoint has optimizer state {g_name}, of no parameter here")
+                orphans.append(g_name)
                 continue
             wanted.setdefault(owner[0], {})[owner[1]] = g
-        if wanted and self.optimizer is None:
+        if self.optimizer is None and (wanted or orphans):
             problems.append("the checkpoint has optimizer state but this Checkpointer has no optimizer")
+        elif orphans:
+            problems.append(f"the checkpoint has optimizer state of no parameter with a layout here: "
+                            f"{', '.join(orphans[:5])}{' ...' if len(orphans) > 5 else ''}")
         if problems:
             more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
             raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)

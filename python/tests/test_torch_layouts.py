@@ -460,3 +460,16 @@ def test_load_at_the_same_world_size_with_other_boxes_reshards_too(daemon):
         assert torch.equal(opt.state[m.w]["exp_avg"], glob["w.exp_avg"][lo:hi])
     for ck in ranks:
         ck.close()
+
+
+def test_a_resharding_load_names_optimizer_state_whose_parameter_has_no_layout_here(daemon):
+    save_4_ranks(daemon, "orphan4")  # scale replicated there
+    m, opt, layouts, _ = tp_rank(1, 2)
+    with ct.Checkpointer(daemon.socket, "orphan4", rank=1, world_size=2, model=m, optimizer=opt,
+                         layouts=layouts) as ck:  # no replicated=True: scale is rank-private here
+        with pytest.raises(ct.StateMismatchError) as e:
+            ck.load("latest")
+    msg = str(e.value)
+    assert "model.scale is rank-private (no layout)" in msg
+    assert ("the checkpoint has optimizer state of no parameter with a layout here: optim.state.model.scale.exp_avg, "
+            "optim.state.model.scale.exp_avg_sq, optim.state.model.scale.step") in msg
