@@ -67,6 +67,15 @@ the daemon's root, which `status()` names) says which tensors it holds, so a fre
 given zero tensors of the right shapes, the daemon fills them, and the optimizer continues from
 the restored state.
 
+Another world size: an item with a layout (Checkpointer's `layouts` and `replicated`, or the
+placements of a DTensor / ShardedTensor; optimizer state follows its parameter) is a box of a
+global tensor, recorded in the version's index.json. load() of a version written by another
+world size (or with other boxes) checks the items against that index, gives the optimizer its
+state in this rank's boxes, and lets the daemon fill them from the old ranks' overlapping
+chunks. Job state (step, param groups, scheduler, extra_state) comes from old rank 0's blob,
+per-rank state (RNG states, generators, keyword objects) from old rank r's (old rank 0's for a
+new rank): rank 0's blob is sent for every rank, the others' for their own rank only.
+
 Without a daemon: load_checkpoint(root, job, step) reads a checkpoint into plain state dicts
 (model, optimizer in Optimizer.state_dict() format, scheduler, objects, extra_state), checksums
 verified.
