@@ -67,6 +67,15 @@ the daemon's root, which `status()` names) says which tensors it holds, so a fre
 given zero tensors of the right shapes, the daemon fills them, and the optimizer continues from
 the restored state.
 
+Another world size: an item with a layout (Checkpointer's `layouts` and `replicated`, or the
+placements of a DTensor / ShardedTensor; optimizer state follows its parameter) is a box of a
+global tensor, recorded in the version's index.json. load() of a version written by another
+world size (or with other boxes) checks the items against that index, gives the optimizer its
+state in this rank's boxes, and lets the daemon fill them from the old ranks' overlapping
+chunks. Job state (step, param groups, scheduler, extra_state) comes from old rank 0's blob,
+per-rank state (RNG states, generators, keyword objects) from old rank r's (old rank 0's for a
+new rank): rank 0's blob is sent for every rank, the others' for their own rank only.
+
 Without a daemon: load_checkpoint(root, job, step) reads a checkpoint into plain state dicts
 (model, optimizer in Optimizer.state_dict() format, scheduler, objects, extra_state), checksums
 verified.
@@ -89,6 +98,7 @@ reports). Pickled state is loaded with pickle: load only checkpoints you trust.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import operator
 import os
@@ -104,16 +114,23 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 
 from . import Client, DaemonRestartedError, Error, Level, SharedRegion, VersionNotFoundError, load_version, read_header
+from . import _ckpt
 
 __all__ = [
     "Checkpointer",
+    "Layout",
+    "REPLICATED",
     "StateMismatchError",
     "UnsupportedTensorError",
     "VersionNotFoundError",
+    "flat_shard",
     "load_checkpoint",
 ]
 
 BLOB = "ckpt.torch"  # name of the pickled non-tensor state blob
+# Parts of the blob that are each rank's own: at another world size, rank r takes them from old
+# rank r (old rank 0 for a rank the old run did not have); the rest comes from old rank 0.
+_PER_RANK = ("rng", "generators", "objects")
 _FORMAT = 1
 _ALIGN = 64  # byte alignment of tensors inside the shared regions
 _DEADLINE_EXCEEDED, _NOT_FOUND, _FAILED_PRECONDITION = 4, 5, 9  # gRPC status codes carried by ckpt.Error.code
@@ -140,6 +157,55 @@ class UnsupportedTensorError(ValueError):
 
 class StateMismatchError(ValueError):
     """The model / optimizer / objects do not match the checkpoint being loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a tensor item sits in a global tensor, so that a restore at another world size
+    can reshard it (the fields of ckpt.Layout, the client's):
+
+      Layout(global_shape=[1024, 512], offsets=[256, 0])   the box [256, 256 + rows) x [0, 512)
+                                                            of a 1024 x 512 tensor
+      flat_shard(start, global_numel)                       elements [start, start + numel) of a
+                                                            flat 1-D tensor (ZeRO-1 partitions)
+      REPLICATED                                            the whole tensor, the same on every rank
+
+    global_name: the global tensor's name; None: the item's name (for optimizer state: the rule
+    of Checkpointer's `layouts`). The box's extent is the item's shape."""
+
+    global_shape: Tuple[int, ...] = ()
+    offsets: Tuple[int, ...] = ()
+    global_name: Optional[str] = None
+    replicated: bool = False
+
+    def __post_init__(self):
+        for field in ("global_shape", "offsets"):
+            value = getattr(self, field)
+            try:
+                value = tuple(operator.index(v) for v in value)
+            except TypeError:
+                raise TypeError(f"Layout.{field} must be a sequence of ints, not {value!r}") from None
+            if any(v < 0 for v in value):
+                raise ValueError(f"Layout.{field} {list(value)} has a negative value")
+            object.__setattr__(self, field, value)
+        if self.replicated and self.offsets:
+            raise ValueError("a replicated Layout has no offsets (every rank holds the whole tensor)")
+        if not self.replicated and len(self.global_shape) != len(self.offsets):
+            raise ValueError(f"Layout: global_shape {list(self.global_shape)} and offsets {list(self.offsets)} "
+                             f"must have one value per dimension")
+        if self.global_name is not None and (not isinstance(self.global_name, str) or not self.global_name):
+            raise ValueError(f"Layout.global_name must be a non-empty string or None, not {self.global_name!r}")
+
+
+REPLICATED = Layout(replicated=True)
+
+
+def flat_shard(start: int, global_numel: int, global_name: Optional[str] = None) -> Layout:
+    """The layout of a flat 1-D tensor that is elements [start, start + its numel) of a flat
+    global tensor of global_numel elements: a ZeRO-1/2 optimizer partition. With the global
+    name of the flat tensor (the same on every rank), a restore at another world size gives
+    each rank its new range, whatever the old ranks' ranges were."""
+    return Layout(global_shape=(global_numel,), offsets=(start,), global_name=global_name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -307,19 +373,120 @@ def _shard_name(rank: int) -> str:
 
 class _Slot:
     """One tensor item: the tensor object the trainer uses, where its bytes live, and how to
-    tell whether it is still the tensor the trainer uses (owner[key] is tensor, same address).
+    tell whether it is still the tensor the trainer uses (owner[key] is holder, same address;
+    holder is the tensor itself, or the DTensor / ShardedTensor whose local piece it is).
     A staged slot (a buffer the forward changes) is registered at region/offset of a staging
-    copy that save() refreshes (`block`); ptr is then the address of the trainer's tensor."""
+    copy that save() refreshes (`block`); ptr is then the address of the trainer's tensor.
+    layout: where it sits in its global tensor (a Layout with global_name set), None: private;
+    auto: the layout a DTensor or ShardedTensor gave; param: for optimizer state, the index of
+    its parameter."""
 
-    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block")
+    __slots__ = ("name", "tensor", "owner", "key", "ptr", "region", "offset", "staged", "block", "holder",
+                 "layout", "auto", "param", "mirror")
 
-    def __init__(self, name, tensor, owner, key, staged=False):
+    def __init__(self, name, tensor, owner, key, staged=False, holder=None, auto=None, param=None, mirror=False):
         self.name, self.tensor, self.owner, self.key, self.staged = name, tensor, owner, key, staged
+        self.mirror = mirror  # a staged copy of a tensor left where it is (block: the tensor, its copy)
+        self.holder = tensor if holder is None else holder
+        self.auto, self.param, self.layout = auto, param, None
         self.ptr = self.region = self.offset = self.block = None
 
     def current(self) -> bool:
         t = self.tensor
-        return (self.owner is None or self.owner.get(self.key) is t) and t.data_ptr() == self.ptr
+        return (self.owner is None or self.owner.get(self.key) is self.holder) and t.data_ptr() == self.ptr
+
+
+def _sharded_tensor_type():
+    """torch.distributed._shard's ShardedTensor class if that module was imported (no
+    ShardedTensor exists otherwise; importing it here would fail on torch 1.13 under Python
+    3.11, whose dataclasses refuse its metadata class), else None."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor.api")
+    return getattr(module, "ShardedTensor", None)
+
+
+def _dtensor_type():
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):  # torch >= 2.4, older 2.x
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _dtensor_box(name: str, t) -> Layout:
+    """The layout of this rank's local tensor of DTensor `t` (Shard and Replicate placements)."""
+    kinds = {type(p).__name__ for p in t.placements}
+    if kinds <= {"Replicate"}:
+        return REPLICATED
+    if not kinds <= {"Shard", "Replicate"}:
+        raise UnsupportedTensorError(f"{name}: DTensor placements {list(t.placements)} are not supported "
+                                     f"(Shard and Replicate only; a Partial one must be reduced first)")
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:  # torch < 2.4
+        from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
+    mesh = t.device_mesh
+    copies = [mesh.size(d) for d, p in enumerate(t.placements) if type(p).__name__ == "Replicate" and mesh.size(d) > 1]
+    if copies:
+        raise UnsupportedTensorError(
+            f"{name}: a DTensor sharded over some mesh dimensions and replicated over others (placements "
+            f"{list(t.placements)}, mesh {tuple(mesh.shape)}, as in HSDP) is not supported: each piece of a "
+            f"global tensor must be held by one rank")
+    shape, offsets = compute_local_shape_and_global_offset(t.shape, mesh, t.placements)
+    if list(shape) != _shape(t._local_tensor):
+        raise UnsupportedTensorError(f"{name}: the DTensor's local tensor is {_shape(t._local_tensor)}, not the "
+                                     f"{list(shape)} its placements {list(t.placements)} give (padded?)")
+    return Layout(global_shape=_shape(t), offsets=[int(o) for o in offsets])
+
+
+def _local_pieces(name: str, t: torch.Tensor) -> List[Tuple[str, torch.Tensor, Optional[Layout]]]:
+    """(item name, local tensor, layout) of each piece of `t` this rank holds: `t` itself for a
+    plain tensor; the local tensor of a DTensor; each local shard of a ShardedTensor (named
+    NAME[j] when there are several)."""
+    sharded = _sharded_tensor_type()
+    if sharded is not None and isinstance(t, sharded):
+        shards = t.local_shards()
+        size = [int(d) for d in t.metadata().size]
+        return [(name if len(shards) == 1 else f"{name}[{j}]", sh.tensor,
+                 Layout(global_shape=size, offsets=list(sh.metadata.shard_offsets), global_name=name))
+                for j, sh in enumerate(shards)]
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        return [(name, t._local_tensor, dataclasses.replace(_dtensor_box(name, t), global_name=name))]
+    return [(name, t, None)]
+
+
+def _native_layout(layout: Layout):
+    """The ckpt.Layout (the client's) of `layout`."""
+    return _ckpt.Layout(global_name=layout.global_name or "", global_shape=list(layout.global_shape),
+                        offsets=list(layout.offsets), replicated=layout.replicated)
+
+
+def _as_layout(layout: Any) -> Layout:
+    """A Layout from a Layout or anything with its fields (a ckpt.Layout)."""
+    if isinstance(layout, Layout):
+        return layout
+    if not all(hasattr(layout, f) for f in ("global_shape", "offsets", "replicated")):
+        raise TypeError(f"layouts: a value must be a ckpt.torch.Layout (or ckpt.Layout), not "
+                        f"{type(layout).__name__}")
+    return Layout(global_shape=layout.global_shape, offsets=layout.offsets,
+                  global_name=getattr(layout, "global_name", None) or None, replicated=layout.replicated)
+
+
+def _check_box(name: str, t: torch.Tensor, layout: Layout) -> None:
+    """Raises ValueError unless `layout` fits item `name` (the daemon checks it too)."""
+    shape = _shape(t)
+    if layout.replicated:
+        if layout.global_shape and list(layout.global_shape) != shape:
+            raise ValueError(f"{name}: a replicated layout's global_shape {list(layout.global_shape)} is not the "
+                             f"tensor's shape {shape}")
+        return
+    if len(layout.global_shape) != len(shape):
+        raise ValueError(f"{name}: the layout has {len(layout.global_shape)} dimensions (global_shape "
+                         f"{list(layout.global_shape)}), the tensor {len(shape)} (shape {shape})")
+    for d, (off, n, g) in enumerate(zip(layout.offsets, shape, layout.global_shape)):
+        if off + n > g:
+            raise ValueError(f"{name}: the box at offsets {list(layout.offsets)} with shape {shape} does not fit "
+                             f"in global_shape {list(layout.global_shape)} (dimension {d}: {off} + {n} > {g})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -428,6 +595,22 @@ class Checkpointer:
       once, naming it and what makes it large (tensors, a module, an optimizer, a bound
       method): such state is pickled on the training thread at every save. Default 64 KiB;
       None: no check.
+    layouts: {tensor or item name: Layout}: where tensors of this rank sit in global tensors,
+      so that load() at another world size reshards them. Keys: a parameter or buffer of the
+      model (or of the optimizer), or an item name ("model.<key>", "optim.param.<i>",
+      "optim.state.<i>.<key>"). Values: Layout(global_shape, offsets) (a box), flat_shard(start,
+      global_numel) (a flat ZeRO-1 partition) or REPLICATED. DTensors and ShardedTensors need no
+      entry: their placements give their layout. Each item's global tensor is named by the
+      layout's global_name, default the item name; the optimizer state of a parameter with a
+      layout follows it: a state tensor of the parameter's shape gets its box (Adam's exp_avg),
+      a one-element one is replicated (a step counter), another shape stays rank-private; its
+      global name is "optim.state.<the parameter's global name>.<key>". A box that does not fit
+      its global shape, or a key that is not a tensor item here, is a ValueError naming it.
+    replicated: True: every other tensor item (of the model, of its parameters' optimizer
+      state) is the same on every rank (DDP): the version keeps one copy for other world
+      sizes, and any world size restores it. Without a layout an item is rank-private: only
+      the rank that wrote it restores it, at the same world size. `ck.layouts` lists the
+      layouts of the registered items.
     **objects: more objects with state_dict()/load_state_dict() (grad scalers, samplers with
       state...), pickled at each save under their keyword, and torch.Generator objects (the
       generator of a RandomSampler or DataLoader, of random augmentations...): their
@@ -447,8 +630,22 @@ class Checkpointer:
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                  extra_state: Optional[Dict[str, Any]] = None, rng: bool = True,
                  wait_before: Optional[str] = None, reconnect_budget: Optional[float] = None,
-                 background: bool = True, warn_blob_bytes: Optional[int] = 64 * 1024, **objects: Any):
+                 background: bool = True, warn_blob_bytes: Optional[int] = 64 * 1024,
+                 layouts: Optional[Mapping[Union[str, torch.Tensor], Layout]] = None, replicated: bool = False,
+                 **objects: Any):
         rank, world_size = _rank_and_world(rank, world_size)
+        explicit: Tuple[Dict[int, Layout], Dict[str, Layout]] = ({}, {})
+        self._explicit_refs: Dict[int, torch.Tensor] = {}  # keeps the tensors keyed by id alive
+        for key, layout in (layouts or {}).items():
+            layout = _as_layout(layout)
+            if isinstance(key, torch.Tensor):
+                explicit[0][id(key)] = layout
+                self._explicit_refs[id(key)] = key
+            elif isinstance(key, str):
+                explicit[1][key] = layout
+            else:
+                raise TypeError(f"layouts: a key must be a tensor or an item name, not {type(key).__name__}")
+        self._explicit, self._replicate_all, self._layouts_checked = explicit, bool(replicated), False
         if isinstance(client_or_socket, Client):
             if reconnect_budget is not None:
                 raise ValueError("reconnect_budget applies to a client the Checkpointer connects: pass it to "
@@ -508,6 +705,10 @@ class Checkpointer:
         self._stage_blocks: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (trainer's, registered)
         self._forward_changes_registered = False  # a buffer the forward changes is registered as is
         self._root: Optional[str] = None
+        # Set by load(): the world size that wrote the restored version, and whether the
+        # restore resharded it (another world size, or other boxes).
+        self.restored_world_size: Optional[int] = None
+        self.resharded = False
         self._cuda_device: Optional[torch.device] = None  # of the GPU items, if any
         self._params: List[torch.Tensor] = []
         if optimizer is not None:
@@ -543,8 +744,9 @@ class Checkpointer:
         if not self._tracking_current():
             self._refresh()
         parts = self._blob_state(step)
-        for trainer, registered in self._stage_blocks:
-            registered.copy_(trainer)
+        with torch.no_grad():
+            for trainer, registered in self._stage_blocks:
+                registered.copy_(trainer)
         if self._cuda_device is not None or self._send_inline or not self.background:
             blob = _dumps(parts)
             try:
@@ -563,21 +765,26 @@ class Checkpointer:
 
     def _snapshot(self, step: int, blob: bytes) -> None:
         if self._cuda_device is None:
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, self._blobs(blob))
         else:  # the version is the state once the work queued so far on the stream has run
-            self._client.snapshot(step, {BLOB: blob}, stream=torch.cuda.current_stream(self._cuda_device))
+            self._client.snapshot(step, self._blobs(blob), stream=torch.cuda.current_stream(self._cuda_device))
+
+    def _blobs(self, blob: bytes) -> Dict[str, Any]:
+        """The snapshot's blobs: rank 0's for every rank of a restore at another world size (the
+        job's state comes from it), any other rank's for the rank of its number only."""
+        return {BLOB: _ckpt.Blob(blob, for_rank=None if self.rank == 0 else self.rank)}
 
     def _send(self, step: int, parts: Dict[str, Any]) -> List[DaemonRestartedError]:
         """On the worker thread: pickles the blob (parts pickled already, RNG states), asks
         for the snapshot and waits until it is captured. Returns the restart reports the
         snapshot call gave, for the training thread to note (warnings belong there)."""
-        blob = _dumps(parts)
+        blobs = self._blobs(_dumps(parts))
         restarts = []
         try:
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, blobs)
         except DaemonRestartedError as e:
             restarts.append(e)
-            self._client.snapshot(step, {BLOB: blob})
+            self._client.snapshot(step, blobs)
         try:
             self._client.wait_snapshot(step)
         except DaemonRestartedError as e:
@@ -644,7 +851,16 @@ class Checkpointer:
         """Restores version `step` ("latest": the newest committed) into the model, optimizer,
         scheduler, objects, extra_state and RNG states, in place, and returns its step.
         Restoring an older version than the newest rolls the job back: the daemon sets newer
-        versions aside, and saving continues from step + 1."""
+        versions aside, and saving continues from step + 1.
+
+        A version written at another world size (or with other boxes) is resharded: every
+        tensor item must have a layout (see `layouts`, `replicated`) whose global tensor the
+        version has, with the same dtype and global shape (else StateMismatchError, naming
+        them); the daemon fills each box from the chunks that overlap it. The step, param
+        groups, scheduler and extra_state come from old rank 0; RNG states, generators and
+        keyword objects from old rank r, or old rank 0 for a rank r the old run did not have
+        (docs/pytorch.md, "Changing the world size"). Afterwards restored_world_size is the
+        world size that wrote the version and resharded says whether it was resharded."""
         self._check_open()
         if step != "latest":
             if isinstance(step, bool) or not hasattr(step, "__index__") or step.__index__() <= 0:
@@ -658,22 +874,192 @@ class Checkpointer:
             version = latest
         else:
             version = step
-        header = self._shard_header(version, latest)
-        if header is not None:
-            self._prepare_for(header, version)
+        index = self._version_index(version, latest)
+        if index is not None and self._reshards(index):
+            self._prepare_resharded(index, version)
+        else:
+            header = self._shard_header(version, latest)
+            if header is not None:
+                self._prepare_for(header, version)
         try:
-            restored, blobs = self._client.restore(version)
+            restored, by_rank, written_by, resharded = self._restore(version)
         except Error as e:
             raise _mapped(e) from e
-        for trainer, registered in self._stage_blocks:  # the daemon filled the staging copies
-            trainer.copy_(registered)
-        if BLOB not in blobs:
-            raise StateMismatchError(f"version {restored} of job '{self.job}' was not written by ckpt.torch "
-                                     f"(it has no '{BLOB}' blob)")
-        state = pickle.loads(blobs[BLOB])
+        with torch.no_grad():  # the daemon filled the staging copies
+            for trainer, registered in self._stage_blocks:
+                trainer.copy_(registered)
+        state = self._restored_state(by_rank, restored, written_by, resharded)
         self._apply(state, restored)
         self._last_saved = restored
+        self.restored_world_size, self.resharded = written_by, resharded
         return int(state["step"])
+
+    def _restore(self, version: int) -> Tuple[int, Dict[int, Dict[str, bytes]], int, bool]:
+        """The daemon's restore: (version, {writer's rank: {blob name: bytes}}, the world size
+        that wrote it, whether it was resharded)."""
+        r = self._client.restore(version, result=True)
+        by_rank: Dict[int, Dict[str, bytes]] = {}
+        for b in r.blobs:
+            by_rank.setdefault(int(b.from_rank), {})[b.name] = b.data
+        return int(r.version), by_rank, int(r.world_size), bool(r.resharded)
+
+    def _restored_state(self, by_rank: Mapping[int, Mapping[str, bytes]], version: int, written_by: int,
+                        resharded: bool) -> Dict[str, Any]:
+        """The blob state to apply. Restored by the ranks that wrote it: this rank's own. At
+        another world size (see docs/pytorch.md, "Changing the world size"): the state of the
+        job (step, param groups, scheduler, model entries that are not tensors, extra_state)
+        from old rank 0's blob; the per-rank state (RNG states, generators, keyword objects)
+        from old rank r's for a rank r the old run had, else from old rank 0's."""
+        def state_of(rank: int) -> Optional[Dict[str, Any]]:
+            data = by_rank.get(rank, {}).get(BLOB)
+            return None if data is None else pickle.loads(data)
+
+        if not resharded:  # this rank's own blobs only
+            state = next((pickle.loads(b[BLOB]) for b in by_rank.values() if BLOB in b), None)
+            if state is None:
+                raise StateMismatchError(f"version {version} of job '{self.job}' was not written by ckpt.torch "
+                                         f"(it has no '{BLOB}' blob)")
+            return state
+        job = state_of(0)
+        if job is None:
+            raise StateMismatchError(f"version {version} of job '{self.job}' (world size {written_by}) has no "
+                                     f"'{BLOB}' blob of rank 0: it was not written by ckpt.torch, or by a version "
+                                     f"of it that kept no blob for other world sizes")
+        own = state_of(self.rank) if self.rank < written_by else None
+        own = job if own is None else own
+        state = {k: v for k, v in job.items() if k not in _PER_RANK}
+        state.update({k: own[k] for k in _PER_RANK if k in own})
+        rebind = {k: v for k, v in job.get("rebind", {}).items() if not k.startswith("objects.")}
+        rebind.update({k: v for k, v in own.get("rebind", {}).items() if k.startswith("objects.")})
+        state["rebind"] = rebind
+        return state
+
+    def _version_index(self, version: int, latest: int) -> Optional[Dict[str, Any]]:
+        """The version's index.json (its global tensors, their chunks, the world size that
+        wrote it); None if the root cannot be read from here or the version has none
+        (written before indexes existed)."""
+        vdir = self._version_path(version, latest)
+        if vdir is None:
+            return None
+        try:
+            with open(os.path.join(vdir, "index.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def _reshards(self, index: Mapping[str, Any]) -> bool:
+        """Whether restoring the version of `index` here reshards: another world size, or a
+        laid-out model tensor or parameter of this rank whose box is not a chunk this rank
+        wrote."""
+        if int(index["world_size"]) != self.world_size:
+            return True
+        mine = {(g, tuple(c["offsets"]), tuple(c["shape"]))
+                for g, t in index["tensors"].items() for c in t["chunks"] if int(c["rank"]) == self.rank}
+        for s in self._slots:
+            lay = s.layout
+            if s.param is None and lay is not None and not lay.replicated:
+                if (lay.global_name, lay.offsets, tuple(_shape(s.tensor))) not in mine:
+                    return True
+        return False
+
+    def _prepare_resharded(self, index: Mapping[str, Any], version: int) -> None:
+        """The resharding counterpart of _prepare_for: checks the laid-out items against the
+        version's global tensors and gives the optimizer the state tensors the checkpoint
+        has, in this rank's boxes (zeros, filled by the restore)."""
+        written_by = int(index["world_size"])
+        where = (f"version {version} of job '{self.job}' (written by {written_by} ranks; this is rank "
+                 f"{self.rank} of {self.world_size})")
+        tensors = index["tensors"]
+        problems = []
+        private = [s.name for s in self._slots if s.layout is None]
+        if private:
+            problems.append(f"{', '.join(private[:5])}{' ...' if len(private) > 5 else ''} "
+                            f"{'is' if len(private) == 1 else 'are'} rank-private (no layout), which only the "
+                            f"rank that wrote it restores, at the same world size: declare "
+                            f"{'its' if len(private) == 1 else 'their'} layout (layouts=, or replicated=True "
+                            f"for state that is the same on every rank)")
+        theirs = [f"{item['name']} of rank {r}" for r, items in sorted(index.get("private", {}).items())
+                  for item in items]
+        if theirs:
+            problems.append(f"the checkpoint has rank-private items ({', '.join(theirs[:5])}"
+                            f"{' ...' if len(theirs) > 5 else ''}), which a restore at another world size "
+                            f"cannot place")
+        covered = set()
+        params: Dict[int, Tuple[Layout, _Slot]] = {}
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        for s in self._slots:
+            if s.param is not None or s.layout is None:
+                continue
+            g_name = s.layout.global_name
+            if id(s.holder) in index_of:
+                params[index_of[id(s.holder)]] = (s.layout, s)
+            g = tensors.get(g_name)
+            if g is None:
+                problems.append(f"{s.name} is part of {g_name}, which the checkpoint does not have")
+                continue
+            covered.add(g_name)
+            dtype = _TORCH_TO_CODE[s.tensor.dtype]
+            shape = _shape(s.tensor) if s.layout.replicated else list(s.layout.global_shape)
+            if (g["dtype"], list(g["shape"])) != (dtype, shape):
+                problems.append(f"{g_name} is {dtype} {shape} here but {g['dtype']} {list(g['shape'])} in the "
+                                f"checkpoint")
+        wanted: Dict[int, Dict[str, Mapping[str, Any]]] = {}
+        prefixes = {f"optim.state.{lay.global_name}.": i for i, (lay, _) in params.items()}
+        orphans = []  # optimizer state of no parameter here
+        for g_name, g in tensors.items():
+            if not g_name.startswith("optim.state."):
+                if g_name not in covered:
+                    problems.append(f"the checkpoint has {g_name} ({g['dtype']} {list(g['shape'])}), which no item "
+                                    f"here is part of")
+                continue
+            owner = next(((i, g_name[len(pre):]) for pre, i in prefixes.items()
+                          if g_name.startswith(pre) and "." not in g_name[len(pre):]), None)
+            if owner is None:
+                orphans.append(g_name)
+                continue
+            wanted.setdefault(owner[0], {})[owner[1]] = g
+        if self.optimizer is None and (wanted or orphans):
+            problems.append("the checkpoint has optimizer state but this Checkpointer has no optimizer")
+        elif orphans:
+            problems.append(f"the checkpoint has optimizer state of no parameter with a layout here: "
+                            f"{', '.join(orphans[:5])}{' ...' if len(orphans) > 5 else ''}")
+        if problems:
+            more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+            raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
+        if self.optimizer is None:
+            return
+        changed = False
+        state = self.optimizer.state
+        for i, p in enumerate(self._params):
+            want = wanted.get(i, {})
+            st = state.get(p)
+            have = {k: v for k, v in (st or {}).items() if isinstance(v, torch.Tensor) and v.numel() > 0}
+            for k in have:
+                if k not in want:
+                    del st[k]
+                    changed = True
+            for k, g in want.items():
+                dtype = _CODE_TO_TORCH.get(g["dtype"])
+                if dtype is None:
+                    raise StateMismatchError(f"{where}: {k} of parameter {i} has dtype {g['dtype']}, unknown to "
+                                             f"this torch")
+                t = have.get(k)
+                if g.get("replicated"):
+                    make = lambda: torch.zeros(g["shape"], dtype=dtype, device=self._state_device(p, k))  # noqa: E731
+                    fits = t is not None and _shape(t) == list(g["shape"])
+                else:
+                    make = lambda: torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)  # noqa: E731
+                    fits = t is not None and _shape(t) == _shape(p) and type(t) is type(p.data)
+                if fits and t.dtype == dtype:
+                    continue
+                if st is None:
+                    st = state[p] = {}
+                st[k] = make()
+                changed = True
+            if st is not None and not st and not want:
+                del state[p]
+        if (changed or not self._tracking_current()) and self._collect():
+            self.registration = self._register()
 
     def close(self) -> None:
         """Removes the hooks and ends the registration (versions in flight still complete).
@@ -734,6 +1120,12 @@ class Checkpointer:
         """(name, dtype, shape) of every registered tensor item."""
         return list(self._items_meta)
 
+    @property
+    def layouts(self) -> Dict[str, Layout]:
+        """Item name -> its Layout (global_name set) for every tensor item that has one: what
+        a restore at another world size can reshard. Items not listed are rank-private."""
+        return {s.name: s.layout for s in self._slots if s.layout is not None}
+
     def tensors(self) -> Dict[str, torch.Tensor]:
         """The registered tensors (the trainer's own objects) by item name."""
         return {s.name: s.tensor for s in self._slots}
@@ -749,23 +1141,36 @@ class Checkpointer:
         self._model_aliases, self._model_other, self._optim_other = {}, [], {}
 
         forward_changes: set = set()  # id() of the buffers the forward changes
+        dtensor_type = _dtensor_type()
 
-        def add(name, t, owner, key) -> Optional[str]:
+        def add(name, t, owner, key, param=None) -> Optional[str]:
             if id(t) in seen:
                 return seen[id(t)]
-            _check_tensor(name, t)
-            if t.numel() == 0:
+            pieces = _local_pieces(name, t)
+            wrapped = pieces[0][1] is not t  # a DTensor or ShardedTensor: its local pieces are the items
+            for piece, local, _ in pieces:
+                _check_tensor(piece, local)
+            if not wrapped and t.numel() == 0:
                 return None  # no bytes: goes into the blob
-            old = previous.get(id(t))
-            # Host buffers the forward changes get a staging copy: the forward may run
-            # before the version is captured, so only the next update has to wait.
-            staged = id(t) in forward_changes and t.device.type == "cpu"
-            slot = _Slot(name, t, owner, key, staged)
-            if t.device.type == "cuda":
-                slot.ptr = t.data_ptr()  # registered where it is (CUDA IPC), never moved
-            elif old is not None and old.current() and old.staged == staged:
-                slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
-            slots.append(slot)
+            for piece, local, auto in pieces:
+                if local.numel() == 0:
+                    continue  # this rank holds none of it
+                old = previous.get(id(local))
+                # Host buffers the forward changes get a staging copy: the forward may run
+                # before the version is captured, so only the next update has to wait.
+                staged = id(t) in forward_changes and local.device.type == "cpu"
+                # A DTensor's local tensor on the CPU may alias a buffer of its owner (FSDP2's
+                # padded shard, which the all-gather reads): it stays where it is, and a copy in
+                # shared memory, refreshed by save(), is registered instead.
+                mirror = wrapped and dtensor_type is not None and isinstance(t, dtensor_type) \
+                    and local.device.type == "cpu"
+                slot = _Slot(piece, local, owner, key, staged or mirror, holder=t, auto=auto, param=param,
+                             mirror=mirror)
+                if local.device.type == "cuda":
+                    slot.ptr = local.data_ptr()  # registered where it is (CUDA IPC), never moved
+                elif old is not None and old.current() and (old.staged, old.mirror) == (slot.staged, mirror):
+                    slot.ptr, slot.region, slot.offset, slot.block = old.ptr, old.region, old.offset, old.block
+                slots.append(slot)
             seen[id(t)] = name
             return name
 
@@ -812,25 +1217,91 @@ class Checkpointer:
                             raise UnsupportedTensorError(
                                 f"{name} is the same tensor as {seen[id(v)]}; shared optimizer state "
                                 f"tensors are not supported")
-                        if add(name, v, st, k) is not None:
+                        if add(name, v, st, k, param=i) is not None:
                             continue
                     self._optim_other.setdefault(i, []).append(k)
         self._check_no_shared_storage(slots)
+        self._resolve_layouts(slots)
         self._move_to_shm([s for s in slots if s.ptr is None and not s.staged])
-        self._move_to_staging([s for s in slots if s.ptr is None and s.staged])
-        before = [(s.name, s.ptr, id(s.region), s.offset) for s in self._slots]
+        self._move_to_staging([s for s in slots if s.ptr is None and s.staged and not s.mirror])
+        self._mirror([s for s in slots if s.ptr is None and s.mirror])
+        before = [(s.name, s.ptr, id(s.region), s.offset, s.layout) for s in self._slots]
         self._slots = slots
         owned = [s for s in slots if s.owner is not None]
         # What _tracking_current compares, as parallel lists (compared by C-level map()s).
-        self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.tensor for s in owned],
-                       [s.tensor for s in slots], [s.ptr for s in slots])
+        wrapped = [s for s in slots if s.holder is not s.tensor and hasattr(s.holder, "_local_tensor")]
+        self._watch = ([s.owner for s in owned], [s.key for s in owned], [s.holder for s in owned],
+                       [s.tensor for s in slots], [s.ptr for s in slots],
+                       [s.holder for s in wrapped], [s.tensor for s in wrapped])
         self._items_meta = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor)) for s in slots]
         self._cuda_device = next((s.tensor.device for s in slots if s.tensor.device.type == "cuda"), None)
         blocks = {id(s.block): s.block for s in slots if s.block is not None}
         self._stage_blocks = list(blocks.values())
         self._forward_changes_registered = any(id(s.tensor) in forward_changes and not s.staged for s in slots)
         self._static = _Pickled(_dumps(self._items_meta))
-        return before != [(s.name, s.ptr, id(s.region), s.offset) for s in slots]
+        return before != [(s.name, s.ptr, id(s.region), s.offset, s.layout) for s in slots]
+
+    def _resolve_layouts(self, slots: List[_Slot]) -> None:
+        """Sets each slot's layout (see the class's `layouts`): an explicit one, else the
+        DTensor's or ShardedTensor's, else for optimizer state its parameter's where the shapes
+        match, else replicated where `replicated` says so; None: rank-private."""
+        by_id, by_name = self._explicit
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        param_layout: Dict[int, Tuple[Layout, List[int]]] = {}  # param index -> (its layout, local shape)
+        used = set()
+        for s in slots:
+            if s.param is not None:
+                continue
+            key = id(s.holder) if id(s.holder) in by_id else s.name if s.name in by_name else None
+            given = None if key is None else (by_id[key] if isinstance(key, int) else by_name[key])
+            if given is not None:
+                used.add(key)
+                if s.auto is not None:
+                    raise ValueError(f"{s.name}: a {type(s.holder).__name__} has its own layout (from its "
+                                     f"placements); leave it out of `layouts`")
+            layout = given or s.auto or (REPLICATED if self._replicate_all else None)
+            if layout is not None:
+                _check_box(s.name, s.tensor, layout)
+                layout = dataclasses.replace(layout, global_name=layout.global_name or s.name)
+            s.layout = layout
+            i = index_of.get(id(s.holder))
+            if i is not None and layout is not None:
+                param_layout[i] = (layout, _shape(s.tensor))
+        for s in slots:
+            if s.param is None:
+                continue
+            if s.name in by_name:
+                used.add(s.name)
+                layout = by_name[s.name]
+                _check_box(s.name, s.tensor, layout)
+                s.layout = dataclasses.replace(layout, global_name=layout.global_name or s.name)
+                continue
+            owner = param_layout.get(s.param)
+            if owner is None:  # its parameter is rank-private (or holds no bytes here)
+                layout = s.auto or (REPLICATED if self._replicate_all else None)
+                s.layout = None if layout is None else dataclasses.replace(layout, global_name=s.name)
+                continue
+            p_layout, p_shape = owner
+            name = f"optim.state.{p_layout.global_name}.{s.key}"
+            if s.auto is not None:
+                layout = s.auto
+            elif p_layout.replicated or (_shape(s.tensor) != p_shape and s.tensor.numel() == 1):
+                layout = REPLICATED  # replicated, or a sharded parameter's step counter
+            elif _shape(s.tensor) == p_shape:
+                layout = p_layout
+            else:
+                layout = None  # another shape (factored statistics...): rank-private
+            s.layout = None if layout is None else dataclasses.replace(layout, global_name=name)
+        # Optimizer state named in `layouts` may appear later (after the first step).
+        unknown = [k for k in list(by_id) + list(by_name)
+                   if k not in used and not (isinstance(k, str) and k.startswith("optim.state."))]
+        if unknown and not self._layouts_checked:
+            names = [repr(k) if isinstance(k, str) else f"a tensor of shape {_shape(self._explicit_refs[k])}"
+                     for k in unknown]
+            raise ValueError(f"layouts: {', '.join(map(str, names[:5]))} is not a tensor item of this Checkpointer "
+                             f"(keys: tensors of the model or optimizer, or item names such as "
+                             f"{', '.join(s.name for s in slots[:3])})")
+        self._layouts_checked = True
 
     @staticmethod
     def _check_no_shared_storage(slots: List[_Slot]) -> None:
@@ -878,9 +1349,28 @@ class Checkpointer:
         for s in slots:
             s.region, s.block = staging, block
 
+    def _mirror(self, slots: List[_Slot]) -> None:
+        """Registers a copy of each tensor of `slots` in one new shared region, leaving the
+        tensors where they are; save() refreshes the copies, load() copies them back."""
+        if not slots:
+            return
+        offsets, size = [], 0
+        for s in slots:
+            offsets.append(size)
+            size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        region = SharedRegion.create(size)
+        self._regions.append(region)
+        for s, off in zip(slots, offsets):
+            t = s.tensor
+            copy = torch.frombuffer(region, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
+            copy.copy_(t.detach())
+            s.ptr, s.region, s.offset, s.block = t.data_ptr(), region, off, (t, copy)
+
     def _register(self):
         items = [(s.name, _TORCH_TO_CODE[s.tensor.dtype], _shape(s.tensor),
                   s.region if s.region is not None else s.ptr, s.offset or 0) for s in self._slots]
+        items = [item if s.layout is None else item + (_native_layout(s.layout),)
+                 for item, s in zip(items, self._slots)]
         registration = self._client.register_items(self.job, self.rank, self.world_size, items)
         self._send_inline = True
         return registration
@@ -889,9 +1379,11 @@ class Checkpointer:
         """Cheap check that the registered tensors are still the trainer's (run per save):
         each is still in its owner's dict and at its address, and no optimizer state
         appeared. C-level loops (map), no Python code per tensor."""
-        owners, keys, owned, tensors, ptrs = self._watch
+        owners, keys, owned, tensors, ptrs, dtensors, locals_ = self._watch
         if not all(map(operator.is_, map(dict.get, owners, keys), owned)):
             return False
+        if not all(map(operator.is_, map(operator.attrgetter("_local_tensor"), dtensors), locals_)):
+            return False  # FSDP2 gave a DTensor another local tensor
         if list(map(_DATA_PTR, tensors)) != ptrs:
             return False
         if self.optimizer is not None:
@@ -971,10 +1463,10 @@ class Checkpointer:
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _shard_header(self, version: int, latest: int) -> Optional[Dict[str, Tuple[str, List[int]]]]:
-        """name -> (dtype, shape) of the tensor items of this rank's shard of `version`, from
-        the shard's header in the daemon's root; None if the root cannot be read from here
-        (then the daemon's own checks apply)."""
+    def _version_path(self, version: int, latest: int) -> Optional[str]:
+        """The directory of committed `version` in the daemon's root; None if the root cannot
+        be read from here (then the daemon's own checks apply). Raises VersionNotFoundError if
+        the version is not committed."""
         if self._root is None:
             self._root = json.loads(self._client.status()).get("root", "")
         job_dir = os.path.join(self._root, self.job)
@@ -985,6 +1477,15 @@ class Checkpointer:
             newest = f" (newest committed: {latest})" if latest else " (it has none)"
             raise VersionNotFoundError(f"version {version} of job '{self.job}' does not exist or is not "
                                        f"committed under {self._root}{newest}")
+        return vdir
+
+    def _shard_header(self, version: int, latest: int) -> Optional[Dict[str, Tuple[str, List[int]]]]:
+        """name -> (dtype, shape) of the tensor items of this rank's shard of `version`, from
+        the shard's header in the daemon's root; None if the root cannot be read from here
+        (then the daemon's own checks apply)."""
+        vdir = self._version_path(version, latest)
+        if vdir is None:
+            return None
         try:
             shard = read_header(os.path.join(vdir, _shard_name(self.rank)))
         except OSError:
@@ -1042,7 +1543,11 @@ class Checkpointer:
                     raise StateMismatchError(f"{where}: optim.state.{i}.{k} has dtype {dtype}, unknown to this torch")
                 if st is None:
                     st = state[p] = {}
-                st[k] = torch.zeros(shape, dtype=_CODE_TO_TORCH[dtype], device=self._state_device(p, k))
+                local = getattr(p, "_local_tensor", None)  # a DTensor's state is a DTensor like it
+                if local is not None and _shape(local) == shape:
+                    st[k] = torch.zeros_like(p, dtype=_CODE_TO_TORCH[dtype], memory_format=torch.contiguous_format)
+                else:
+                    st[k] = torch.zeros(shape, dtype=_CODE_TO_TORCH[dtype], device=self._state_device(p, k))
                 changed = True
             if st is not None and not st and not want:
                 del state[p]

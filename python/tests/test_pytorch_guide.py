@@ -17,7 +17,9 @@ import pytest
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "pytorch.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-EXPECTED = ["train.py", "read_shard.py", "surgery.py", "fresh_or_resume.py", "durable.py", "big_state.py"]
+RESHARDING = ["reshard.py", "zero_reshard.py", "private_refused.py"]  # section 7, in order
+EXPECTED = ["train.py", "read_shard.py", "surgery.py", "fresh_or_resume.py", "durable.py", "big_state.py",
+            *RESHARDING]
 
 
 def examples():
@@ -70,6 +72,20 @@ def test_guide_examples_run(daemon, temp_dir):
     assert last_line(second) == last_line(whole), (second, whole)
     assert last_line(second).startswith("step 10 "), second
 
-    for name in EXPECTED[1:]:
+    for name in EXPECTED[1:-len(RESHARDING)]:
         out = run(Path(temp_dir) / name, env, temp_dir)
         assert out.strip(), f"{name} printed nothing"
+
+
+def test_guide_resharding_examples_run(daemon, temp_dir):
+    env = daemon.env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = dict(examples())
+    outputs = {}
+    for name in RESHARDING:
+        path = Path(temp_dir) / name
+        path.write_text(code[name])
+        outputs[name] = run(path, env, temp_dir)
+    assert "2 ranks: each holds its rows" in outputs["reshard.py"]
+    assert "3 ranks: each holds its rows" in outputs["reshard.py"]
+    assert "refused:" in outputs["private_refused.py"]
