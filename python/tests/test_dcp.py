@@ -1,0 +1,266 @@
+"""ckpt.dcp: torch.distributed.checkpoint save / async_save / load through a real ckptd.
+
+Needs torch >= 2 with DCP's storage API and async_save (the venv of bench/setup_torch_venv.sh);
+under Debian's torch 1.13 every test skips, saying why. Run:
+
+  PYTHONPATH=build/python:build/pydeps CKPTD_BINARY=build/ckptd CKPTCTL_BINARY=build/ckptctl \
+    /work/main/.venv-bench/bin/python -m pytest -q python/tests/test_dcp.py
+"""
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+try:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict_saver
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import ckpt.dcp
+    _HAVE = hasattr(dcp, "async_save") and hasattr(state_dict_saver, "AsyncSaveResponse")
+    _WHY = f"torch {torch.__version__}: DCP async_save has no AsyncSaveResponse (torch < 2.7)"
+except ImportError as e:  # torch 1.x
+    _HAVE, _WHY = False, f"torch {torch.__version__} has no usable torch.distributed.checkpoint ({e})"
+
+import ckpt
+
+pytestmark = [pytest.mark.skipif(not _HAVE, reason=_WHY),
+              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+
+def _train_step(model, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 32, generator=g)
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+
+def _state(model, opt):
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "extra": {"step": 3, "note": "hello"}}
+
+
+def _same(a, b, path=""):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (path, sorted(a), sorted(b))
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def _clone(sd):
+    if isinstance(sd, torch.Tensor):
+        return sd.detach().clone()
+    if isinstance(sd, dict):
+        return {k: _clone(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [_clone(v) for v in sd]
+    return sd
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sessions():
+    yield
+    ckpt.dcp.close_all()
+
+
+def test_save_load_round_trip(daemon):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train_step(model, opt, 1)
+    ckpt.dcp.share_memory(model, opt)  # the lazy path: no copies on the trainer's side
+    writer = ckpt.dcp.Writer(daemon.socket, "dcp-rt")
+    saved = _clone(_state(model, opt))
+    dcp.save(_state(model, opt), checkpoint_id="step-7", storage_writer=writer)
+    assert writer.last_version == 7
+    assert os.path.exists(os.path.join(daemon.root, "dcp-rt", "v0000000007", "COMMITTED"))  # level COMMITTED
+
+    model2 = _model(seed=5)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=5e-2)
+    _train_step(model2, opt2, 9)  # different values everywhere
+    target = _state(model2, opt2)
+    target["extra"] = {"step": 0, "note": ""}
+    reader = ckpt.dcp.Reader(daemon.socket, "dcp-rt")
+    dcp.load(target, storage_reader=reader)  # checkpoint_id None: the newest committed
+    assert reader.version == 7
+    model2.load_state_dict(target["model"])
+    opt2.load_state_dict(target["optim"])
+    _same(saved, _state(model2, opt2))
+
+
+def test_async_save_lazy_then_train(daemon):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _train_step(model, opt, 1)
+    ckpt.dcp.share_memory(model, opt)
+    writer = ckpt.dcp.Writer(daemon.socket, "dcp-async", optimizer=opt)  # waits before each step
+    expected = _clone(_state(model, opt))
+    resp = dcp.async_save(_state(model, opt), checkpoint_id=1, storage_writer=writer)
+    assert isinstance(resp, state_dict_saver.AsyncSaveResponse)
+    _train_step(model, opt, 2)  # the pre-step hook waited for the capture of version 1
+    assert resp.staging_completion.done()
+    resp.upload_completion.result(timeout=60)
+    after = _clone(_state(model, opt))
+    resp = dcp.async_save(_state(model, opt), checkpoint_id=2, storage_writer=writer)
+    resp.staging_completion.result(timeout=60)
+    resp.upload_completion.result(timeout=60)
+    assert not any(torch.equal(a, b) for a, b in zip(expected["model"].values(), after["model"].values()))
+
+    for version, want in ((2, after), (1, expected)):  # 1 after 2: a roll back (documented)
+        m, o = _model(seed=3), None
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        _train_step(m, o, 4)
+        target = _state(m, o)
+        dcp.load(target, checkpoint_id=version, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-async"))
+        m.load_state_dict(target["model"])
+        o.load_state_dict(target["optim"])
+        _same(want, _state(m, o), f"version {version}")
+
+
+def test_async_save_errors_never_leave_staging_pending(daemon):
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    model = _model()
+    writer = ckpt.dcp.Writer(daemon.socket, "dcp-err")
+    resp = dcp.async_save({"model": model.state_dict()}, checkpoint_id="no-number-here", storage_writer=writer)
+    with pytest.raises(ValueError, match="names no ckptd version"):
+        resp.upload_completion.result(timeout=60)
+    # Nothing was captured: staging completes (DCP reports an early failure as done), no hang.
+    concurrent.futures.wait([resp.staging_completion], timeout=60)
+    assert resp.staging_completion.done()
+
+    class Broken(DefaultSavePlanner):  # fails between the writer's calls, in DCP's own code
+        def create_local_plan(self):
+            raise RuntimeError("planner broke")
+
+    resp = dcp.async_save({"model": model.state_dict()}, checkpoint_id=4, storage_writer=writer, planner=Broken())
+    with pytest.raises(CheckpointException, match="planner broke"):
+        resp.upload_completion.result(timeout=60)
+    concurrent.futures.wait([resp.staging_completion], timeout=60)
+    assert resp.staging_completion.done()
+    # The next wait (the optimizer hook's, or this one) reports it once, then nothing is pending.
+    with pytest.raises(RuntimeError, match="async_save ended before the daemon took the snapshot"):
+        writer.wait_captured(timeout=60)
+    writer.wait_captured(timeout=60)
+    # The writer works on after both failures.
+    dcp.save({"model": model.state_dict()}, checkpoint_id=5, storage_writer=writer)
+    assert writer.last_version == 5
+
+
+def test_bad_checkpoint_id_and_missing_version(daemon):
+    model = _model()
+    writer = ckpt.dcp.Writer(daemon.socket, "dcp-bad")
+    with pytest.raises(ValueError, match="names no ckptd version.*step-100"):
+        dcp.save({"model": model.state_dict()}, checkpoint_id="latest-run", storage_writer=writer)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=3, storage_writer=writer)
+    with pytest.raises(CheckpointException, match="version 2 is not higher than 3"):  # DCP wraps it
+        dcp.save({"model": model.state_dict()}, checkpoint_id=2, storage_writer=writer)
+    # DCP wraps the reader's error (a ckpt.VersionNotFoundError) in a CheckpointException.
+    with pytest.raises(CheckpointException, match=r"version 5 of job 'dcp-bad'.*committed versions: 3"):
+        dcp.load({"model": model.state_dict()}, checkpoint_id="step-5",
+                 storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-bad"))
+    with pytest.raises(CheckpointException, match="job 'dcp-none' has no committed version"):
+        dcp.load({"model": model.state_dict()}, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-none"))
+
+
+# -- 2 processes on gloo (torchrun), a sharded state --------------------------------------
+
+_WORKER = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import ckpt.dcp
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+
+    mode, sock, job = sys.argv[1:4]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(11)
+    W = torch.randn(8, 6, generator=g)                                # rows split over the ranks
+    B = torch.randn(3, 4, 10, generator=g).to(torch.bfloat16)         # split along dimension 2
+    R = torch.arange(12, dtype=torch.int64).view(3, 4)                # replicated (a plain tensor)
+
+    def state(fill):
+        if fill:
+            w, b, r, meta = W, B, R, {"step": 41, "lr": [0.5, 0.25]}
+        else:
+            w, b, r, meta = torch.zeros_like(W), torch.zeros_like(B), torch.zeros_like(R), {"step": 0, "lr": []}
+        return {"model": {"w": distribute_tensor(w.clone(), mesh, [Shard(0)]),
+                          "b": distribute_tensor(b.clone(), mesh, [Shard(2)]),
+                          "r": r.clone()},
+                "meta": meta}
+
+    if mode == "save":
+        sd = state(True)
+        ckpt.dcp.share_memory(sd["model"]["w"])                          # one lazy, the others staged
+        writer = ckpt.dcp.Writer(sock, job)
+        resp = dcp.async_save(sd, checkpoint_id="step-41", storage_writer=writer)
+        resp.staging_completion.result(timeout=120)
+        resp.upload_completion.result(timeout=120)
+        print(json.dumps({"rank": rank, "version": writer.last_version}))
+    else:
+        sd = state(False)
+        dcp.load(sd, checkpoint_id=41, storage_reader=ckpt.dcp.Reader(sock, job))
+        m = sd["model"]
+        assert torch.equal(m["w"].full_tensor(), W), "w"
+        assert torch.equal(m["b"].full_tensor(), B), "b"
+        assert torch.equal(m["w"].to_local(), W.chunk(world, 0)[rank]), "w local"
+        assert torch.equal(m["r"], R), "r"
+        assert sd["meta"] == {"step": 41, "lr": [0.5, 0.25]}, sd["meta"]
+        print(json.dumps({"rank": rank, "loaded": True}))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def _torchrun(daemon, temp_dir, nproc, *args):
+    script = temp_dir / "dcp_worker.py"
+    script.write_text(_WORKER)
+    env = daemon.env(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(script), *map(str, args)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
+    out = _torchrun(daemon, temp_dir, 2, "save", daemon.socket, "dcp-2r")
+    assert sorted((o["rank"], o["version"]) for o in out) == [(0, 41), (1, 41)]
+    vdir = os.path.join(daemon.root, "dcp-2r", "v0000000041")
+    assert os.path.exists(os.path.join(vdir, "COMMITTED"))
+    # Each rank's shard holds its own box of w and b (DCP's chunks), under the chunk's name.
+    shard1 = ckpt.load_file(os.path.join(vdir, "rank-00001.safetensors"))
+    assert torch.equal(shard1.tensors["model.w@4,0"], _globals()["W"][4:])
+    assert torch.equal(shard1.tensors["model.b@0,0,5"], _globals()["B"][:, :, 5:])
+    assert ckpt.dcp.METADATA_BLOB in shard1.blobs
+    out = _torchrun(daemon, temp_dir, 2, "load", daemon.socket, "dcp-2r")
+    assert sorted(o["rank"] for o in out) == [0, 1]
+
+
+def _globals():
+    g = torch.Generator().manual_seed(11)
+    W = torch.randn(8, 6, generator=g)
+    B = torch.randn(3, 4, 10, generator=g).to(torch.bfloat16)
+    return {"W": W, "B": B, "R": torch.arange(12, dtype=torch.int64).view(3, 4)}
