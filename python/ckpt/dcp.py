@@ -71,7 +71,7 @@ except ImportError as e:  # torch 1.x: no DCP storage API of this shape
     raise ImportError(f"ckpt.dcp needs torch >= 2 with torch.distributed.checkpoint (this is torch "
                       f"{torch.__version__}: {e})") from e
 
-from . import Client, Error, Level, SharedRegion, VersionNotFoundError, list_versions, read_header
+from . import Client, Error, Level, SharedRegion, VersionNotFoundError, list_versions, load_file, read_header
 from .torch import _CODE_TO_TORCH, _TORCH_TO_CODE, _rank_and_world
 
 __all__ = ["Reader", "Writer", "share_memory", "version_of"]
@@ -320,13 +320,10 @@ class _PlanData:
     metadata: bytes  # pickled Metadata, stored by every rank
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stored:
-    """WriteResult.storage_data: where an item went in this version."""
-
-    kind: str  # "tensor" or "blob"
-    name: str
-    rank: int
+def _stored(kind: str, name: str, rank: int) -> Dict[str, Any]:
+    """Where an item went in a version (WriteResult.storage_data, Metadata.storage_data):
+    a plain dict, so that the pickled Metadata unpickles without ckpt."""
+    return {"kind": kind, "name": name, "rank": rank}
 
 
 class _StagedFuture(concurrent.futures.Future):
@@ -453,7 +450,15 @@ class Writer(StorageWriter):
                     mappings.update(p.planner_data)
             if mappings:
                 md = dataclasses.replace(md, planner_data=mappings)
-            md = dataclasses.replace(md, storage_meta=self.storage_meta())
+            where: Dict[MetadataIndex, Dict[str, Any]] = {}
+            for rank, p in enumerate(plans):  # plans are in rank order
+                for wi in p.items:
+                    if wi.type == WriteItemType.BYTE_IO:
+                        where[wi.index] = _stored("blob", _blob_name(wi.index.fqn), rank)
+                    else:
+                        where[wi.index] = _stored("tensor", _item_name(wi.index.fqn, wi.tensor_data.chunk.offsets),
+                                                  rank)
+            md = dataclasses.replace(md, storage_meta=self.storage_meta(), storage_data=where)
             version = self._version
             if version is None:
                 version = self._session().newest() + 1
@@ -553,7 +558,7 @@ class Writer(StorageWriter):
                 blobs[name] = raw
                 if not own_copy:
                     results.append(WriteResult(index=wi.index, size_in_bytes=len(raw),
-                                               storage_data=_Stored("blob", name, s.rank)))
+                                               storage_data=_stored("blob", name, s.rank)))
                 continue
             t = planner.resolve_data(wi)
             if not isinstance(t, torch.Tensor):
@@ -568,7 +573,7 @@ class Writer(StorageWriter):
             tensors.append((name, t, wi))
             if not own_copy:
                 results.append(WriteResult(index=wi.index, size_in_bytes=t.numel() * t.element_size(),
-                                           storage_data=_Stored("tensor", name, s.rank)))
+                                           storage_data=_stored("tensor", name, s.rank)))
         with s.lock:
             s.wait_pending()  # the previous version's memory (the staging region too) is free
             items, copies, keep = self._items(tensors)
@@ -630,9 +635,12 @@ class Writer(StorageWriter):
 class Reader(StorageReader):
     """A DCP StorageReader that restores through ckptd (arguments as for Writer).
 
-    read_metadata() restores this rank's shard of the version into a staging region (the
-    daemon reads its fastest tier and verifies checksums) and unpickles DCP's Metadata from
-    it; read_data() copies the planner's boxes out of the staging region."""
+    read_metadata() restores this rank's shard of the version through the daemon (its
+    fastest tier, checksums verified) into a staging region and unpickles DCP's Metadata from
+    it; read_data() copies the planner's boxes out of that region. A box of a chunk that
+    another rank wrote (a load at another world size, or with another sharding) is read from
+    that rank's shard file on the daemon's persistent tier (ckpt.load_file: whole shard,
+    checksums verified), once per shard and load."""
 
     def __init__(self, client_or_socket: Union[Client, str, os.PathLike, None] = None, job: str = "", *,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -645,9 +653,12 @@ class Reader(StorageReader):
         self._s: Optional[_Session] = None
         self.checkpoint_id = None
         self._version: Optional[int] = None
-        self._tensors: Dict[str, torch.Tensor] = {}
+        self._tensors: Dict[str, torch.Tensor] = {}  # this rank's restored items
         self._blobs: Dict[str, bytes] = {}
-        self.version: Optional[int] = None  # the version the last read_metadata restored
+        self._files: Dict[int, Any] = {}  # rank -> Shard read from its file
+        self._vdir = ""
+        self.version: Optional[int] = None  # the version the last read_metadata read
+        self.source = ""  # how: "daemon" (this rank's shard restored) or "files"
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         self._version = version_of(checkpoint_id)
@@ -666,7 +677,10 @@ class Reader(StorageReader):
         # No **kwargs: DCP would then retry a failure as a 'rank local' read, with the same error.
         s = self._session()
         root = s.root()
-        versions = list_versions(root, self.job) if root else []
+        if not root or not os.access(os.path.join(root), os.R_OK | os.X_OK):
+            raise PermissionError(f"ckpt.dcp: the daemon's root {root!r} cannot be read from this process "
+                                  f"(ckpt.dcp.Reader reads shard headers there)")
+        versions = list_versions(root, self.job)
         version = self._version
         if version is None:
             if not versions:
@@ -677,17 +691,36 @@ class Reader(StorageReader):
             raise VersionNotFoundError(f"ckpt.dcp: version {version} of job '{self.job}' (checkpoint_id "
                                        f"{self.checkpoint_id!r}) is not committed under {root!r} (committed "
                                        f"versions: {shown})")
-        vdir = os.path.join(root, self.job, f"v{version:010d}")
-        path = os.path.join(vdir, f"rank-{s.rank:05d}.safetensors")
-        try:
-            header = read_header(path)
-        except FileNotFoundError:
-            raise VersionNotFoundError(f"ckpt.dcp: version {version} of job '{self.job}' has no shard of rank "
-                                       f"{s.rank} ({path})") from None
-        if header.world_size != s.world_size:
-            raise ValueError(f"ckpt.dcp: version {version} of job '{self.job}' was written by {header.world_size} "
-                             f"ranks, this load runs with {s.world_size}: loading at another world size needs "
-                             f"a daemon that restores by layout (issue 16)")
+        self._vdir = os.path.join(root, self.job, f"v{version:010d}")
+        self._files, self._tensors, self._blobs, self.version = {}, {}, {}, version
+        header0 = read_header(self._path(0))
+        if header0.world_size == s.world_size:
+            self._restore_own(version)
+            self.source = "daemon"
+        else:
+            self.source = "files"  # another world size: the daemon restores same-size shards only
+            self._blobs = self._file(0).blobs
+        if METADATA_BLOB not in self._blobs:
+            raise ValueError(f"ckpt.dcp: version {version} of job '{self.job}' was not written by ckpt.dcp "
+                             f"(its shard has no '{METADATA_BLOB}' blob)")
+        return pickle.loads(self._blobs[METADATA_BLOB])
+
+    def _path(self, rank: int) -> str:
+        return os.path.join(self._vdir, f"rank-{rank:05d}.safetensors")
+
+    def _file(self, rank: int):
+        shard = self._files.get(rank)
+        if shard is None:
+            shard = self._files[rank] = load_file(self._path(rank), backend="torch")
+            if (shard.job, shard.version, shard.rank) != (self.job, self.version, rank):
+                raise Error(f"ckpt.dcp: {shard.path} holds job {shard.job!r} version {shard.version} rank "
+                            f"{shard.rank}, not job {self.job!r} version {self.version} rank {rank}")
+        return shard
+
+    def _restore_own(self, version: int) -> None:
+        """This rank's shard of `version`, restored by the daemon into a staging region."""
+        s = self._s
+        header = read_header(self._path(s.rank))
         tensor_items = [i for i in header.items if i["kind"] == "tensor"]
         size = sum((int(i["length"]) + _ALIGN - 1) // _ALIGN * _ALIGN for i in tensor_items)
         region = SharedRegion.create(max(size, 1))
@@ -714,11 +747,7 @@ class Reader(StorageReader):
                     raise VersionNotFoundError(f"ckpt.dcp: {e}") from e
                 raise
             s.last_version = max(s.last_version, restored)
-        if METADATA_BLOB not in blobs:
-            raise ValueError(f"ckpt.dcp: version {restored} of job '{self.job}' was not written by ckpt.dcp "
-                             f"(its shard has no '{METADATA_BLOB}' blob)")
-        self._tensors, self._blobs, self.version = views, blobs, restored
-        return pickle.loads(blobs[METADATA_BLOB])
+        self._tensors, self._blobs = views, blobs
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.metadata = metadata
@@ -730,32 +759,49 @@ class Reader(StorageReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
 
+    def _writer_of(self, index: MetadataIndex, what: str) -> int:
+        where = (self.metadata.storage_data or {}).get(index) if isinstance(self.metadata.storage_data, dict) else None
+        if not where:
+            raise ValueError(f"ckpt.dcp: version {self.version} of job '{self.job}': the checkpoint does not say "
+                             f"which rank wrote {what}")
+        return int(where["rank"])
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> _TorchFuture:
-        for ri in plan.items:
-            fqn = ri.storage_index.fqn
-            if ri.type == LoadItemType.BYTE_IO:
-                name = _blob_name(fqn)
-                if name not in self._blobs:
-                    raise ValueError(f"ckpt.dcp: version {self.version}: this rank's shard has no bytes item "
-                                     f"'{fqn}'")
-                planner.load_bytes(ri, io.BytesIO(self._blobs[name]))
-                continue
-            name = _item_name(fqn, ri.storage_index.offset)
-            src = self._tensors.get(name)
-            if src is None:
-                raise ValueError(f"ckpt.dcp: version {self.version}: chunk {fqn} at offsets "
-                                 f"{list(ri.storage_index.offset or [])} is not in rank {self._s.rank}'s shard "
-                                 f"(the load's sharding differs from the save's: restoring another rank's "
-                                 f"chunks needs a daemon that restores by layout, issue 16)")
-            for dim, (o, n) in enumerate(zip(ri.storage_offsets, ri.lengths)):
-                src = src.narrow(dim, int(o), int(n))
-            target = planner.resolve_tensor(ri).detach()
-            if tuple(target.shape) != tuple(src.shape):
-                raise ValueError(f"ckpt.dcp: {fqn}: the planner's target has shape {tuple(target.shape)}, the "
-                                 f"box read {tuple(src.shape)}")
-            with torch.no_grad():
-                target.copy_(src)
-            planner.commit_tensor(ri, target)
+        try:
+            for ri in plan.items:
+                self._read(ri, planner)
+        finally:
+            self._files = {}  # what was read from files is not kept past the load
         fut: _TorchFuture = _TorchFuture()
         fut.set_result(None)
         return fut
+
+    def _read(self, ri, planner: LoadPlanner) -> None:
+        fqn = ri.storage_index.fqn
+        if ri.type == LoadItemType.BYTE_IO:
+            name = _blob_name(fqn)
+            data = self._blobs.get(name)
+            if data is None:
+                data = self._file(self._writer_of(ri.storage_index, f"bytes item '{fqn}'")).blobs.get(name)
+            if data is None:
+                raise ValueError(f"ckpt.dcp: version {self.version}: no shard holds bytes item '{fqn}'")
+            planner.load_bytes(ri, io.BytesIO(data))
+            return
+        offsets = list(ri.storage_index.offset or [])
+        name = _item_name(fqn, offsets)
+        src = self._tensors.get(name)
+        if src is None:
+            rank = self._writer_of(ri.storage_index, f"chunk {fqn} at offsets {offsets}")
+            src = self._file(rank).tensors.get(name)
+            if src is None:
+                raise ValueError(f"ckpt.dcp: version {self.version}: rank {rank}'s shard has no item '{name}' "
+                                 f"(chunk {fqn} at offsets {offsets})")
+        for dim, (o, n) in enumerate(zip(ri.storage_offsets, ri.lengths)):
+            src = src.narrow(dim, int(o), int(n))
+        target = planner.resolve_tensor(ri).detach()
+        if tuple(target.shape) != tuple(src.shape):
+            raise ValueError(f"ckpt.dcp: {fqn}: the planner's target has shape {tuple(target.shape)}, the "
+                             f"box read {tuple(src.shape)}")
+        with torch.no_grad():
+            target.copy_(src)
+        planner.commit_tensor(ri, target)
