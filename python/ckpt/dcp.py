@@ -363,8 +363,7 @@ def _freeze(obj):
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, dict):
-        return type(obj)((k, _freeze(v)) for k, v in obj.items()) if type(obj) is not dict else \
-            {k: _freeze(v) for k, v in obj.items()}
+        return {k: _freeze(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_freeze(v) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
@@ -372,6 +371,16 @@ def _freeze(obj):
     if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):  # Stateful: DCP calls state_dict()
         return obj
     return copy.deepcopy(obj)
+
+
+def _copy_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_copy_tensors(v) for v in obj]
+    return obj
 
 
 class Writer(StorageWriter):
@@ -404,7 +413,8 @@ class Writer(StorageWriter):
         self._staging_key = None
         self._staging: Dict[str, torch.Tensor] = {}  # item name -> its view in the staging region
         self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_captured()) if optimizer else None
-        self.last_version: Optional[int] = None
+        self.last_version: Optional[int] = None  # of the last save whose snapshot was taken
+        self.last_staged_bytes = 0  # bytes the last save copied (tensors not in shared memory)
 
     # -- StorageWriter ------------------------------------------------------------------------
 
@@ -489,16 +499,15 @@ class Writer(StorageWriter):
         """For async_save: no copy of the tensors (the daemon copies them; see _StagedFuture).
         Non-tensor values are deep-copied here, on the trainer's thread."""
         self.wait_captured()  # one async_save at a time up to its capture
-        frozen = _freeze(state_dict)
-        if not _HAS_RESPONSE:  # older torch wants the state dict; synchronize_staging waits
-            self._staged = _StagedFuture(frozen)
-            return frozen
-        self._staged = _StagedFuture(frozen)
+        if not _HAS_RESPONSE:
+            # torch < 2.7 has no staging future to report the capture with: copy (not lazy).
+            return _freeze(_copy_tensors(state_dict))
+        self._staged = _StagedFuture(_freeze(state_dict))
         return self._staged
 
     @property
     def should_synchronize_after_execute(self) -> bool:
-        return not _HAS_RESPONSE
+        return False
 
     def synchronize_staging(self) -> None:
         self.wait_captured()
@@ -582,8 +591,7 @@ class Writer(StorageWriter):
             with torch.no_grad():
                 for dst, src in copies:
                     dst.copy_(src)
-            if version <= s.last_version and self._version is None:
-                version = s.last_version + 1  # another writer of this process moved on meanwhile
+            self.last_staged_bytes = sum(d.numel() * d.element_size() for d, _ in copies)
             s.client.snapshot(version, blobs)
             s.last_version = max(s.last_version, version)
             s.client.wait_snapshot(version)

@@ -94,6 +94,7 @@ def test_save_load_round_trip(daemon):
     saved = _clone(_state(model, opt))
     dcp.save(_state(model, opt), checkpoint_id="step-7", storage_writer=writer)
     assert writer.last_version == 7
+    assert writer.last_staged_bytes == 0  # every tensor was registered where it is
     assert os.path.exists(os.path.join(daemon.root, "dcp-rt", "v0000000007", "COMMITTED"))  # level COMMITTED
 
     model2 = _model(seed=5)
@@ -174,6 +175,7 @@ def test_bad_checkpoint_id_and_missing_version(daemon):
     with pytest.raises(ValueError, match="names no ckptd version.*step-100"):
         dcp.save({"model": model.state_dict()}, checkpoint_id="latest-run", storage_writer=writer)
     dcp.save({"model": model.state_dict()}, checkpoint_id=3, storage_writer=writer)
+    assert writer.last_staged_bytes == sum(p.numel() * 4 for p in model.parameters())  # not shared: copied
     with pytest.raises(CheckpointException, match="version 2 is not higher than 3"):  # DCP wraps it
         dcp.save({"model": model.state_dict()}, checkpoint_id=2, storage_writer=writer)
     # DCP wraps the reader's error (a ckpt.VersionNotFoundError) in a CheckpointException.
