@@ -449,7 +449,7 @@ class Writer(StorageWriter):
         # one rank. This rank stores its own copy too, so that a restore at the same world size
         # (each rank gets its own shard only) has everything its load asks for.
         self._local_items = [wi for wi in plan.items if wi.type in (WriteItemType.BYTE_IO, WriteItemType.TENSOR)]
-        return plan
+        return dataclasses.replace(plan, storage_data={"rank": self._session().rank})
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         try:
@@ -461,7 +461,8 @@ class Writer(StorageWriter):
             if mappings:
                 md = dataclasses.replace(md, planner_data=mappings)
             where: Dict[MetadataIndex, Dict[str, Any]] = {}
-            for rank, p in enumerate(plans):  # plans are in rank order
+            for p in plans:
+                rank = int(p.storage_data["rank"])
                 for wi in p.items:
                     if wi.type == WriteItemType.BYTE_IO:
                         where[wi.index] = _stored("blob", _blob_name(wi.index.fqn), rank)
@@ -648,14 +649,20 @@ class Reader(StorageReader):
     it; read_data() copies the planner's boxes out of that region. A box of a chunk that
     another rank wrote (a load at another world size, or with another sharding) is read from
     that rank's shard file on the daemon's persistent tier (ckpt.load_file: whole shard,
-    checksums verified), once per shard and load."""
+    checksums verified), once per shard and load.
+
+    A restore through the daemon is a resume: restoring a version older than the newest sets
+    the newer ones aside (ckptd's roll back), so that saving continues from it.
+    read_only=True reads every box from the shard files instead and leaves the job as it is
+    (for evaluation, export, inspection)."""
 
     def __init__(self, client_or_socket: Union[Client, str, os.PathLike, None] = None, job: str = "", *,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 reconnect_budget: Optional[float] = None):
+                 reconnect_budget: Optional[float] = None, read_only: bool = False):
         super().__init__()
         if not job:
             raise ValueError("ckpt.dcp.Reader needs a job name")
+        self.read_only = bool(read_only)
         self._target = (client_or_socket, job, rank, world_size, reconnect_budget)
         self.job = job
         self._s: Optional[_Session] = None
@@ -702,16 +709,24 @@ class Reader(StorageReader):
         self._vdir = os.path.join(root, self.job, f"v{version:010d}")
         self._files, self._tensors, self._blobs, self.version = {}, {}, {}, version
         header0 = read_header(self._path(0))
-        if header0.world_size == s.world_size:
+        if header0.world_size == s.world_size and not self.read_only:
             self._restore_own(version)
             self.source = "daemon"
         else:
-            self.source = "files"  # another world size: the daemon restores same-size shards only
+            # Another world size (the daemon restores same-size shards only), or read_only.
+            self.source = "files"
             self._blobs = self._file(0).blobs
         if METADATA_BLOB not in self._blobs:
             raise ValueError(f"ckpt.dcp: version {version} of job '{self.job}' was not written by ckpt.dcp "
                              f"(its shard has no '{METADATA_BLOB}' blob)")
         return pickle.loads(self._blobs[METADATA_BLOB])
+
+    def latest(self) -> Optional[int]:
+        """The newest committed version of the job (None if it has none): whether there is
+        anything to load, without DCP wrapping the answer in a CheckpointException."""
+        root = self._session().root()
+        versions = list_versions(root, self.job) if root else []
+        return versions[-1] if versions else None
 
     def _path(self, rank: int) -> str:
         return os.path.join(self._vdir, f"rank-{rank:05d}.safetensors")

@@ -294,3 +294,23 @@ def _globals():
     W = torch.randn(8, 6, generator=g)
     B = torch.randn(3, 4, 10, generator=g).to(torch.bfloat16)
     return {"W": W, "B": B, "R": torch.arange(12, dtype=torch.int64).view(3, 4)}
+
+
+# -- the guide's example -------------------------------------------------------------------
+
+_GUIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "pytorch.md")
+
+
+def test_guide_example_runs_and_resumes(daemon, temp_dir):
+    blocks = re.findall(r"^```py\n(# dcp-example: (\S+)\n.*?)^```", open(_GUIDE).read(), re.S | re.M)
+    assert [name for _, name in blocks] == ["dcp_train.py"]
+    script = temp_dir / "dcp_train.py"
+    script.write_text(blocks[0][0])
+    env = daemon.env(PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    outs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, f"{script} exited {p.returncode}\n{p.stdout}\n{p.stderr[-4000:]}"
+        outs.append(p.stdout.split())
+    assert " ".join(outs[0]) == "resumed at step 0 saved step 3"
+    assert " ".join(outs[1]) == "resumed at step 3 saved step 6"
