@@ -128,15 +128,20 @@ def test_async_save_lazy_then_train(daemon):
     resp.upload_completion.result(timeout=60)
     assert not any(torch.equal(a, b) for a, b in zip(expected["model"].values(), after["model"].values()))
 
-    for version, want in ((2, after), (1, expected)):  # 1 after 2: a roll back (documented)
-        m, o = _model(seed=3), None
+    # read_only: version 1 from the files, the job left as it is; then through the daemon:
+    # 2, and 1 again, which rolls the job back (version 2 set aside).
+    for version, want, read_only in ((1, expected, True), (2, after, False), (1, expected, False)):
+        m = _model(seed=3)
         o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
         _train_step(m, o, 4)
         target = _state(m, o)
-        dcp.load(target, checkpoint_id=version, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-async"))
+        reader = ckpt.dcp.Reader(daemon.socket, "dcp-async", read_only=read_only)
+        dcp.load(target, checkpoint_id=version, storage_reader=reader)
+        assert reader.source == ("files" if read_only else "daemon")
         m.load_state_dict(target["model"])
         o.load_state_dict(target["optim"])
         _same(want, _state(m, o), f"version {version}")
+        assert ckpt.list_versions(daemon.root, "dcp-async") == ([1, 2] if version == 2 or read_only else [1])
 
 
 def test_async_save_errors_never_leave_staging_pending(daemon):
