@@ -36,10 +36,16 @@ staging_completion completes when the daemon has copied every byte out of the tr
 (captured; wait for it before the next optimizer step, or pass optimizer= to the Writer, which
 waits in a step pre-hook), upload_completion when the version reached `level`.
 
-Load: the reader restores the version through the daemon (from its fastest tier), into a
-staging region, and copies the planner's boxes out of it (ReadItem offsets and lengths). At the
-world size that wrote the version, each rank restores its own shard. Restoring an older version
-than the newest rolls the job back (ckptd sets the newer versions aside); see docs/pytorch.md.
+Load: at the world size that wrote the version, each rank restores its own shard through the
+daemon (its fastest tier, checksums verified) into a staging region and copies the planner's
+boxes out of it (ReadItem offsets and lengths). Boxes of chunks other ranks wrote (another world
+size or sharding: DCP's resharding) are read from their shard files under the daemon's root
+(ckpt.load_file, verified). Restoring an older version than the newest rolls the job back
+(ckptd sets the newer versions aside); Reader(read_only=True) reads from the files and leaves
+the job alone. See docs/pytorch.md, "torch.distributed.checkpoint".
+
+Not thread-safe beyond what DCP does itself (one save's upload thread at a time). A ckpt.Client
+passed in serves one job: the daemon takes one registration per client.
 """
 
 from __future__ import annotations
@@ -243,7 +249,6 @@ class _Session:
         self.key: Any = None  # what is registered now
         self.registration = None
         self.keep: List[Any] = []  # regions the registration refers to
-        self.pending: Optional[int] = None  # snapshot taken, capture not yet waited for
         self.last_version = 0
         self._root: Optional[str] = None
 
@@ -251,15 +256,11 @@ class _Session:
         with self.lock:
             if key == self.key and self.registration is not None:
                 return
-            self.wait_pending()  # the daemon may still read the memory registered now
+            # Callers hold no version in capture here: every save waits for its capture
+            # before it returns the lock.
             self.registration = self.client.register_items(self.job, self.rank, self.world_size, items)
             self.key, self.keep = key, keep
             self.last_version = max(self.last_version, int(self.registration.latest_committed))
-
-    def wait_pending(self) -> None:
-        if self.pending is not None:
-            v, self.pending = self.pending, None
-            self.client.wait_snapshot(v)
 
     def newest(self) -> int:
         """The newest version this job committed (files under the root) or this process saved."""
@@ -523,11 +524,6 @@ class Writer(StorageWriter):
                 if self._staged is staged:
                     self._staged = None
                 staged.result()
-            return
-        s = self._s
-        if s is not None:
-            with s.lock:
-                s.wait_pending()
 
     def close(self) -> None:
         if self._hook is not None:
@@ -584,8 +580,7 @@ class Writer(StorageWriter):
             if not own_copy:
                 results.append(WriteResult(index=wi.index, size_in_bytes=t.numel() * t.element_size(),
                                            storage_data=_stored("tensor", name, s.rank)))
-        with s.lock:
-            s.wait_pending()  # the previous version's memory (the staging region too) is free
+        with s.lock:  # the previous save of this process was captured before it let go of the lock
             items, copies, keep = self._items(tensors)
             key = ("write", tuple((i[0], i[1], tuple(i[2]), id(i[3]), i[4]) for i in items))
             s.register(key, items, keep)
