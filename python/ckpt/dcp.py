@@ -454,6 +454,10 @@ class Writer(StorageWriter):
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         try:
+            if not all(isinstance(p.storage_data, dict) and "rank" in p.storage_data for p in plans):
+                raise RuntimeError("ckpt.dcp.Writer: a plan lost the writer's data between prepare_local_plan and "
+                                   "prepare_global_plan (DCP's plan caching, enable_plan_caching=True, replays "
+                                   "old plans): use a planner without plan caching")
             _, md = create_default_global_save_plan(plans, rewrite_index_hints=False)
             mappings: Dict[Any, Any] = {}
             for p in reversed(plans):

@@ -191,6 +191,37 @@ def test_bad_checkpoint_id_and_missing_version(daemon):
         dcp.load({"model": model.state_dict()}, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-none"))
 
 
+def test_refusals_name_the_cause(daemon):
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    with pytest.raises(ValueError, match="versions start at 1"):
+        ckpt.dcp.version_of(0)
+    assert [ckpt.dcp.version_of(x) for x in (None, 7, "12", "step-100", "/a/b/step_9/")] == [None, 7, 12, 100, 9]
+    with pytest.raises(ValueError, match="needs a job name"):
+        ckpt.dcp.Writer(daemon.socket, "")
+    with pytest.raises(ValueError, match="needs a job name"):
+        ckpt.dcp.Reader(daemon.socket, "")
+    with pytest.raises(TypeError, match="share_memory takes modules, optimizers and tensors, not dict"):
+        ckpt.dcp.share_memory({"a": torch.ones(2)})
+    writer = ckpt.dcp.Writer(daemon.socket, "dcp-refuse")
+    with pytest.raises(CheckpointException, match="dtype torch.complex64 is not supported by ckptd"):
+        dcp.save({"c": torch.ones(2, dtype=torch.complex64)}, checkpoint_id=1, storage_writer=writer)
+    sd = {"a": torch.ones(3)}
+    dcp.save(sd, checkpoint_id=1, storage_writer=writer, planner=DefaultSavePlanner(enable_plan_caching=True))
+    with pytest.raises(CheckpointException, match="plan caching"):
+        dcp.save(sd, checkpoint_id=2, storage_writer=writer, planner=DefaultSavePlanner(enable_plan_caching=True))
+    with pytest.raises(ValueError, match="rank 0 is open in this process with world size 1, not 2"):
+        ckpt.dcp.Writer(daemon.socket, "dcp-refuse", rank=0, world_size=2)._session()
+    # A version ckpt.dcp did not write (no Metadata blob).
+    with daemon.client() as c:
+        region = ckpt.SharedRegion.create(64)
+        c.register_items("dcp-foreign", 0, 1, [("w", "F32", [4], region, 0)])
+        c.snapshot(1, {"other": b"x"})
+        c.wait_durable(1)
+    with pytest.raises(CheckpointException, match="version 1 of job 'dcp-foreign' was not written by ckpt.dcp"):
+        dcp.load({"w": torch.zeros(4)}, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-foreign"))
+
+
 # -- 2 processes on gloo (torchrun), a sharded state --------------------------------------
 
 _WORKER = textwrap.dedent("""
