@@ -77,6 +77,7 @@ except ImportError as e:  # torch 1.x: no DCP storage API of this shape
     raise ImportError(f"ckpt.dcp needs torch >= 2 with torch.distributed.checkpoint (this is torch "
                       f"{torch.__version__}: {e})") from e
 
+from . import _ckpt
 from . import Client, Error, Level, SharedRegion, VersionNotFoundError, list_versions, load_file, read_header
 from .torch import _CODE_TO_TORCH, _TORCH_TO_CODE, _rank_and_world
 
@@ -86,6 +87,9 @@ METADATA_BLOB = "dcp.metadata"  # pickled DCP Metadata, in every rank's shard
 _BYTES_PREFIX = "dcp.bytes:"  # + fqn: a bytes item (torch.save'd value)
 _ALIGN = 64
 _HAS_RESPONSE = hasattr(_saver, "AsyncSaveResponse")  # torch >= 2.7: staging futures
+# The client API of issue 16 (h16fmt): item layouts, blobs for one rank, restore results.
+_LAYOUT = getattr(_ckpt, "Layout", None)
+_BLOB = getattr(_ckpt, "Blob", None)
 
 # ----------------------------------------------------------------------------------------
 # checkpoint_id <-> version
@@ -374,6 +378,18 @@ def _freeze(obj):
     return copy.deepcopy(obj)
 
 
+def _layout_of(wi):
+    """The ckpt.Layout of a tensor WriteItem: a plain tensor (DCP's TENSOR: the same on every
+    rank that holds it, which DCP assumes and deduplicates) is replicated; a chunk (SHARD: a
+    DTensor's or ShardedTensor's local piece) is the box at its offsets of the global tensor."""
+    if _LAYOUT is None:
+        return None
+    if wi.type == WriteItemType.TENSOR:
+        return _LAYOUT(global_name=_safe(wi.index.fqn), replicated=True)
+    return _LAYOUT(global_name=_safe(wi.index.fqn), global_shape=[int(d) for d in wi.tensor_data.size],
+                   offsets=[int(o) for o in wi.tensor_data.chunk.offsets])
+
+
 def _copy_tensors(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
@@ -586,12 +602,16 @@ class Writer(StorageWriter):
                                            storage_data=_stored("tensor", name, s.rank)))
         with s.lock:  # the previous save of this process was captured before it let go of the lock
             items, copies, keep = self._items(tensors)
-            key = ("write", tuple((i[0], i[1], tuple(i[2]), id(i[3]), i[4]) for i in items))
+            key = ("write", tuple((i[0], i[1], tuple(i[2]), id(i[3]), i[4]) for i in items))  # layouts follow the names
             s.register(key, items, keep)
             with torch.no_grad():
                 for dst, src in copies:
                     dst.copy_(src)
             self.last_staged_bytes = sum(d.numel() * d.element_size() for d, _ in copies)
+            if _BLOB is not None and s.rank != 0:
+                # At a restore by another world size, rank 0's copies go to every rank; the
+                # others' only to the rank of the same number (each rank prefers its own).
+                blobs = {k: _BLOB(v, for_rank=s.rank) for k, v in blobs.items()}
             s.client.snapshot(version, blobs)
             s.last_version = max(s.last_version, version)
             s.client.wait_snapshot(version)
@@ -606,6 +626,7 @@ class Writer(StorageWriter):
         """Register tuples for the tensors: in shared memory where they are, else in the
         staging region (made again when the set of staged items changes)."""
         items, copies, keep, staged = [], [], [], []
+        layouts = {name: _layout_of(wi) for name, _, wi in tensors}
         for name, t, _ in tensors:
             where = _SHARED.find(t)
             if where is not None:
@@ -633,6 +654,8 @@ class Writer(StorageWriter):
             items[i] = (name, _TORCH_TO_CODE[t.dtype], [int(d) for d in t.shape], region, off)
             copies.append((view, t))
             keep.append(region)
+        if _LAYOUT is not None:
+            items = [item + (layouts[item[0]],) for item in items]
         return items, copies, keep
 
 
