@@ -260,7 +260,9 @@ _WORKER = textwrap.dedent("""
         print(json.dumps({"rank": rank, "version": writer.last_version}))
     else:
         sd = state(False)
-        dcp.load(sd, checkpoint_id=41, storage_reader=ckpt.dcp.Reader(sock, job))
+        reader = ckpt.dcp.Reader(sock, job)
+        dcp.load(sd, checkpoint_id=41, storage_reader=reader)
+        assert reader.source == "daemon", reader.source               # each rank its own shard
         m = sd["model"]
         assert torch.equal(m["w"].full_tensor(), W), "w"
         assert torch.equal(m["b"].full_tensor(), B), "b"
