@@ -90,6 +90,8 @@ _HAS_RESPONSE = hasattr(_saver, "AsyncSaveResponse")  # torch >= 2.7: staging fu
 # The client API of issue 16 (h16fmt): item layouts, blobs for one rank, restore results.
 _LAYOUT = getattr(_ckpt, "Layout", None)
 _BLOB = getattr(_ckpt, "Blob", None)
+_RESULT = hasattr(_ckpt, "RestoreResult")
+_FAILED_PRECONDITION = 9
 
 # ----------------------------------------------------------------------------------------
 # checkpoint_id <-> version
@@ -325,10 +327,11 @@ class _PlanData:
     metadata: bytes  # pickled Metadata, stored by every rank
 
 
-def _stored(kind: str, name: str, rank: int) -> Dict[str, Any]:
+def _stored(kind: str, name: str, rank: int, replicated: bool = False) -> Dict[str, Any]:
     """Where an item went in a version (WriteResult.storage_data, Metadata.storage_data):
-    a plain dict, so that the pickled Metadata unpickles without ckpt."""
-    return {"kind": kind, "name": name, "rank": rank}
+    a plain dict, so that the pickled Metadata unpickles without ckpt. replicated: a plain
+    tensor, which every rank holding it stored whole (see _layout_of)."""
+    return {"kind": kind, "name": name, "rank": rank, "replicated": replicated}
 
 
 class _StagedFuture(concurrent.futures.Future):
@@ -489,7 +492,7 @@ class Writer(StorageWriter):
                         where[wi.index] = _stored("blob", _blob_name(wi.index.fqn), rank)
                     else:
                         where[wi.index] = _stored("tensor", _item_name(wi.index.fqn, wi.tensor_data.chunk.offsets),
-                                                  rank)
+                                                  rank, wi.type == WriteItemType.TENSOR)
             md = dataclasses.replace(md, storage_meta=self.storage_meta(), storage_data=where)
             version = self._version
             if version is None:
@@ -693,9 +696,11 @@ class Reader(StorageReader):
         self._tensors: Dict[str, torch.Tensor] = {}  # this rank's restored items
         self._blobs: Dict[str, bytes] = {}
         self._files: Dict[int, Any] = {}  # rank -> Shard read from its file
+        self._boxes: Dict[Any, torch.Tensor] = {}  # (fqn, box, shape) -> restored by the daemon
+        self._elastic: Optional[bool] = None  # whether the daemon restores at another world size
         self._vdir = ""
         self.version: Optional[int] = None  # the version the last read_metadata read
-        self.source = ""  # how: "daemon" (this rank's shard restored) or "files"
+        self.source = ""  # how the last load read: "daemon", "files" or "daemon+files"
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         self._version = version_of(checkpoint_id)
@@ -734,8 +739,10 @@ class Reader(StorageReader):
         if header0.world_size == s.world_size and not self.read_only:
             self._restore_own(version)
             self.source = "daemon"
+        elif not self.read_only and _RESULT and self._restore_blobs(version):
+            self.source = "daemon"  # another world size: the daemon gave the blobs, read_data the boxes
         else:
-            # Another world size (the daemon restores same-size shards only), or read_only.
+            # Another world size with a daemon that restores same-size shards only, or read_only.
             self.source = "files"
             self._blobs = self._file(0).blobs
         if METADATA_BLOB not in self._blobs:
@@ -794,6 +801,81 @@ class Reader(StorageReader):
             s.last_version = max(s.last_version, restored)
         self._tensors, self._blobs = views, blobs
 
+    def _restore_result(self, version: int):
+        """restore(version) of what is registered now, as a RestoreResult; None if the daemon
+        cannot restore this registration at another world size (then the files serve)."""
+        s = self._s
+        try:
+            r = s.client.restore(version, result=True)
+        except Error as e:
+            if e.code == _FAILED_PRECONDITION and " of " in str(e) and "not rank" in str(e):
+                return None  # "... was written by rank R of W ..., not rank r of w": no elastic restore
+            if e.code == 5:
+                raise VersionNotFoundError(f"ckpt.dcp: {e}") from e
+            raise
+        s.last_version = max(s.last_version, int(r.version))
+        return r
+
+    def _restore_blobs(self, version: int) -> bool:
+        """At another world size: the version's blobs through the daemon (a registration of
+        no items), each name from this rank's copy if it has one, else the lowest rank's."""
+        s = self._s
+        with s.lock:
+            s.register(("blobs", version), [], [])
+            r = self._restore_result(version)
+        if r is None:
+            return False
+        chosen: Dict[str, Tuple[int, bytes]] = {}
+        for b in r.blobs:
+            rank = int(b.from_rank)
+            old = chosen.get(b.name)
+            if old is None or (rank == s.rank) or (old[0] != s.rank and rank < old[0]):
+                chosen[b.name] = (rank, bytes(b.data))
+        self._blobs = {name: data for name, (_, data) in chosen.items()}
+        self._elastic = True
+        return True
+
+    def _restore_boxes(self, items) -> bool:
+        """Restores the boxes the planner asks for that this rank's shard does not hold,
+        through the daemon (h16restore: it assembles each box from whichever ranks wrote the
+        overlapping chunks, from the fastest tier, verified). False: the daemon cannot."""
+        s = self._s
+        md = self.metadata.state_dict_metadata
+        boxes, regs, size = {}, [], 0
+        for ri in items:
+            fqn = ri.storage_index.fqn
+            tmd = md[fqn]
+            where = (self.metadata.storage_data or {}).get(ri.storage_index) or {}
+            start = [int(o) for o in (ri.storage_index.offset or [0] * len(tmd.size))]
+            if where.get("replicated"):
+                box, shape, layout = None, [int(d) for d in tmd.size], _LAYOUT(global_name=_safe(fqn), replicated=True)
+            else:
+                box = [a + int(b) for a, b in zip(start, ri.storage_offsets)]
+                shape = [int(n) for n in ri.lengths]
+                layout = _LAYOUT(global_name=_safe(fqn), global_shape=[int(d) for d in tmd.size], offsets=box)
+            key = (fqn, tuple(box) if box is not None else None, tuple(shape))
+            if key in boxes:
+                continue
+            dtype = tmd.properties.dtype
+            n = 1
+            for d in shape:
+                n *= d
+            boxes[key] = (f"dcp.read.{len(boxes)}", dtype, shape, n, size, layout)
+            size += (n * torch.empty((), dtype=dtype).element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        region = SharedRegion.create(max(size, 1))
+        views = {}
+        for key, (name, dtype, shape, n, off, layout) in boxes.items():
+            views[key] = torch.frombuffer(region, dtype=dtype, count=n, offset=off).view(shape) if n else \
+                torch.empty(shape, dtype=dtype)
+            regs.append((name, _TORCH_TO_CODE[dtype], shape, region, off, layout))
+        with s.lock:
+            s.register(("boxes", self.version, id(region)), regs, [region])
+            r = self._restore_result(self.version)
+        if r is None:
+            return False
+        self._boxes = views
+        return True
+
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.metadata = metadata
         self.is_coordinator = is_coordinator
@@ -812,14 +894,39 @@ class Reader(StorageReader):
         return int(where["rank"])
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> _TorchFuture:
+        self._boxes = {}
+        missing = [ri for ri in plan.items if ri.type == LoadItemType.TENSOR
+                   and _item_name(ri.storage_index.fqn, ri.storage_index.offset) not in self._tensors]
+        if missing and not self.read_only and _LAYOUT is not None and self._elastic is not False:
+            if not self._restore_boxes(missing):
+                self._elastic = False
         try:
             for ri in plan.items:
                 self._read(ri, planner)
         finally:
+            if self._files and self.source == "daemon":
+                self.source = "daemon+files"
             self._files = {}  # what was read from files is not kept past the load
         fut: _TorchFuture = _TorchFuture()
         fut.set_result(None)
         return fut
+
+    def _box(self, ri) -> Optional[torch.Tensor]:
+        """The daemon-restored box of ReadItem ri (a replicated tensor restored whole is cut)."""
+        fqn = ri.storage_index.fqn
+        tmd = self.metadata.state_dict_metadata[fqn]
+        start = [int(o) for o in (ri.storage_index.offset or [0] * len(tmd.size))]
+        box = [a + int(b) for a, b in zip(start, ri.storage_offsets)]
+        shape = tuple(int(n) for n in ri.lengths)
+        t = self._boxes.get((fqn, tuple(box), shape))
+        if t is not None:
+            return t
+        t = self._boxes.get((fqn, None, tuple(int(d) for d in tmd.size)))
+        if t is None:
+            return None
+        for dim, (o, n) in enumerate(zip(box, shape)):
+            t = t.narrow(dim, o, n)
+        return t
 
     def _read(self, ri, planner: LoadPlanner) -> None:
         fqn = ri.storage_index.fqn
@@ -835,14 +942,18 @@ class Reader(StorageReader):
         offsets = list(ri.storage_index.offset or [])
         name = _item_name(fqn, offsets)
         src = self._tensors.get(name)
-        if src is None:
+        box = self._box(ri) if src is None and self._boxes else None
+        if box is not None:
+            src = box  # restored by the daemon: already the box
+        elif src is None:
             rank = self._writer_of(ri.storage_index, f"chunk {fqn} at offsets {offsets}")
             src = self._file(rank).tensors.get(name)
             if src is None:
                 raise ValueError(f"ckpt.dcp: version {self.version}: rank {rank}'s shard has no item '{name}' "
                                  f"(chunk {fqn} at offsets {offsets})")
-        for dim, (o, n) in enumerate(zip(ri.storage_offsets, ri.lengths)):
-            src = src.narrow(dim, int(o), int(n))
+        if box is None:
+            for dim, (o, n) in enumerate(zip(ri.storage_offsets, ri.lengths)):
+                src = src.narrow(dim, int(o), int(n))
         target = planner.resolve_tensor(ri).detach()
         if tuple(target.shape) != tuple(src.shape):
             raise ValueError(f"ckpt.dcp: {fqn}: the planner's target has shape {tuple(target.shape)}, the "
