@@ -176,4 +176,8 @@ std::string CheckpointTree::CommittedMarker(const std::string& job, std::uint64_
   return JoinPath(VersionDir(job, version), kCommittedMarker);
 }
 
+std::string CheckpointTree::IndexFile(const std::string& job, std::uint64_t version) const {
+  return JoinPath(VersionDir(job, version), kIndexFileName);
+}
+
 }  // namespace ckpt

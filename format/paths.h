@@ -2,6 +2,8 @@
 //
 //   ROOT/JOB/v0000000042/rank-00003.safetensors   one shard per (version, rank)
 //   ROOT/JOB/v0000000042/COMMITTED                written last, once every rank is durable
+//   ROOT/JOB/v0000000042/index.json               the version's global tensors, items and blobs
+//                                                 (format/version_index.h), written before COMMITTED
 //   ROOT/JOB/latest                               text: the newest committed version
 //   ROOT/JOB/set-aside/v0000000050/               versions set aside by a rollback
 //   ROOT/JOB/v0000000042/node-OWNER.8.done        a daemon's 8 ranks of the version are durable
@@ -28,6 +30,7 @@
 namespace ckpt {
 
 inline constexpr std::string_view kCommittedMarker = "COMMITTED";
+inline constexpr std::string_view kIndexFileName = "index.json";
 inline constexpr std::string_view kLatestFile = "latest";
 inline constexpr std::string_view kSetAsideDir = "set-aside";
 inline constexpr std::string_view kTmpSuffix = ".tmp";
@@ -90,6 +93,7 @@ class CheckpointTree {
                          std::uint64_t ranks) const;
   std::string RegistrationPath(const std::string& job, const RegistrationId& id) const;
   std::string CommittedMarker(const std::string& job, std::uint64_t version) const;
+  std::string IndexFile(const std::string& job, std::uint64_t version) const;
 
  private:
   std::string root_;

@@ -35,10 +35,17 @@ std::string ItemMeta(const ShardItem& item) {
 // which made headers of thousands of items cost tens of milliseconds.
 void AppendString(std::string& out, std::string_view text) { out += nlohmann::json(text).dump(); }
 
+bool AnyNeedsFormat3(const std::vector<ShardItem>& items, std::size_t first = 0) {
+  for (std::size_t i = first; i < items.size(); ++i) {
+    if (items[i].NeedsFormat3()) return true;
+  }
+  return false;
+}
+
 // The JSON from its opening brace to the last identity field of __metadata__.
-std::string RenderIdentity(const ShardMeta& meta) {
+std::string RenderIdentity(const ShardMeta& meta, bool format3) {
   std::string out = "{\"__metadata__\":{\"ckpt.format_version\":";
-  AppendString(out, kFormatVersion);
+  AppendString(out, format3 ? kFormatVersionWithLayouts : kFormatVersion);
   out += ",\"ckpt.job\":";
   AppendString(out, meta.job);
   out += ",\"ckpt.version\":\"" + std::to_string(meta.version) + "\"";
@@ -51,13 +58,39 @@ std::string RenderIdentity(const ShardMeta& meta) {
   return out;
 }
 
-// Appends ,"ckpt.item.<name>":"kind=... xxh3=<16 hex>": the checksum is its last 17 bytes
-// but the closing quote.
-void AppendItemMeta(std::string& out, const ShardItem& item) {
+constexpr std::size_t kNoBlocks = std::string::npos;
+
+// Appends ,"ckpt.item.<name>":"kind=... xxh3=<16 hex>" and the item's keys of format 3.
+// Returns where the checksum's hex digits are; *blocks (if given) gets where the first block
+// checksum's are (kNoBlocks: none).
+std::size_t AppendItemMeta(std::string& out, const ShardItem& item, std::size_t* blocks = nullptr) {
   out += ',';
   AppendString(out, "ckpt.item." + item.name);
   out += ':';
   AppendString(out, ItemMeta(item));
+  const std::size_t hex = out.size() - 1 - 16;
+  if (item.layout) {
+    out += ',';
+    AppendString(out, std::string(kLayoutKeyPrefix) + item.name);
+    out += ':';
+    AppendString(out, EncodeLayout(*item.layout));
+  }
+  if (item.for_rank) {
+    out += ',';
+    AppendString(out, std::string(kForRankKeyPrefix) + item.name);
+    out += ":\"" + EncodeForRank(*item.for_rank) + "\"";
+  }
+  if (blocks) *blocks = kNoBlocks;
+  if (item.blocks.block_bytes != 0) {
+    out += ',';
+    AppendString(out, std::string(kBlocksKeyPrefix) + item.name);
+    out += ":\"" + std::to_string(item.blocks.block_bytes) + ' ';
+    if (blocks) *blocks = out.size();
+    out.reserve(out.size() + 16 * item.blocks.sums.size() + 1);
+    for (std::uint64_t sum : item.blocks.sums) out += ChecksumHex(sum);
+    out += '"';
+  }
+  return hex;
 }
 
 void AppendHeaderSum(std::string& out, std::uint64_t header_sum) {
@@ -83,7 +116,7 @@ void AppendEntry(std::string& out, const ShardItem& item) {
 std::string RenderJson(const ShardMeta& meta, const std::vector<ShardItem>& items, std::uint64_t header_sum) {
   std::string out;
   out.reserve(256 + items.size() * 160);
-  out += RenderIdentity(meta);
+  out += RenderIdentity(meta, AnyNeedsFormat3(items));
   for (const auto& item : items) AppendItemMeta(out, item);
   AppendHeaderSum(out, header_sum);
   for (const auto& item : items) AppendEntry(out, item);
@@ -151,8 +184,8 @@ void AppendCounted(std::string& out, std::string_view text) {
 
 namespace {
 
-std::string DigestIdentity(const ShardMeta& meta) {
-  std::string out = "ckptd-shard-header 2 job ";
+std::string DigestIdentity(const ShardMeta& meta, bool format3) {
+  std::string out = format3 ? "ckptd-shard-header 3 job " : "ckptd-shard-header 2 job ";
   AppendCounted(out, meta.job);
   out += " version " + std::to_string(meta.version) + " rank " + std::to_string(meta.rank) + " world_size " +
          std::to_string(meta.world_size) + " session ";
@@ -161,8 +194,10 @@ std::string DigestIdentity(const ShardMeta& meta) {
   return out;
 }
 
-// One item's line: its checksum is the 16 bytes before the newline.
-void AppendDigestLine(std::string& out, const std::string& key, const ShardItem& item) {
+// One item's line. Returns where its checksum's hex digits are; *blocks (if given) gets
+// where its first block checksum's are (kNoBlocks: none).
+std::size_t AppendDigestLine(std::string& out, const std::string& key, const ShardItem& item,
+                             std::size_t* blocks = nullptr) {
   out += "item ";
   AppendCounted(out, key);
   out += ' ' + KindName(item.kind) + ' ' + std::string(DTypeName(item.dtype)) + " [";
@@ -170,8 +205,52 @@ void AppendDigestLine(std::string& out, const std::string& key, const ShardItem&
     if (i) out += ',';
     out += std::to_string(item.shape[i]);
   }
-  out += "] " + std::to_string(item.offset) + ' ' + std::to_string(item.offset + item.length) + ' ' +
-         ChecksumHex(item.checksum) + '\n';
+  out += "] " + std::to_string(item.offset) + ' ' + std::to_string(item.offset + item.length) + ' ';
+  const std::size_t hex = out.size();
+  out += ChecksumHex(item.checksum);
+  if (item.layout) {
+    out += " layout ";
+    AppendCounted(out, EncodeLayout(*item.layout));
+  }
+  if (item.for_rank) out += " for_rank " + std::to_string(*item.for_rank);
+  if (blocks) *blocks = kNoBlocks;
+  if (item.blocks.block_bytes != 0) {
+    out += " blocks " + std::to_string(item.blocks.block_bytes) + ' ';
+    if (blocks) *blocks = out.size();
+    for (std::uint64_t sum : item.blocks.sums) out += ChecksumHex(sum);
+  }
+  out += '\n';
+  return hex;
+}
+
+// What format 3 adds to an item, checked the same way for a plan and a parsed header: a
+// tensor's layout fits its shape, its blocks are of a size readers take (planning sizes their
+// sums), only blobs have a for_rank. InvalidArgument naming the item.
+Status CheckFormat3Fields(ShardItem& item) {
+  if (item.kind == ItemKind::kBlob) {
+    if (item.layout || item.blocks.block_bytes != 0) {
+      return InvalidArgument("blob " + QuoteName(item.name) +
+                             " has a layout or block checksums (tensors only)");
+    }
+    return Status::Ok();
+  }
+  if (item.for_rank)
+    return InvalidArgument("tensor " + QuoteName(item.name) + " has a for_rank (blobs only)");
+  if (item.layout) {
+    GlobalLayout resolved = *item.layout;
+    if (Status s = ResolveLayout(item.name, item.shape, &resolved); !s.ok()) return s;
+    if (!(resolved == *item.layout)) {
+      return InvalidArgument("item " + QuoteName(item.name) + ": layout is not resolved (see ResolveLayout)");
+    }
+  }
+  if (item.blocks.block_bytes != 0) {
+    if (item.blocks.block_bytes < kMinBlockBytes || item.blocks.block_bytes > kMaxBlockBytes) {
+      return InvalidArgument("item " + QuoteName(item.name) + ": block size " +
+                             std::to_string(item.blocks.block_bytes) + " is out of range");
+    }
+    item.blocks.sums.resize(BlockCount(item.length, item.blocks.block_bytes));
+  }
+  return Status::Ok();
 }
 
 Status CheckAndPack(std::vector<ShardItem>& items, std::size_t first, std::uint64_t offset,
@@ -184,6 +263,7 @@ Status CheckAndPack(std::vector<ShardItem>& items, std::size_t first, std::uint6
       return AlreadyExists("duplicate item name " + QuoteName(item.name));
     }
     if (Status s = CheckItemShapeImpl(item); !s.ok()) return s;
+    if (Status s = CheckFormat3Fields(item); !s.ok()) return s;
     if (item.length > kMaxShardDataBytes - offset) {
       return InvalidArgument("items of the shard total more than " + std::to_string(kMaxShardDataBytes) +
                              " bytes (at item " + QuoteName(item.name) + ")");
@@ -206,7 +286,7 @@ Result<std::uint64_t> HeaderBytesFor(std::uint64_t json_bytes) {
 }  // namespace
 
 std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items) {
-  std::string out = DigestIdentity(meta);
+  std::string out = DigestIdentity(meta, AnyNeedsFormat3(items));
   std::vector<std::pair<std::string, const ShardItem*>> keyed;
   keyed.reserve(items.size());
   for (const auto& item : items) keyed.emplace_back(item.TensorKey(), &item);
@@ -268,10 +348,13 @@ Result<std::shared_ptr<const TensorPlan>> TensorPlan::Make(std::vector<ShardItem
   const auto& all = plan->items_;
   plan->names_.reserve(all.size());
   plan->meta_hex_.reserve(all.size());
+  plan->meta_blocks_.reserve(all.size());
+  plan->format3_ = AnyNeedsFormat3(all);
   for (const auto& item : all) {
     plan->names_.insert(item.name);
-    AppendItemMeta(plan->meta_, item);
-    plan->meta_hex_.push_back(plan->meta_.size() - 1 - kHexDigits);
+    std::size_t blocks = kNoBlocks;
+    plan->meta_hex_.push_back(AppendItemMeta(plan->meta_, item, &blocks));
+    plan->meta_blocks_.push_back(blocks);
     AppendEntry(plan->entries_, item);
   }
   std::vector<std::pair<std::string, std::uint32_t>> keyed;
@@ -281,10 +364,14 @@ Result<std::shared_ptr<const TensorPlan>> TensorPlan::Make(std::vector<ShardItem
   std::sort(keyed.begin(), keyed.end());
   plan->by_key_.reserve(all.size());
   plan->digest_line_.reserve(all.size() + 1);
+  plan->digest_hex_.reserve(all.size());
+  plan->digest_blocks_.reserve(all.size());
   for (const auto& [key, index] : keyed) {
     plan->by_key_.push_back(index);
     plan->digest_line_.push_back(plan->digest_.size());
-    AppendDigestLine(plan->digest_, key, all[index]);
+    std::size_t blocks = kNoBlocks;
+    plan->digest_hex_.push_back(AppendDigestLine(plan->digest_, key, all[index], &blocks));
+    plan->digest_blocks_.push_back(blocks);
   }
   plan->digest_line_.push_back(plan->digest_.size());
   return std::shared_ptr<const TensorPlan>(std::move(plan));
@@ -310,9 +397,10 @@ struct BlobParts {
   std::string entries;  // the blobs' AppendEntry, in item order
 };
 
-BlobParts RenderBlobParts(const ShardMeta& meta, const std::vector<ShardItem>& items, std::size_t first) {
+BlobParts RenderBlobParts(const ShardMeta& meta, const std::vector<ShardItem>& items, std::size_t first,
+                          bool format3) {
   BlobParts parts;
-  parts.identity = RenderIdentity(meta);
+  parts.identity = RenderIdentity(meta, format3);
   for (std::size_t i = first; i < items.size(); ++i) {
     AppendItemMeta(parts.meta, items[i]);
     AppendEntry(parts.entries, items[i]);
@@ -334,7 +422,8 @@ Status ShardLayout::PlanAfterTensors() {
       !s.ok()) {
     return s;
   }
-  const BlobParts parts = RenderBlobParts(meta_, items_, first);
+  const BlobParts parts =
+      RenderBlobParts(meta_, items_, first, tensors_->format3_ || AnyNeedsFormat3(items_, first));
   auto header_bytes = HeaderBytesFor(JsonBytes(parts, tensors_->meta_.size(), tensors_->entries_.size()));
   if (!header_bytes.ok()) return header_bytes.status();
   header_bytes_ = header_bytes.value();
@@ -352,7 +441,8 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   blobs.reserve(items_.size() - first);
   for (std::size_t i = first; i < items_.size(); ++i) blobs.emplace_back(items_[i].TensorKey(), &items_[i]);
   std::sort(blobs.begin(), blobs.end());
-  std::string digest = DigestIdentity(meta_);
+  const bool format3 = plan.format3_ || AnyNeedsFormat3(items_, first);
+  std::string digest = DigestIdentity(meta_, format3);
   digest.reserve(digest.size() + plan.digest_.size() + blobs.size() * 96);
   std::size_t line = 0;  // next of the plan's lines, in key order
   auto copy_lines_until = [&](std::size_t end) {
@@ -360,8 +450,13 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
     const std::size_t from = plan.digest_line_[line];
     digest.append(plan.digest_, from, plan.digest_line_[end] - from);
     for (; line < end; ++line) {
-      const std::size_t hex = at + (plan.digest_line_[line + 1] - from) - 1 - kHexDigits;
-      PutHex(digest.data() + hex, items_[plan.by_key_[line]].checksum);
+      const ShardItem& item = items_[plan.by_key_[line]];
+      PutHex(digest.data() + at + (plan.digest_hex_[line] - from), item.checksum);
+      if (plan.digest_blocks_[line] != kNoBlocks) {
+        char* blocks = digest.data() + at + (plan.digest_blocks_[line] - from);
+        for (std::size_t b = 0; b < item.blocks.sums.size(); ++b)
+          PutHex(blocks + kHexDigits * b, item.blocks.sums[b]);
+      }
     }
   };
   for (const auto& [key, blob] : blobs) {
@@ -376,7 +471,7 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   copy_lines_until(plan.by_key_.size());
   const std::uint64_t header_sum = Checksum::Of(digest.data(), digest.size());
 
-  const BlobParts parts = RenderBlobParts(meta_, items_, first);
+  const BlobParts parts = RenderBlobParts(meta_, items_, first, format3);
   std::string out(header_bytes_, ' ');
   const std::uint64_t n = header_bytes_ - 8;
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -388,7 +483,14 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   put(parts.identity);
   char* const meta = p;
   put(plan.meta_);
-  for (std::size_t i = 0; i < first; ++i) PutHex(meta + plan.meta_hex_[i], items_[i].checksum);
+  for (std::size_t i = 0; i < first; ++i) {
+    PutHex(meta + plan.meta_hex_[i], items_[i].checksum);
+    if (plan.meta_blocks_[i] != kNoBlocks) {
+      char* blocks = meta + plan.meta_blocks_[i];
+      for (std::size_t b = 0; b < items_[i].blocks.sums.size(); ++b)
+        PutHex(blocks + kHexDigits * b, items_[i].blocks.sums[b]);
+    }
+  }
   put(parts.meta);
   std::string sum;
   AppendHeaderSum(sum, header_sum);
@@ -398,6 +500,56 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   put("}");
   return out;
 }
+
+namespace {
+
+const std::string* FindString(const Json& md, const std::string& key, bool* malformed) {
+  auto it = md.find(key);
+  if (it == md.end()) return nullptr;
+  if (!it->is_string()) {
+    *malformed = true;
+    return nullptr;
+  }
+  return &it->get_ref<const std::string&>();
+}
+
+// Reads the keys of format 3 of `item` from `md` and checks them; counts those it found.
+Status ParseFormat3Fields(const Json& md, std::uint32_t world_size, ShardItem& item, std::size_t* found) {
+  bool malformed = false;
+  auto fail = [&](std::string_view prefix, const Status& why) {
+    return DataLoss("shard metadata " + std::string(prefix) + "<item> of item " + QuoteName(item.name) +
+                    " is malformed: " + why.message());
+  };
+  if (const std::string* text = FindString(md, std::string(kLayoutKeyPrefix) + item.name, &malformed)) {
+    ++*found;
+    auto layout = DecodeLayout(*text);
+    if (!layout.ok()) return fail(kLayoutKeyPrefix, layout.status());
+    GlobalLayout resolved = std::move(layout).value();
+    if (item.kind == ItemKind::kTensor) {
+      if (Status s = ResolveLayout(item.name, item.shape, &resolved); !s.ok())
+        return fail(kLayoutKeyPrefix, s);
+    }
+    item.layout = std::move(resolved);
+  }
+  if (const std::string* text = FindString(md, std::string(kBlocksKeyPrefix) + item.name, &malformed)) {
+    ++*found;
+    auto blocks = DecodeBlockSums(*text, item.length);
+    if (!blocks.ok()) return fail(kBlocksKeyPrefix, blocks.status());
+    item.blocks = std::move(blocks).value();
+  }
+  if (const std::string* text = FindString(md, std::string(kForRankKeyPrefix) + item.name, &malformed)) {
+    ++*found;
+    auto rank = DecodeForRank(*text, world_size);
+    if (!rank.ok()) return fail(kForRankKeyPrefix, rank.status());
+    item.for_rank = rank.value();
+  }
+  if (malformed)
+    return DataLoss("shard metadata of format 3 for " + QuoteName(item.name) + " is not a string");
+  if (Status s = CheckFormat3Fields(item); !s.ok()) return DataLoss(s.message());
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_bytes) {
   Json header = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -415,15 +567,18 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   auto fv = md.find("ckpt.format_version");
   if (fv == md.end() || !fv->is_string() ||
       (fv->get_ref<const std::string&>() != kFormatVersion &&
+       fv->get_ref<const std::string&>() != kFormatVersionWithLayouts &&
        fv->get_ref<const std::string&>() != kFormatVersionWithoutHeaderChecksum)) {
     return DataLoss("shard has an unknown ckpt.format_version (this reader knows " +
-                    std::string(kFormatVersionWithoutHeaderChecksum) + " and " + std::string(kFormatVersion) +
-                    ")");
+                    std::string(kFormatVersionWithoutHeaderChecksum) + ", " + std::string(kFormatVersion) +
+                    " and " + std::string(kFormatVersionWithLayouts) + ")");
   }
   info.format_version = fv->get<std::string>();
+  const bool format3 = info.format_version == kFormatVersionWithLayouts;
+  const bool has_header_sum = info.format_version != kFormatVersionWithoutHeaderChecksum;
   auto header_sum = md.find("ckpt.header_xxh3");
   std::uint64_t stored_header_sum = 0;
-  if (info.format_version == kFormatVersion) {
+  if (has_header_sum) {
     if (header_sum == md.end() || !header_sum->is_string() ||
         !ParseChecksumHex(header_sum->get<std::string>(), &stored_header_sum)) {
       return DataLoss("shard metadata lacks a well-formed ckpt.header_xxh3 (format version " +
@@ -453,6 +608,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     info.meta.session = session->get<std::string>();
   }
 
+  std::size_t format3_keys = 0;  // found for the items
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const Json& t = it.value();
@@ -497,7 +653,25 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     if (m.rfind(want_kind, 0) != 0 || !ParseChecksumHex(m.substr(want_kind.size()), &item.checksum)) {
       return DataLoss("shard metadata for " + QuoteName(item.name) + " is malformed: '" + m + "'");
     }
+    if (format3) {
+      if (Status s = ParseFormat3Fields(md, info.meta.world_size, item, &format3_keys); !s.ok()) return s;
+    }
     info.items.push_back(std::move(item));
+  }
+  // Every key of format 3 belongs to an item, and only format 3 has them.
+  std::size_t stored_format3_keys = 0;
+  const auto& md_keys = md.get_ref<const Json::object_t&>();
+  for (const std::string_view prefix : {kLayoutKeyPrefix, kBlocksKeyPrefix, kForRankKeyPrefix}) {
+    for (auto it = md_keys.lower_bound(std::string(prefix));
+         it != md_keys.end() && it->first.starts_with(prefix); ++it) {
+      ++stored_format3_keys;
+    }
+  }
+  if (stored_format3_keys != format3_keys) {
+    return DataLoss(format3
+                        ? "shard metadata has a ckpt.layout, ckpt.blocks or ckpt.for_rank key of no item"
+                        : "shard of format version " + info.format_version +
+                              " has ckpt.layout, ckpt.blocks or ckpt.for_rank keys, which only format 3 has");
   }
   // An empty item shares its offset with the item after it: it sorts first, so the tiling
   // check below does not see an overlap.
@@ -515,7 +689,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     return DataLoss("shard file is " + std::to_string(file_bytes) + " bytes but its header " + "describes " +
                     std::to_string(info.data_start + expect) + " (truncated?)");
   }
-  if (info.format_version == kFormatVersion) {
+  if (has_header_sum) {
     const std::uint64_t computed = HeaderChecksum(info.meta, info.items);
     if (computed != stored_header_sum) {
       return DataLoss("shard header checksum mismatch (stored " + ChecksumHex(stored_header_sum) +

@@ -6,22 +6,30 @@
 // chunk of it can be written with O_DIRECT. Items are packed in plan order with no gaps
 // (safetensors requires the data section to be fully indexed). Blobs are U8 tensors named
 // kBlobPrefix + name. `__metadata__` holds:
-//   ckpt.format_version  "2"
+//   ckpt.format_version  "2", or "3" when an item has any of the keys of format 3 below
 //   ckpt.job, ckpt.version, ckpt.rank, ckpt.world_size (and ckpt.session, optional)
 //   ckpt.item.<name>     "kind=tensor xxh3=<16 hex>" (or kind=blob), one per item
 //   ckpt.header_xxh3     <16 hex>: xxh3-64 of HeaderDigestText(), which spells out what
 //                        the header says: the identity above and, for every item, its key,
-//                        kind, dtype, shape, data offsets and checksum
+//                        kind, dtype, shape, data offsets and checksum (and, in format 3,
+//                        its layout, block checksums and for_rank)
+// Format 3 adds, per item, as format/global_layout.h describes them:
+//   ckpt.layout.<name>   a tensor's place in a global tensor (compact JSON)
+//   ckpt.blocks.<name>   a tensor's per-block checksums ("<block bytes> <16 hex>...")
+//   ckpt.for_rank.<name> a blob's rank, for a restore at another world size ("<rank>")
+// Each follows its item's ckpt.item.<name> key. A shard without any of them is written as
+// format 2, byte for byte as before format 3 existed.
 // The item checksums cover the bytes; the header checksum covers what the bytes mean, so
 // an F32 item relabelled I32, a permuted shape or another ckpt.version is refused too.
-// Format version 1 (no ckpt.header_xxh3, otherwise the same) is still read, with the item
-// checksums only. Checksums are fixed-width, so the header can be rendered with
+// Format versions 1 (no ckpt.header_xxh3, otherwise the same as 2) and 2 are still read,
+// version 1 with the item checksums only. Checksums are fixed-width, so the header can be rendered with
 // placeholders when the layout is planned and rendered again, the same size, once the
 // checksums are known.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -29,12 +37,15 @@
 
 #include "common/status.h"
 #include "format/dtype.h"
+#include "format/global_layout.h"
 
 namespace ckpt {
 
 inline constexpr std::uint64_t kDataAlignment = 4096;
 inline constexpr std::string_view kBlobPrefix = "__blob__/";
+// The version of a shard without layouts, block checksums or for_rank, and of one with them.
 inline constexpr std::string_view kFormatVersion = "2";
+inline constexpr std::string_view kFormatVersionWithLayouts = "3";
 // The version before the header checksum: read, never written.
 inline constexpr std::string_view kFormatVersionWithoutHeaderChecksum = "1";
 // Limit of the JSON header, as in the safetensors reference implementation.
@@ -54,7 +65,16 @@ struct ShardItem {
   std::uint64_t length = 0;    // bytes
   std::uint64_t offset = 0;    // from the start of the data section
   std::uint64_t checksum = 0;  // xxh3-64 of the item's bytes
+  // Format 3. Tensors: the place in a global tensor (resolved: format/global_layout.h), and
+  // per-block checksums (blocks.block_bytes 0: none; planning sizes blocks.sums to one per
+  // block, and they are set with the checksum). Blobs: the one rank a restore at another
+  // world size gives it to.
+  std::optional<GlobalLayout> layout;
+  BlockSums blocks;
+  std::optional<std::uint32_t> for_rank;
 
+  // True if the item has anything only format 3 stores.
+  bool NeedsFormat3() const { return layout.has_value() || blocks.block_bytes != 0 || for_rank.has_value(); }
   // The key of this item in the safetensors header.
   std::string TensorKey() const;
 };
@@ -90,15 +110,22 @@ class TensorPlan {
   std::unordered_set<std::string> names_;
   // Per item, in item order: ,"ckpt.item.<name>":"kind=... xxh3=<16 hex>"; meta_hex_[i] is
   // where item i's 16 hex digits go.
+  // meta_blocks_[i]: where item i's first block checksum goes (npos: it has none). The
+  // keys of format 3 of an item follow its ckpt.item key.
   std::string meta_;
   std::vector<std::size_t> meta_hex_;
+  std::vector<std::size_t> meta_blocks_;
   // Per item, in item order: ,"<key>":{"dtype":...,"shape":[...],"data_offsets":[b,e]}
   std::string entries_;
   // The items' lines of HeaderDigestText in key order: line k (item by_key_[k]) spans
-  // [digest_line_[k], digest_line_[k + 1]) and ends with its 16 hex digits and a newline.
+  // [digest_line_[k], digest_line_[k + 1]); its checksum's 16 hex digits start at
+  // digest_hex_[k], its block checksums at digest_blocks_[k] (npos: none).
   std::string digest_;
   std::vector<std::size_t> digest_line_;
+  std::vector<std::size_t> digest_hex_;
+  std::vector<std::size_t> digest_blocks_;
   std::vector<std::uint32_t> by_key_;
+  bool format3_ = false;  // some item needs format 3
 };
 
 class ShardLayout {
@@ -148,7 +175,7 @@ struct ShardInfo {
   std::vector<ShardItem> items;  // in file order
   std::uint64_t data_start = 0;
   std::uint64_t file_bytes = 0;
-  std::string format_version;  // as stored: kFormatVersion or an older one still read
+  std::string format_version;  // as stored: "1", "2" or "3"
 };
 
 // The text the header checksum is taken of: a line of the identity, then one line per item
@@ -156,6 +183,9 @@ struct ShardInfo {
 // number in decimal:
 //   ckptd-shard-header 2 job <n>:<job> version <v> rank <r> world_size <w> session <n>:<s>
 //   item <n>:<key> <tensor|blob> <DTYPE> [<d0>,<d1>,...] <begin> <end> <xxh3 hex>
+// When an item needs format 3, the first line says "ckptd-shard-header 3" and each item's
+// line goes on, before its newline, with what it has of
+//   " layout <n>:<EncodeLayout>", " for_rank <r>", " blocks <block bytes> <16 hex>..."
 // Readers rebuild it from the parsed header, so key order and white space in the JSON do
 // not matter, only what the header says.
 std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items);

@@ -3,6 +3,7 @@
 // the bytes must be the same, for any items, blobs, identity and checksums.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,9 +46,57 @@ std::vector<ShardItem> ManyTensors(std::size_t n, std::uint32_t seed, std::int64
   return items;
 }
 
+// Gives some of `items` what format 3 adds: a box of a global tensor (with block checksums of
+// a small block size, so that items have several), a replicated layout, or a for_rank.
+std::vector<ShardItem> WithFormat3(std::vector<ShardItem> items, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (auto& item : items) {
+    if (item.kind == ItemKind::kBlob) {
+      if (rng() % 2) item.for_rank = rng() % 8;
+      continue;
+    }
+    switch (rng() % 4) {
+      case 0: {
+        GlobalLayout l;
+        l.global_name = "g\"lobal." + std::to_string(rng());  // a name JSON escapes
+        for (auto d : item.shape) {
+          const std::int64_t off = rng() % 3;
+          l.offsets.push_back(off);
+          l.global_shape.push_back(d + off + std::int64_t(rng() % 2));
+        }
+        Status resolved = ResolveLayout(item.name, item.shape, &l);
+        INFO(resolved.message());
+        REQUIRE(resolved.ok());
+        item.layout = l;
+        item.blocks.block_bytes = kMinBlockBytes;
+        break;
+      }
+      case 1: {
+        GlobalLayout l;
+        l.global_name = "replicated." + std::to_string(rng());
+        l.replicated = true;
+        Status resolved = ResolveLayout(item.name, item.shape, &l);
+        INFO(resolved.message());
+        REQUIRE(resolved.ok());
+        item.layout = l;
+        break;
+      }
+      case 2:
+        item.blocks.block_bytes = kMinBlockBytes;  // blocks without a layout are stored too
+        break;
+      default:
+        break;
+    }
+  }
+  return items;
+}
+
 void SetChecksums(std::vector<ShardItem>& items, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  for (auto& item : items) item.checksum = rng();
+  for (auto& item : items) {
+    item.checksum = rng();
+    for (auto& sum : item.blocks.sums) sum = rng();
+  }
   if (!items.empty()) items.front().checksum = 0;  // all zero digits, as the placeholders
 }
 
@@ -76,7 +125,24 @@ void CheckSameHeader(const ShardMeta& meta, const std::shared_ptr<const TensorPl
   REQUIRE(parsed.ok());
   CHECK(parsed->meta.version == meta.version);
   CHECK(parsed->meta.session == meta.session);
-  CHECK(parsed->items.size() == all.size());
+  REQUIRE(parsed->items.size() == all.size());
+  // By key: empty items share an offset, so the parsed order may differ among them.
+  std::map<std::string, const ShardItem*> parsed_by_key;
+  for (const auto& item : parsed->items) parsed_by_key[item.TensorKey()] = &item;
+  REQUIRE(parsed_by_key.size() == all.size());
+  bool format3 = false;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const ShardItem& want = fast.items()[i];
+    REQUIRE(parsed_by_key.count(want.TensorKey()) == 1);
+    const ShardItem& got = *parsed_by_key[want.TensorKey()];
+    format3 = format3 || want.NeedsFormat3();
+    CHECK(got.checksum == want.checksum);
+    CHECK(got.layout == want.layout);
+    CHECK(got.blocks.block_bytes == want.blocks.block_bytes);
+    CHECK(got.blocks.sums == want.blocks.sums);
+    CHECK(got.for_rank == want.for_rank);
+  }
+  CHECK(parsed->format_version == (format3 ? "3" : "2"));
 }
 
 }  // namespace
@@ -96,6 +162,25 @@ TEST_CASE("a header rendered from a TensorPlan has the bytes of one rendered fro
       CheckSameHeader(meta, plan.value(), {Blob("only", 1)}, 3);
     }
   }
+}
+
+TEST_CASE("a TensorPlan with layouts, block checksums and for_rank renders like a whole layout", "[format]") {
+  const ShardMeta meta{"job-3", 7, 5, 8, "s"};
+  for (std::size_t n : {1, 2, 7, 60, 700}) {
+    INFO(n << " tensors");
+    auto plan =
+        TensorPlan::Make(WithFormat3(ManyTensors(n, static_cast<std::uint32_t>(n), /*widen=*/300), 1));
+    REQUIRE(plan.ok());
+    CheckSameHeader(meta, plan.value(), {}, 1);
+    CheckSameHeader(meta, plan.value(), WithFormat3({Blob("rng", 33), Blob("a\"b", 0), Blob("zz", 4100)}, 2),
+                    2);
+  }
+  // Tensors without any, blobs with a for_rank: the blobs alone make the shard format 3.
+  auto plain = TensorPlan::Make(ManyTensors(50, 4));
+  REQUIRE(plain.ok());
+  std::vector<ShardItem> blobs = {Blob("for-3", 10)};
+  blobs[0].for_rank = 3;
+  CheckSameHeader(meta, plain.value(), blobs, 4);
 }
 
 TEST_CASE("versions of one TensorPlan and of a re-registration render like whole layouts", "[format]") {

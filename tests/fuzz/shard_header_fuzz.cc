@@ -5,7 +5,8 @@
 //   - the items tile the data section exactly, inside the file, and each one's shape and
 //     dtype give its length; the rank is below the world size;
 //   - the header, planned and rendered again by the writer (ShardLayout), parses back to the
-//     same metadata and items (what one reader accepts, the writer can say);
+//     same metadata and items, layouts, block checksums and for_rank included (what one
+//     reader accepts, the writer can say), and in the same format version;
 //   - VerifyShard passes exactly when every item's bytes have its checksum.
 #include <fcntl.h>
 #include <unistd.h>
@@ -56,7 +57,8 @@ struct ShardFile {
 
 bool SameItems(const ckpt::ShardItem& a, const ckpt::ShardItem& b) {
   return a.name == b.name && a.kind == b.kind && a.dtype == b.dtype && a.shape == b.shape &&
-         a.length == b.length && a.offset == b.offset && a.checksum == b.checksum;
+         a.length == b.length && a.offset == b.offset && a.checksum == b.checksum && a.layout == b.layout &&
+         a.blocks.block_bytes == b.blocks.block_bytes && a.blocks.sums == b.blocks.sums && a.for_rank == b.for_rank;
 }
 
 void CheckParsed(const ckpt::ShardInfo& info, std::size_t size) {
@@ -83,6 +85,9 @@ void CheckParsed(const ckpt::ShardInfo& info, std::size_t size) {
                  m.world_size == info.meta.world_size && m.session == info.meta.session,
              "metadata survives a render");
   FUZZ_CHECK(again->items.size() == info.items.size(), "item count survives a render");
+  FUZZ_CHECK(info.format_version == "1" || again->format_version == info.format_version ||
+                 (info.format_version == "3" && again->format_version == "2"),
+             "format version survives a render (3 without its keys renders as 2)");
   for (std::size_t i = 0; i < info.items.size(); ++i) {
     FUZZ_CHECK(SameItems(again->items[i], info.items[i]), "items survive a render");
   }
