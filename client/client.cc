@@ -230,6 +230,8 @@ struct Client::Impl {
     std::string item;
   };
   std::vector<Registered> registered GUARDED_BY(mu);
+  // The items' global layouts, sent with every registration (a reconnection's too).
+  google::protobuf::RepeatedPtrField<v1::ItemLayout> layouts GUARDED_BY(mu);
   // The GPU side of the registration; null when it has no GPU tensors. Shared so that a
   // call in flight keeps it alive across a concurrent re-registration.
   std::shared_ptr<CudaTensors> cuda GUARDED_BY(mu);
@@ -386,6 +388,7 @@ struct Client::Impl {
     req.set_rank(rank);
     req.set_world_size(world_size);
     req.set_descriptor_table(table->name());
+    *req.mutable_layouts() = layouts;
     if (cuda) {
       v1::CudaSession* c = req.mutable_cuda();
       c->set_device_uuid(cuda->device_uuid());
@@ -682,7 +685,16 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   std::vector<Impl::Registered> registered;
   std::vector<CudaTensorSpec> gpu_tensors;
   std::vector<std::size_t> gpu_rows;  // index in `rows` of each GPU tensor
+  google::protobuf::RepeatedPtrField<v1::ItemLayout> layouts;
   for (const auto& it : items) {
+    if (it.layout) {
+      v1::ItemLayout* l = layouts.Add();
+      l->set_item(it.name);
+      l->set_global_name(it.layout->global_name);
+      for (auto d : it.layout->global_shape) l->add_global_shape(d);
+      for (auto o : it.layout->offsets) l->add_offsets(o);
+      l->set_replicated(it.layout->replicated);
+    }
     if (it.region && it.cuda_ptr) {
       throw Error(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
                   "item '" + it.name + "' has both a region and a cuda_ptr: set one of them");
@@ -759,6 +771,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   }
   if (Status s = impl_->table->Write(rows); !s.ok()) Throw(s);
   impl_->registered = std::move(registered);
+  impl_->layouts = std::move(layouts);
   impl_->cuda = gpu;
   if (gpu && !kept_events) impl_->trainer_slots = TrainerSlotBook(kTrainerEventSlots);
   if (impl_->job != job || impl_->rank != rank) impl_->lost.clear();  // another registration's versions
@@ -774,6 +787,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     req.set_world_size(world_size);
     req.set_descriptor_table(impl_->table->name());
     req.set_session(impl_->session);
+    *req.mutable_layouts() = impl_->layouts;
     if (gpu) {
       v1::CudaSession* cuda = req.mutable_cuda();
       cuda->set_device_uuid(gpu->device_uuid());
@@ -905,6 +919,7 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
       auto* pb = req.add_blobs();
       pb->set_name(b.name);
       pb->set_data(b.data);
+      if (b.for_rank) pb->set_for_rank(*b.for_rank);
     }
     grpc::ClientContext ctx;
     v1::SnapshotReply rep;
@@ -1002,7 +1017,12 @@ RestoreResult Client::restore(std::optional<std::uint64_t> version) {
     out.version = rep.version();
     out.tensor_bytes = rep.tensor_bytes();
     out.tier = rep.tier();
-    for (const auto& b : rep.blobs()) out.blobs.push_back(Blob{b.name(), b.data()});
+    out.world_size = rep.world_size();
+    out.resharded = rep.resharded();
+    for (const auto& b : rep.blobs()) {
+      out.blobs.push_back(Blob{b.name(), b.data(), std::nullopt, b.from_rank()});
+      if (b.has_for_rank()) out.blobs.back().for_rank = b.for_rank();
+    }
     return out;
   }
 }

@@ -66,6 +66,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                                          metrics::Metrics().Error(metrics::ErrorKind::kCatalog);
                                          errors_.Record(m);
                                        });
+  catalog_->EnableVersionIndex();
   if (Status s = catalog_->Recover(); !s.ok()) return s.With("checkpoint root " + config_.root);
   const bool direct_ok = storage_->SupportsDirectIo(config_.root);
   if (config_.direct_io == DirectIoMode::kOn && !direct_ok) {

@@ -750,6 +750,8 @@ Status VerifyShard(const std::string& path) {
   std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(largest, 8 << 20)));
   for (const auto& item : info->items) {
     Checksum sum;
+    std::unique_ptr<Checksum> block;  // the block being hashed, for items with block checksums
+    const std::uint64_t bs = item.blocks.block_bytes;
     std::uint64_t done = 0;
     while (done < item.length) {
       std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
@@ -758,6 +760,20 @@ Status VerifyShard(const std::string& path) {
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return IoError("cannot read " + path, r < 0 ? errno : EIO);
       sum.Update(buf.data(), static_cast<std::size_t>(r));
+      for (std::uint64_t at = 0; bs != 0 && at < static_cast<std::uint64_t>(r);) {
+        const std::uint64_t pos = done + at;
+        const std::uint64_t index = pos / bs;
+        const std::uint64_t block_end = std::min((index + 1) * bs, item.length);
+        const std::uint64_t take = std::min(block_end - pos, static_cast<std::uint64_t>(r) - at);
+        if (pos % bs == 0) block = std::make_unique<Checksum>();
+        block->Update(buf.data() + at, take);
+        if (pos + take == block_end && block->Digest() != item.blocks.sums[index]) {
+          return DataLoss(path + ": checksum mismatch in block " + std::to_string(index) + " of item " +
+                          QuoteName(item.name) + " (stored " + ChecksumHex(item.blocks.sums[index]) +
+                          ", computed " + ChecksumHex(block->Digest()) + ")");
+        }
+        at += take;
+      }
       done += static_cast<std::uint64_t>(r);
     }
     if (sum.Digest() != item.checksum) {

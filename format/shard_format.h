@@ -203,7 +203,8 @@ Result<ShardInfo> ReadShardHeader(int fd, const std::string& path);
 // the whole file. Exposed for tests.
 Result<ShardInfo> ParseShardHeader(std::string_view json, std::uint64_t file_bytes);
 
-// Reads every item of the shard and checks its checksum. Returns the first mismatch.
+// Reads every item of the shard and checks its checksum, and its block checksums if it has
+// them. Returns the first mismatch.
 Status VerifyShard(const std::string& path);
 
 }  // namespace ckpt

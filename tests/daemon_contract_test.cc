@@ -347,9 +347,11 @@ TEST_CASE("retention: keep-last deletes older committed versions after each comm
                                      "keep/ranks/rank-00000",
                                      "keep/ranks/rank-00000.1.REG",
                                      "keep/v0000000004/COMMITTED",
+                                     "keep/v0000000004/index.json",
                                      "keep/v0000000004/node-OWNER.1.done",
                                      "keep/v0000000004/rank-00000.safetensors",
                                      "keep/v0000000005/COMMITTED",
+                                     "keep/v0000000005/index.json",
                                      "keep/v0000000005/node-OWNER.1.done",
                                      "keep/v0000000005/rank-00000.safetensors"};
   // The node marker and the registration's name hold ids of this run: spelt generically.

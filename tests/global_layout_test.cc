@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +16,7 @@
 #include "format/version_index.h"
 #include "support/byte_pattern.h"
 #include "support/shard_items.h"
+#include "support/test_dirs.h"
 
 using namespace ckpt;
 using Catch::Contains;
@@ -625,4 +627,26 @@ TEST_CASE("VersionIndex::Parse refuses a bad index with a clear error, never a c
     INFO(text);
     CHECK(VersionIndex::Parse(text).status().code() == StatusCode::kDataLoss);
   }
+}
+
+TEST_CASE("VerifyShard checks block checksums and names the block", "[format]") {
+  test::TempDir dir("verify3");
+  const std::string path = dir.path() + "/rank-00000.safetensors";
+  ShardLayout layout;
+  std::vector<ShardItem> items = {LaidOut("w", DType::kU8, {10000}, Box("g", {20000}, {0}), kMinBlockBytes),
+                                  test::BlobItem("b", 3)};
+  const std::string header = Header(ShardMeta{"j", 1, 0, 1, ""}, items, &layout);
+  // The bytes Header() took the checksums of.
+  std::string file = header + test::Bytes(10000, 1) + test::Bytes(3, 2);
+  auto write = [&](const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  write(file);
+  REQUIRE(VerifyShard(path).ok());
+  file[header.size() + 5000] ^= 0x10;  // in block 1
+  write(file);
+  Status s = VerifyShard(path);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Contains("block 1 of item 'w'"));
 }

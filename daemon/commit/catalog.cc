@@ -53,6 +53,8 @@ Catalog::Catalog(std::shared_ptr<Storage> storage, std::string root, std::uint32
       retention_(std::uint64_t{keep_last} << 32 | keep_every),
       report_(std::move(report)) {}
 
+void Catalog::EnableVersionIndex() { index_writer_ = std::make_unique<VersionIndexWriter>(*storage_, tree_); }
+
 Catalog::Retention Catalog::retention() const {
   const std::uint64_t r = retention_.load();
   return {static_cast<std::uint32_t>(r >> 32), static_cast<std::uint32_t>(r)};
@@ -296,6 +298,11 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
                     job, version, r);
       return Status::Ok();
     }
+  }
+  if (index_writer_) {
+    std::vector<std::string> registrations(world_size);
+    for (std::uint32_t r = 0; r < world_size; ++r) registrations[r] = *current[r].registration;
+    if (Status s = index_writer_->Write(job, version, world_size, registrations); !s.ok()) return s;
   }
   std::string content = RenderCommitted({job, version, world_size, std::time(nullptr)});
   if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) {

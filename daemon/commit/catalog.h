@@ -45,6 +45,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "daemon/commit/version_index_writer.h"
 #include "daemon/io/storage.h"
 #include "format/markers.h"
 #include "format/paths.h"
@@ -70,6 +71,10 @@ class Catalog {
           std::uint32_t keep_every = 0, Reporter report = nullptr, std::string node = {});
 
   const std::string& root() const { return tree_.root(); }
+  // From now on every commit writes the version's index.json (VersionIndexWriter) before its
+  // COMMITTED, and fails if it cannot. Called once, before the first commit (the daemon
+  // does; catalogs of tests that commit versions without shard files do not).
+  void EnableVersionIndex();
   struct Retention {
     std::uint32_t keep_last = 0;
     std::uint32_t keep_every = 0;
@@ -178,6 +183,7 @@ class Catalog {
   std::set<std::string> stale_latest_ GUARDED_BY(commit_mu_);
   std::atomic<bool> any_stale_{false};
   const Reporter report_;
+  std::unique_ptr<VersionIndexWriter> index_writer_;  // set before use, then read only
 };
 
 }  // namespace ckpt

@@ -10,6 +10,31 @@ ItemHasher::ItemHasher(std::vector<ShardItem>& items) : items_(items) {
   }
 }
 
+void ItemHasher::HashBlocks(ShardItem& item, std::uint64_t in_item, const char* p, std::uint64_t n,
+                            Checksum* sum, std::unique_ptr<Checksum>& block) {
+  const std::uint64_t bs = item.blocks.block_bytes;
+  std::uint64_t done = 0;
+  while (done < n) {
+    const std::uint64_t at = in_item + done;
+    const std::uint64_t index = at / bs;
+    const std::uint64_t block_end = std::min((index + 1) * bs, item.length);
+    const std::uint64_t take = std::min(block_end - at, n - done);
+    const char* piece = p + done;
+    if (sum) sum->Update(piece, take);
+    if (at % bs == 0 && at + take == block_end) {
+      item.blocks.sums[index] = Checksum::Of(piece, take);
+    } else {
+      if (at % bs == 0) block = std::make_unique<Checksum>();
+      block->Update(piece, take);
+      if (at + take == block_end) {
+        item.blocks.sums[index] = block->Digest();
+        block.reset();
+      }
+    }
+    done += take;
+  }
+}
+
 bool ItemHasher::Hash(std::uint64_t data_off, const char* p, std::uint64_t len) {
   const std::uint64_t end = data_off + len;
   // The first item that ends after data_off (items are packed in file order).
@@ -26,7 +51,14 @@ bool ItemHasher::Hash(std::uint64_t data_off, const char* p, std::uint64_t len) 
         MutexLock lock(mu_);
         if (aborted_) return false;
       }
-      it->checksum = Checksum::Of(piece, to - from);
+      if (it->blocks.block_bytes == 0) {
+        it->checksum = Checksum::Of(piece, to - from);
+      } else {
+        Checksum sum;
+        std::unique_ptr<Checksum> block;
+        HashBlocks(*it, 0, piece, to - from, &sum, block);
+        it->checksum = sum.Digest();
+      }
       continue;
     }
     if (!HashPiece(static_cast<std::size_t>(it - items_.begin()), from - it->offset, piece, to - from)) {
@@ -38,6 +70,7 @@ bool ItemHasher::Hash(std::uint64_t data_off, const char* p, std::uint64_t len) 
 
 bool ItemHasher::HashPiece(std::size_t item, std::uint64_t in_item, const char* p, std::uint64_t n) {
   Checksum* sum = nullptr;
+  std::unique_ptr<Checksum>* block = nullptr;
   {
     MutexLock lock(mu_);
     if (aborted_) return false;
@@ -45,11 +78,13 @@ bool ItemHasher::HashPiece(std::size_t item, std::uint64_t in_item, const char* 
       Open& o = open_[item];
       o.sum = std::make_unique<Checksum>();
       sum = o.sum.get();
+      block = &o.block;
     } else {
       for (;;) {
         auto o = open_.find(item);
         if (o != open_.end() && o->second.hashed == in_item) {
           sum = o->second.sum.get();
+          block = &o->second.block;
           break;
         }
         turn_.Wait(mu_);
@@ -57,7 +92,12 @@ bool ItemHasher::HashPiece(std::size_t item, std::uint64_t in_item, const char* 
       }
     }
   }
-  sum->Update(p, n);
+  // Only this thread touches the entry's states until `hashed` moves on (std::map nodes stay put).
+  if (items_[item].blocks.block_bytes == 0) {
+    sum->Update(p, n);
+  } else {
+    HashBlocks(items_[item], in_item, p, n, sum, *block);
+  }
   {
     MutexLock lock(mu_);
     Open& o = open_[item];

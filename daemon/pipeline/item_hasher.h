@@ -5,7 +5,10 @@
 // In: the shard's data section in ranges (one per chunk), given to the writers in file
 // order (their queue is first in, first out) and hashed by several of them at once. Out:
 // each item's checksum, stored in the layout's item once its last byte is hashed; every
-// item's is known once every range is hashed.
+// item's is known once every range is hashed. Items with block checksums (format 3: a
+// tensor with a global layout) get those in the same pass: each block of the item
+// (blocks.block_bytes, counted from the item's first byte) is hashed right after the item
+// hash took it in, while it is in cache, so the data is read from memory once.
 //
 // xxh3-64 is a streaming hash that cannot be computed in parts and combined, and the
 // format stores one per item, so the pieces of one item are hashed in file order. An item
@@ -49,7 +52,12 @@ class ItemHasher {
   struct Open {
     std::uint64_t hashed = 0;
     std::unique_ptr<Checksum> sum;
+    std::unique_ptr<Checksum> block;  // the block that began in an earlier piece
   };
+  // Feeds `n` bytes at `p`, the item's bytes from `in_item` on, to `sum` (if given) and to the
+  // item's block checksums; `block` holds the state of a block that began before `in_item`.
+  static void HashBlocks(ShardItem& item, std::uint64_t in_item, const char* p, std::uint64_t n,
+                         Checksum* sum, std::unique_ptr<Checksum>& block);
   bool HashPiece(std::size_t item, std::uint64_t in_item, const char* p, std::uint64_t n) EXCLUDES(mu_);
 
   std::vector<ShardItem>& items_;

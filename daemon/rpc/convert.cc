@@ -24,6 +24,15 @@ RegistrationRequest FromProto(const v1::RegisterRequest& req) {
     out.device.release_words = req.cuda().release_words();
     out.device.release_base = req.cuda().release_base();
   }
+  out.layouts.reserve(req.layouts_size());
+  for (const auto& l : req.layouts()) {
+    GlobalLayout layout;
+    layout.global_name = l.global_name();
+    layout.global_shape.assign(l.global_shape().begin(), l.global_shape().end());
+    layout.offsets.assign(l.offsets().begin(), l.offsets().end());
+    layout.replicated = l.replicated();
+    out.layouts.emplace_back(l.item(), std::move(layout));
+  }
   return out;
 }
 
@@ -33,8 +42,10 @@ SnapshotRequestData FromProto(const v1::SnapshotRequest& req) {
   out.table_generation = req.table_generation();
   out.trainer_event_slot = req.trainer_event_slot();
   out.blobs.reserve(req.blobs_size());
-  for (const auto& b : req.blobs())
-    out.blobs.push_back(SnapshotBlob{b.name(), std::make_shared<const std::string>(b.data())});
+  for (const auto& b : req.blobs()) {
+    out.blobs.push_back(SnapshotBlob{b.name(), std::make_shared<const std::string>(b.data()), std::nullopt});
+    if (b.has_for_rank()) out.blobs.back().for_rank = b.for_rank();
+  }
   return out;
 }
 

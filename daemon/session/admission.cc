@@ -95,9 +95,14 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
     if (s.item_names.count(b.name) || !blob_names.insert(b.name).second) {
       return AlreadyExists("blob name " + QuoteName(b.name) + " is already used by another item");
     }
+    if (b.for_rank && *b.for_rank >= s.world_size) {
+      return InvalidArgument("blob " + QuoteName(b.name) + " is for rank " + std::to_string(*b.for_rank) +
+                             ", which is not a rank of world size " + std::to_string(s.world_size));
+    }
     blob_bytes += b.data->size();
     ShardItem item;
     item.name = b.name;
+    item.for_rank = b.for_rank;
     item.kind = ItemKind::kBlob;
     item.dtype = DType::kU8;
     item.shape = {static_cast<std::int64_t>(b.data->size())};

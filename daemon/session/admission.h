@@ -29,6 +29,7 @@ namespace ckpt {
 struct SnapshotBlob {
   std::string name;
   std::shared_ptr<const std::string> data;
+  std::optional<std::uint32_t> for_rank;  // only this rank gets it at a restore by another world size
 };
 
 struct SnapshotRequestData {

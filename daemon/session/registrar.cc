@@ -46,7 +46,7 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
   if (device) {
     if (Status st = sessions_.AwaitCaptured(*s, cancelled); !st.ok()) return st;
   }
-  if (Status st = loader_.Load(*s); !st.ok()) return st;
+  if (Status st = loader_.Load(*s, &req.layouts); !st.ok()) return st;
   std::vector<std::string> events;
   if (Status st = loader_.AttachDevice(*s, req.device, &events); !st.ok()) return st;
   // Load let go of the regions the new table no longer names.
@@ -81,7 +81,7 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   std::vector<std::string> events;
   {
     MutexLock lock(session->mu);
-    if (Status st = loader_.Load(*session); !st.ok()) return st;
+    if (Status st = loader_.Load(*session, &req.layouts); !st.ok()) return st;
     if (Status st = loader_.AttachDevice(*session, req.device, &events); !st.ok()) return st;
   }
   // A new job becomes the caller's; its directory exists (durably) before any shard is

@@ -35,6 +35,7 @@ struct RegistrationRequest {
   std::uint32_t world_size = 0;
   std::string descriptor_table;
   DeviceRegistration device;
+  ItemLayouts layouts;  // as the client sent them; TableLoader::Load checks them
 };
 
 struct Registered {

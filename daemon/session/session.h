@@ -30,6 +30,9 @@
 
 namespace ckpt {
 
+// The global layouts of a registration: item name -> layout (unresolved), in the order sent.
+using ItemLayouts = std::vector<std::pair<std::string, GlobalLayout>>;
+
 struct Session {
   std::string id;
   std::string job;
@@ -50,6 +53,9 @@ struct Session {
   // What every snapshot starts from, prepared once per table generation.
   std::shared_ptr<const TensorSet> tensors GUARDED_BY(mu);
   std::unordered_set<std::string> item_names GUARDED_BY(mu);
+  // The global layouts of its last registration, as sent (TableLoader::Load resolves them
+  // into `tensors`' items each time it reads the table).
+  ItemLayouts layouts GUARDED_BY(mu);
   std::uint64_t tensor_bytes GUARDED_BY(mu) = 0;
   // The session's interprocess events (GPU sessions only).
   std::unique_ptr<SessionEvents> events GUARDED_BY(mu);

@@ -23,7 +23,7 @@ Result<std::shared_ptr<ImportedRegion>> TableLoader::OpenTable(const std::string
   return table;
 }
 
-Status TableLoader::Load(Session& s) {
+Status TableLoader::Load(Session& s, const ItemLayouts* layouts) {
   auto size = s.table->CurrentSize();
   if (!size.ok()) return size.status();
   auto read = [&](std::uint64_t off, void* dst, std::size_t len) { return s.table->ReadAt(off, dst, len); };
@@ -58,6 +58,27 @@ Status TableLoader::Load(Session& s) {
     std::uint64_t& need = needed[it.region];
     need = std::max(need, it.offset + it.length);
     total += it.length;
+  }
+  // Layouts are checked before any region is imported: a bad one costs no mapping.
+  const ItemLayouts& wanted = layouts ? *layouts : s.layouts;
+  {
+    std::map<std::string_view, std::size_t> by_name;
+    for (std::size_t i = 0; i < shard_items.size(); ++i) by_name.emplace(shard_items[i].name, i);
+    std::set<std::string_view> laid_out;
+    for (const auto& [name, layout] : wanted) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        return InvalidArgument("layout for item " + QuoteName(name) +
+                               ", which is no tensor item of the registration (blobs have no layout)");
+      }
+      if (!laid_out.insert(name).second)
+        return InvalidArgument("item " + QuoteName(name) + " has two layouts");
+      ShardItem& item = shard_items[it->second];
+      GlobalLayout resolved = layout;
+      if (Status st = ResolveLayout(item.name, item.shape, &resolved); !st.ok()) return st;
+      if (!resolved.replicated) item.blocks.block_bytes = kBlockBytes;
+      item.layout = std::move(resolved);
+    }
   }
   std::map<std::string, std::shared_ptr<ImportedRegion>> fresh;
   for (const auto& [name, need] : needed) {
@@ -115,6 +136,7 @@ Status TableLoader::Load(Session& s) {
   for (const auto& it : s.items) s.item_names.insert(it.name);
   s.tensor_bytes = total;
   s.table_generation = generation;
+  if (layouts) s.layouts = *layouts;
   {
     MutexLock lock(s.regions_mu);
     s.regions.clear();

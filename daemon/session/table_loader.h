@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "daemon/session/session.h"
 #include "daemon/session/uid_limits.h"
+#include "format/global_layout.h"
 
 namespace ckpt {
 
@@ -41,8 +42,13 @@ class TableLoader {
   // Imports the descriptor table `name` of a new registration by `uid`.
   Result<std::shared_ptr<ImportedRegion>> OpenTable(const std::string& name, uid_t uid);
   // (Re-)reads the session's table and imports its regions afresh. A table that would take
-  // the session's uid past --max-items-per-uid is refused like a bad one.
-  Status Load(Session& s) REQUIRES(s.mu);
+  // the session's uid past --max-items-per-uid is refused like a bad one. `layouts` (a
+  // registration's) replace the session's once the table loads; null: the session's stay
+  // (a snapshot re-reading a changed table). Each layout must name a tensor item of the
+  // table, once, and fit it (ResolveLayout): else InvalidArgument naming the item. The
+  // items get their resolved layouts, and those of a box (not replicated) block checksums
+  // of kBlockBytes.
+  Status Load(Session& s, const ItemLayouts* layouts = nullptr) REQUIRES(s.mu);
   // After Load found device regions: opens (or checks) the session's interprocess events
   // and returns the daemon's event handles for the reply.
   Status AttachDevice(Session& s, const DeviceRegistration& device, std::vector<std::string>* daemon_events)

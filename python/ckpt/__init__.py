@@ -55,9 +55,11 @@ Every blocking call (connect, register_items, snapshot, the waits, restore, stat
 unregister, and the file reads of the loader) releases the GIL.
 """
 
-from ._ckpt import DTYPES, Client, DaemonRestartedError, Error, Level, Registration, SharedRegion
+from ._ckpt import (DTYPES, Blob, Client, DaemonRestartedError, Error, Layout, Level, Registration, RestoreResult,
+                    SharedRegion, TensorItem)
 from .loader import (Checkpoint, RawTensor, Shard, VersionNotFoundError, list_versions, load_file, load_version,
                      read_header)
 
-__all__ = ["Checkpoint", "Client", "DTYPES", "DaemonRestartedError", "Error", "Level", "RawTensor", "Registration",
-           "Shard", "SharedRegion", "VersionNotFoundError", "list_versions", "load_file", "load_version", "read_header"]
+__all__ = ["Blob", "Checkpoint", "Client", "DTYPES", "DaemonRestartedError", "Error", "Layout", "Level", "RawTensor",
+           "Registration", "RestoreResult", "Shard", "SharedRegion", "TensorItem", "VersionNotFoundError",
+           "list_versions", "load_file", "load_version", "read_header"]

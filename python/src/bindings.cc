@@ -60,6 +60,13 @@ constexpr std::array<std::pair<std::string_view, ckpt::DType>, 15> kDTypes{{
     {"BOOL", ckpt::DType::kBool},
 }};
 
+std::string_view DTypeNameOf(ckpt::DType dtype) {
+  for (const auto& [n, d] : kDTypes) {
+    if (d == dtype) return n;
+  }
+  return "?";
+}
+
 ckpt::DType ParseDType(const std::string& name) {
   for (const auto& [n, d] : kDTypes) {
     if (n == name) return d;
@@ -91,6 +98,8 @@ std::string BlobBytes(const std::string& name, const py::handle& value) {
   throw py::type_error("blob '" + name + "' must be bytes-like, not " + TypeName(value));
 }
 
+// A dict name -> bytes-like or ckpt.Blob (whose for_rank is kept; its name, if set, must be
+// the key).
 std::vector<ckpt::Blob> ToBlobs(const std::optional<py::dict>& blobs) {
   std::vector<ckpt::Blob> out;
   if (!blobs) return out;
@@ -98,6 +107,15 @@ std::vector<ckpt::Blob> ToBlobs(const std::optional<py::dict>& blobs) {
   for (const auto& [k, v] : *blobs) {
     if (!py::isinstance<py::str>(k)) throw py::type_error("blob names must be str");
     std::string name = py::cast<std::string>(k);
+    if (py::isinstance<ckpt::Blob>(v)) {
+      ckpt::Blob b = py::cast<ckpt::Blob>(v);
+      if (!b.name.empty() && b.name != name) {
+        throw py::value_error("blob '" + name + "' is a ckpt.Blob named '" + b.name + "'");
+      }
+      b.name = name;
+      out.push_back(std::move(b));
+      continue;
+    }
     out.push_back(ckpt::Blob{name, BlobBytes(name, v)});
   }
   return out;
@@ -114,26 +132,41 @@ bool IsInt(const py::handle& value) {
   return py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value);
 }
 
-// One item as Python passes it: (name, dtype, shape, region[, offset]) for host memory or
-// (name, dtype, shape, device_ptr[, offset]) for GPU memory (address device_ptr + offset).
+// One item as Python passes it: a ckpt.TensorItem, or (name, dtype, shape, region[, offset]
+// [, layout]) for host memory or (name, dtype, shape, device_ptr[, offset][, layout]) for GPU
+// memory (address device_ptr + offset), layout a ckpt.Layout.
 ckpt::TensorItem ToItem(const py::handle& obj) {
+  if (py::isinstance<ckpt::TensorItem>(obj)) {
+    ckpt::TensorItem item = py::cast<ckpt::TensorItem>(obj);
+    if (!item.region && item.cuda_ptr == nullptr) {
+      throw py::value_error("item '" + item.name + "' has neither a region nor a device_ptr");
+    }
+    return item;
+  }
   if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj)) {
     throw py::type_error(
         "an item must be a tuple (name, dtype, shape, region or device pointer[, offset]), not " +
         TypeName(obj));
   }
   auto t = py::reinterpret_borrow<py::sequence>(obj);
-  if (t.size() != 4 && t.size() != 5) {
+  std::size_t n = t.size();
+  std::optional<ckpt::Layout> layout;
+  if ((n == 5 || n == 6) && py::isinstance<ckpt::Layout>(t[n - 1])) {
+    layout = py::cast<ckpt::Layout>(t[n - 1]);
+    --n;
+  }
+  if (n != 4 && n != 5) {
     throw py::type_error(
-        "an item must have 4 or 5 elements (name, dtype, shape, region or device pointer[, "
-        "offset]), not " +
+        "an item must have 4 to 6 elements (name, dtype, shape, region or device pointer[, "
+        "offset][, ckpt.Layout]), not " +
         std::to_string(t.size()));
   }
   ckpt::TensorItem item;
   item.name = py::cast<std::string>(t[0]);
   item.dtype = ParseDType(py::cast<std::string>(t[1]));
   item.shape = py::cast<std::vector<std::int64_t>>(t[2]);
-  std::uint64_t offset = t.size() == 5 ? py::cast<std::uint64_t>(t[4]) : 0;
+  item.layout = std::move(layout);
+  std::uint64_t offset = n == 5 ? py::cast<std::uint64_t>(t[4]) : 0;
   py::object where = t[3];
   if (py::isinstance<ckpt::SharedRegion>(where)) {
     item.region = py::cast<std::shared_ptr<ckpt::SharedRegion>>(where);
@@ -256,6 +289,119 @@ PYBIND11_MODULE(_ckpt, m) {
   // resize() is left out on purpose: it remaps the memory under any memoryview or tensor
   // built over the region. It needs export tracking before it can be offered safely.
 
+  py::class_<ckpt::Layout>(
+      m, "Layout",
+      "Where a tensor item sits in a global tensor (see ckpt/client.h): the box [offsets, offsets + "
+      "item shape) of global tensor `global_name` (empty: the item's name) of shape `global_shape`, or, "
+      "replicated=True, the whole tensor, held the same by every rank that declares it. An item "
+      "without a layout is rank-private.")
+      .def(py::init([](std::string global_name, std::vector<std::int64_t> global_shape,
+                       std::vector<std::int64_t> offsets, bool replicated) {
+             return ckpt::Layout{std::move(global_name), std::move(global_shape), std::move(offsets),
+                                 replicated};
+           }),
+           py::arg("global_name") = "", py::arg("global_shape") = std::vector<std::int64_t>{},
+           py::arg("offsets") = std::vector<std::int64_t>{}, py::arg("replicated") = false)
+      .def_readwrite("global_name", &ckpt::Layout::global_name)
+      .def_readwrite("global_shape", &ckpt::Layout::global_shape)
+      .def_readwrite("offsets", &ckpt::Layout::offsets)
+      .def_readwrite("replicated", &ckpt::Layout::replicated)
+      .def(py::pickle(
+          [](const ckpt::Layout& l) {
+            return py::make_tuple(l.global_name, l.global_shape, l.offsets, l.replicated);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 4) throw py::value_error("bad pickled ckpt.Layout");
+            return ckpt::Layout{t[0].cast<std::string>(), t[1].cast<std::vector<std::int64_t>>(),
+                                t[2].cast<std::vector<std::int64_t>>(), t[3].cast<bool>()};
+          }))
+      .def("__eq__",
+           [](const ckpt::Layout& a, const ckpt::Layout& b) {
+             return a.global_name == b.global_name && a.global_shape == b.global_shape &&
+                    a.offsets == b.offsets && a.replicated == b.replicated;
+           })
+      .def("__repr__", [](const ckpt::Layout& l) {
+        auto dims = [](const std::vector<std::int64_t>& d) {
+          std::string out = "[";
+          for (std::size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+          return out + "]";
+        };
+        return "ckpt.Layout(global_name='" + l.global_name + "', global_shape=" + dims(l.global_shape) +
+               ", offsets=" + dims(l.offsets) + ", replicated=" + (l.replicated ? "True" : "False") + ")";
+      });
+
+  py::class_<ckpt::TensorItem>(
+      m, "TensorItem",
+      "One tensor for register_items (the tuple forms are accepted too): `shape` elements of `dtype` "
+      "(a safetensors name) at `offset` in `region` (a SharedRegion), or at GPU address `device_ptr`; "
+      "`layout`: a ckpt.Layout or None (rank-private).")
+      .def(py::init([](std::string name, const std::string& dtype, std::vector<std::int64_t> shape,
+                       std::shared_ptr<ckpt::SharedRegion> region, std::uint64_t offset,
+                       std::uintptr_t device_ptr, std::optional<ckpt::Layout> layout) {
+             ckpt::TensorItem item;
+             item.name = std::move(name);
+             item.dtype = ParseDType(dtype);
+             item.shape = std::move(shape);
+             if (region && device_ptr != 0) {
+               throw py::value_error("item '" + item.name + "' has both a region and a device_ptr: set one");
+             }
+             item.region = std::move(region);
+             if (device_ptr != 0)
+               item.cuda_ptr = reinterpret_cast<const void*>(device_ptr + offset);
+             else
+               item.offset = offset;
+             item.layout = std::move(layout);
+             return item;
+           }),
+           py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("region") = nullptr,
+           py::arg("offset") = 0, py::arg("device_ptr") = 0, py::arg("layout") = py::none())
+      .def_readwrite("name", &ckpt::TensorItem::name)
+      .def_property(
+          "dtype", [](const ckpt::TensorItem& t) { return std::string(DTypeNameOf(t.dtype)); },
+          [](ckpt::TensorItem& t, const std::string& d) { t.dtype = ParseDType(d); })
+      .def_readwrite("shape", &ckpt::TensorItem::shape)
+      .def_readwrite("region", &ckpt::TensorItem::region)
+      .def_readwrite("offset", &ckpt::TensorItem::offset)
+      .def_property_readonly(
+          "device_ptr",
+          [](const ckpt::TensorItem& t) { return reinterpret_cast<std::uintptr_t>(t.cuda_ptr); })
+      .def_readwrite("layout", &ckpt::TensorItem::layout);
+
+  py::class_<ckpt::Blob>(
+      m, "Blob",
+      "Bytes stored with a version. As a value of snapshot()'s blobs dict: `data` with `for_rank` (None: "
+      "a restore at another world size gives it to every rank; an int: to that rank only). In a "
+      "RestoreResult: `from_rank` is the rank that wrote it.")
+      .def(py::init([](const py::object& data, std::optional<std::uint32_t> for_rank, std::string name) {
+             return ckpt::Blob{name, BlobBytes(name, data), for_rank, 0};
+           }),
+           py::arg("data"), py::arg("for_rank") = py::none(), py::arg("name") = "")
+      .def_readwrite("name", &ckpt::Blob::name)
+      .def_property(
+          "data", [](const ckpt::Blob& b) { return py::bytes(b.data); },
+          [](ckpt::Blob& b, const py::object& data) { b.data = BlobBytes(b.name, data); })
+      .def_readwrite("for_rank", &ckpt::Blob::for_rank)
+      .def_readwrite("from_rank", &ckpt::Blob::from_rank)
+      .def("__repr__", [](const ckpt::Blob& b) {
+        return "<ckpt.Blob '" + b.name + "' " + std::to_string(b.data.size()) +
+               " bytes for_rank=" + (b.for_rank ? std::to_string(*b.for_rank) : "None") +
+               " from_rank=" + std::to_string(b.from_rank) + ">";
+      });
+
+  py::class_<ckpt::RestoreResult>(m, "RestoreResult", "What restore(..., result=True) returns")
+      .def_readonly("version", &ckpt::RestoreResult::version)
+      .def_readonly("tier", &ckpt::RestoreResult::tier, "'memory', 'local' or 'persistent'")
+      .def_readonly("blobs", &ckpt::RestoreResult::blobs, "list of ckpt.Blob (with from_rank)")
+      .def_readonly("tensor_bytes", &ckpt::RestoreResult::tensor_bytes)
+      .def_readonly("world_size", &ckpt::RestoreResult::world_size, "the world size that wrote the version")
+      .def_readonly("resharded", &ckpt::RestoreResult::resharded,
+                    "True if filled from other ranks' pieces or another world size")
+      .def("__repr__", [](const ckpt::RestoreResult& r) {
+        return "<ckpt.RestoreResult version=" + std::to_string(r.version) + " tier=" + r.tier +
+               " blobs=" + std::to_string(r.blobs.size()) + " world_size=" + std::to_string(r.world_size) +
+               " resharded=" + (r.resharded ? "True" : "False") + ">";
+      });
+
   py::class_<ckpt::Registration>(m, "Registration", "What register_items returns")
       .def_readonly("item_count", &ckpt::Registration::item_count)
       .def_readonly("tensor_bytes", &ckpt::Registration::tensor_bytes)
@@ -291,7 +437,8 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("socket") = "", py::arg("reconnect_budget") = py::none(),
           "Connects to the daemon at `socket` (default: $CKPTD_SOCKET if set and not empty, else "
-          "/run/ckptd/ckptd.sock, the node daemon's). Does not wait for the daemon: the first call fails if none "
+          "/run/ckptd/ckptd.sock, the node daemon's). Does not wait for the daemon: the first call fails if "
+          "none "
           "serves there. reconnect_budget: seconds a call waits for a daemon that went away (a restart) "
           "before it fails; None: $CKPT_RECONNECT_BUDGET_S, else 120; 0: one attempt, no waiting.")
       .def(
@@ -304,12 +451,15 @@ PYBIND11_MODULE(_ckpt, m) {
             return c.register_items(job, rank, world, out);
           },
           py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("items"),
-          "Registers (or re-registers) this rank's tensors. items: list of tuples, each\n"
-          "  (name, dtype, shape, region[, offset])      host memory: offset bytes into a SharedRegion\n"
-          "  (name, dtype, shape, device_ptr[, offset])  GPU memory at device_ptr + offset (an int,\n"
+          "Registers (or re-registers) this rank's tensors. items: list of ckpt.TensorItem or tuples, each\n"
+          "  (name, dtype, shape, region[, offset][, layout])      host memory: offset bytes into a "
+          "SharedRegion\n"
+          "  (name, dtype, shape, device_ptr[, offset][, layout])  GPU memory at device_ptr + offset (an "
+          "int,\n"
           "                                              e.g. tensor.data_ptr(); CUDA builds only)\n"
-          "with dtype a safetensors name (see ckpt.DTYPES) and shape a list of ints. Tensors must be "
-          "packed (contiguous).")
+          "with dtype a safetensors name (see ckpt.DTYPES), shape a list of ints and layout a ckpt.Layout "
+          "(the item's place in a global tensor; omitted: rank-private). Tensors must be packed "
+          "(contiguous).")
       .def(
           "snapshot",
           [](ckpt::Client& c, std::uint64_t version, const std::optional<py::dict>& blobs,
@@ -321,7 +471,8 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("version"), py::arg("blobs") = py::none(), py::arg("stream") = 0,
           "Asks the daemon to capture `version` and returns at once. blobs: dict name -> bytes stored "
-          "with the version (pickled optimizer groups, RNG state, ...). stream (GPU tensors): the CUDA "
+          "with the version (pickled optimizer groups, RNG state, ...), or name -> ckpt.Blob to set its "
+          "for_rank. stream (GPU tensors): the CUDA "
           "stream (int cudaStream_t or torch.cuda.Stream; 0: the legacy default stream) after whose "
           "queued work the version is taken.")
       .def(
@@ -373,19 +524,22 @@ PYBIND11_MODULE(_ckpt, m) {
           "Blocks until `version` reaches `level` (default: COMMITTED). timeout: seconds (None: forever).")
       .def(
           "restore",
-          [](ckpt::Client& c, std::optional<std::uint64_t> version, bool with_tier) -> py::tuple {
+          [](ckpt::Client& c, std::optional<std::uint64_t> version, bool with_tier,
+             bool result) -> py::object {
             ckpt::RestoreResult r;
             {
               py::gil_scoped_release release;
               r = c.restore(version);
             }
+            if (result) return py::cast(std::move(r));
             if (with_tier) return py::make_tuple(r.version, FromBlobs(r.blobs), r.tier);
             return py::make_tuple(r.version, FromBlobs(r.blobs));
           },
-          py::arg("version") = py::none(), py::arg("with_tier") = false,
+          py::arg("version") = py::none(), py::arg("with_tier") = false, py::arg("result") = false,
           "Fills the registered regions from `version` (None: the newest committed) and returns "
           "(version, blobs) with blobs a dict name -> bytes; with_tier=True adds the tier the daemon "
-          "read it from: 'memory', 'local' or 'persistent'.")
+          "read it from: 'memory', 'local' or 'persistent'. result=True returns a ckpt.RestoreResult "
+          "instead (blobs with from_rank, world_size, resharded).")
       .def(
           "status",
           [](ckpt::Client& c) {

@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "format/checksum.h"
+#include "format/global_layout.h"
 #include "format/markers.h"
 #include "format/shard_format.h"
+#include "format/version_index.h"
 #include "shm/descriptor_table.h"
 
 namespace {
@@ -57,6 +59,8 @@ std::string Shard(ckpt::ShardMeta meta, std::vector<ckpt::ShardItem> items) {
     for (std::size_t i = 0; i < bytes.size(); ++i)
       bytes[i] = static_cast<char>((i * 7 + it.name.size()) & 0xff);
     it.checksum = ckpt::Checksum::Of(bytes.data(), bytes.size());
+    if (it.blocks.block_bytes != 0)
+      it.blocks.sums = ckpt::ComputeBlockSums(bytes.data(), bytes.size(), it.blocks.block_bytes);
     data += bytes;
   }
   return layout->RenderHeader() + data;
@@ -75,6 +79,24 @@ std::string Table(const std::vector<ckpt::TableItem>& items, std::uint32_t capac
   if (r != static_cast<ssize_t>(bytes.size())) throw std::runtime_error("short read of " + table->name());
   return bytes;
 }
+
+// `item` as a box of global tensor `global` (with block checksums of `block_bytes`), or
+// replicated when `offsets` is empty.
+ckpt::ShardItem LaidOut(ckpt::ShardItem item, std::string global, std::vector<std::int64_t> shape,
+                        std::vector<std::int64_t> offsets, std::uint64_t block_bytes = ckpt::kMinBlockBytes) {
+  ckpt::GlobalLayout l;
+  l.global_name = std::move(global);
+  l.replicated = offsets.empty() && shape.empty();
+  l.global_shape = std::move(shape);
+  l.offsets = std::move(offsets);
+  if (ckpt::Status s = ckpt::ResolveLayout(item.name, item.shape, &l); !s.ok())
+    throw std::runtime_error(s.message());
+  if (!l.replicated) item.blocks.block_bytes = block_bytes;
+  item.layout = std::move(l);
+  return item;
+}
+
+std::string Bytes4(std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
 
 ckpt::TableItem TableItem(std::string name, ckpt::DType dtype, std::vector<std::int64_t> shape,
                           std::string region, std::uint64_t offset) {
@@ -125,6 +147,47 @@ int main(int argc, char** argv) {
                                        Item("u32", ItemKind::kTensor, DType::kU32, {1}),
                                        Item("u16", ItemKind::kTensor, DType::kU16, {1}),
                                        Item("u8", ItemKind::kTensor, DType::kU8, {1, 1, 1, 1, 1, 1, 1, 1})}));
+
+    // Format 3: a box with block checksums over several blocks, a replicated item, a private
+    // one, a blob for one rank.
+    ckpt::ShardItem for_rank = Item("sampler", ItemKind::kBlob, DType::kU8, {9});
+    for_rank.for_rank = 1;
+    const std::vector<ckpt::ShardItem> format3 = {
+        LaidOut(Item("emb.part", ItemKind::kTensor, DType::kF32, {2, 1500}), "emb", {8, 1500}, {2, 0}),
+        LaidOut(Item("norm", ItemKind::kTensor, DType::kBF16, {5}), "norm", {}, {}),
+        Item("step", ItemKind::kTensor, DType::kI64, {1}), for_rank};
+    Write(shards / "format3-layouts", Shard({"job-3", 9, 1, 4, "reg"}, format3));
+
+    // The index of a version of two ranks, as the daemon renders it.
+    std::vector<ckpt::ShardInfo> infos(2);
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      infos[r].meta = {"job-3", 9, r, 2, "reg"};
+      infos[r].items = {
+          LaidOut(Item("w", ItemKind::kTensor, DType::kF32, {2, 3}), "w", {2, 6}, {0, 3 * std::int64_t(r)}),
+          LaidOut(Item("rows", ItemKind::kTensor, DType::kBF16, {1, 4}), "emb", {2, 4}, {std::int64_t(r), 0}),
+          LaidOut(Item("norm", ItemKind::kTensor, DType::kF32, {3}), "norm", {}, {}),
+          Item("step", ItemKind::kTensor, DType::kI64, {1}), Item("rng", ItemKind::kBlob, DType::kU8, {4})};
+    }
+    infos[0].items.push_back(for_rank);
+    auto index = ckpt::VersionIndex::Build(infos);
+    if (!index.ok()) throw std::runtime_error(index.status().message());
+    const fs::path indexes = dir / "version_index";
+    Write(indexes / "two-ranks", index->Render());
+    ckpt::ShardInfo plain;
+    plain.meta = {"j", 1, 0, 1, ""};
+    plain.items = {Item("x", ItemKind::kTensor, DType::kU8, {0})};
+    Write(indexes / "private-only", ckpt::VersionIndex::Build({plain}).value().Render());
+
+    const fs::path values = dir / "layout_metadata";
+    Write(values / "layout-box", std::string(1, '\0') + Bytes4(0) + ckpt::EncodeLayout(*format3[0].layout));
+    Write(values / "layout-replicated",
+          std::string(1, '\0') + Bytes4(0) + ckpt::EncodeLayout(*format3[1].layout));
+    Write(values / "blocks", std::string(1, '\1') + Bytes4(12000) +
+                                 ckpt::EncodeBlockSums({ckpt::kMinBlockBytes,
+                                                        {0x0123456789abcdefull, 1, 0xffffffffffffffffull}}));
+    Write(values / "blocks-none",
+          std::string(1, '\1') + Bytes4(0) + ckpt::EncodeBlockSums({ckpt::kBlockBytes, {}}));
+    Write(values / "for-rank", std::string(1, '\2') + Bytes4(4) + ckpt::EncodeForRank(3));
 
     const fs::path tables = dir / "descriptor_table";
     Write(tables / "empty", Table({}, 1));

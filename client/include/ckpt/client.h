@@ -112,6 +112,24 @@ class SharedRegion {
   virtual std::uint64_t generation() const = 0;
 };
 
+// Where an item sits in a global tensor, for a restore at another world size and for
+// `ckptctl export`. Unset (TensorItem::layout): the item is rank-private, and restores only to
+// the same rank at the same world size. Checked at register_items: as many offsets and
+// global dimensions as the item has dimensions, offsets >= 0, offsets + shape <= global
+// shape (a bad layout is INVALID_ARGUMENT naming the item). Every rank that declares a piece
+// of one global tensor declares it with the same dtype and global shape, and the pieces of
+// all ranks cover it exactly once (else the version's commit fails, naming the tensor).
+struct Layout {
+  // Empty: the item's own name.
+  std::string global_name;
+  // The whole tensor's shape (replicated: may be empty = the item's shape).
+  std::vector<std::int64_t> global_shape;
+  // The box's first index per dimension; its extent is the item's shape.
+  std::vector<std::int64_t> offsets;
+  // Every rank that declares it holds the whole tensor; one copy is enough.
+  bool replicated = false;
+};
+
 // One tensor: `shape` elements of `dtype`, packed, either at `offset` in `region` (host
 // memory) or at `cuda_ptr` (GPU memory; `region` null, `offset` unused). A GPU tensor must
 // live in memory CUDA IPC can export (cudaMalloc, PyTorch's default caching allocator), not
@@ -124,12 +142,17 @@ struct TensorItem {
   std::shared_ptr<SharedRegion> region;
   std::uint64_t offset = 0;
   const void* cuda_ptr = nullptr;
+  std::optional<Layout> layout = std::nullopt;
 };
 
 // Bytes stored with a version (pickled optimizer groups, RNG state, data position).
 struct Blob {
   std::string name;
   std::string data;
+  // At a restore by another world size: unset = every rank gets this blob; set = only that
+  // rank (below the world size, else snapshot() fails with INVALID_ARGUMENT).
+  std::optional<std::uint32_t> for_rank = std::nullopt;
+  std::uint32_t from_rank = 0;  // in RestoreResult: the rank that wrote it
 };
 
 struct RestoreResult {
@@ -137,6 +160,8 @@ struct RestoreResult {
   std::string tier;  // where the daemon read it: "memory", "local" or "persistent"
   std::vector<Blob> blobs;
   std::uint64_t tensor_bytes = 0;
+  std::uint32_t world_size = 0;  // that wrote the version
+  bool resharded = false;        // filled from the pieces of other ranks or another world size
 };
 
 struct Registration {
