@@ -296,6 +296,16 @@ def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
     assert torch.equal(shard1.tensors["model.w@4,0"], _globals()["W"][4:])
     assert torch.equal(shard1.tensors["model.b@0,0,5"], _globals()["B"][:, :, 5:])
     assert ckpt.dcp.METADATA_BLOB in shard1.blobs
+    if hasattr(ckpt._ckpt, "Layout"):  # the items carry their DCP chunk as a layout: the version's index
+        index = json.load(open(os.path.join(vdir, "index.json")))
+        w = index["tensors"]["model.w"]
+        assert (w["shape"], w["replicated"]) == ([8, 6], False)
+        assert sorted((c["rank"], tuple(c["offsets"]), tuple(c["shape"])) for c in w["chunks"]) == \
+            [(0, (0, 0), (4, 6)), (1, (4, 0), (4, 6))]
+        b = index["tensors"]["model.b"]
+        assert sorted(tuple(c["offsets"]) for c in b["chunks"]) == [(0, 0, 0), (0, 0, 5)]
+        assert index["tensors"]["model.r"]["replicated"] is True
+        assert sorted(c["rank"] for c in index["tensors"]["model.r"]["chunks"]) == [0, 1]  # each rank's own copy
     out = _torchrun(daemon, temp_dir, 2, "load", daemon.socket, "dcp-2r")
     assert sorted(o["rank"] for o in out) == [0, 1]
 
