@@ -60,6 +60,7 @@ import os
 import pickle
 import re
 import threading
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -808,8 +809,12 @@ class Reader(StorageReader):
         try:
             r = s.client.restore(version, result=True)
         except Error as e:
-            if e.code == _FAILED_PRECONDITION and " of " in str(e) and "not rank" in str(e):
-                return None  # "... was written by rank R of W ..., not rank r of w": no elastic restore
+            if e.code == _FAILED_PRECONDITION:
+                # A daemon that restores same-size shards only ("written by rank R of W ..., not
+                # rank r of w"), or one that cannot serve these boxes: the files can.
+                warnings.warn(f"ckpt.dcp: the daemon did not restore version {version} at world size "
+                              f"{s.world_size} ({e}); reading the shard files instead", RuntimeWarning, stacklevel=3)
+                return None
             if e.code == 5:
                 raise VersionNotFoundError(f"ckpt.dcp: {e}") from e
             raise
