@@ -75,6 +75,12 @@ class RestoreEngine {
   // The same from a complete memory-tier image: no file is read (bytes_read stays 0).
   Result<RestoredShard> RestoreFromImage(const MemoryImage& image, const std::vector<RestoreTarget>& targets);
 
+  // What the elastic restore (daemon/session/elastic_restore.h) shares with this engine.
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  unsigned readers() const { return readers_; }
+  DeviceBackend* backend() const { return backend_; }
+  unsigned lanes() const { return lanes_; }
+
  private:
   Result<RestoredShard> Run(const std::string& what, const ShardInfo& info,
                             const std::vector<RestoreTarget>& targets, const ShardBytes& src);

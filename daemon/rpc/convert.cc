@@ -65,11 +65,14 @@ void ToProto(Restored r, v1::RestoreReply* reply) {
   reply->set_version(r.version);
   reply->set_tensor_bytes(r.tensor_bytes);
   reply->set_tier(TierName(r.tier));
-  for (auto& [name, data] : r.blobs) {
+  for (auto& blob : r.blobs) {
     auto* b = reply->add_blobs();
-    b->set_name(name);
-    b->set_data(std::move(data));
+    b->set_name(blob.name);
+    b->set_data(std::move(blob.data));
+    b->set_from_rank(blob.from_rank);
   }
+  reply->set_world_size(r.world_size);
+  reply->set_resharded(r.resharded);
 }
 
 void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* out) {

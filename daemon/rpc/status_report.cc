@@ -148,6 +148,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restored_bytes_memory(restored.from_memory);
   reply->set_restored_bytes_local(restored.from_local);
   reply->set_restored_bytes_persistent(restored.from_persistent);
+  reply->set_restores_resharded(restored.resharded);
   AddTiers(daemon, reply);
 }
 

@@ -2,11 +2,31 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "daemon/metrics/daemon_metrics.h"
+#include "format/markers.h"
+#include "format/paths.h"
 
 namespace ckpt {
+
+namespace {
+
+// The layout the trainer registered for item i, resolved (none: rank-private). The
+// registration checked it (TableLoader), so it resolves.
+std::optional<GlobalLayout> RegisteredLayout(const Session& s, std::size_t i) REQUIRES(s.mu) {
+  const TableItem& item = s.items[i];
+  for (const auto& [name, layout] : s.layouts) {
+    if (name != item.name) continue;
+    GlobalLayout resolved = layout;
+    if (!ResolveLayout(item.name, item.shape, &resolved).ok()) return std::nullopt;
+    return resolved;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 Status Restorer::RollBack(Session& s, std::uint64_t v) {
   auto moved = tiers_.persistent().SetAsideNewerThan(s.job, v);
@@ -79,21 +99,16 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
   return done;
 }
 
-Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
-                                            const CancelCheck& cancelled) {
-  for (const auto& [v, shard] : s.shards) {
-    if (shard->level() < Level::kCaptured && !shard->failed()) {
-      return FailedPrecondition("version " + std::to_string(v) +
-                                " is still being captured from this trainer's memory; "
-                                "wait for it before restoring");
-    }
-  }
-  if (restart_waits_newest_) {
-    if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
-  }
-  auto held = tiers_.HoldCommitted(s.job, requested);
-  if (!held.ok()) return held.status();
-  const std::uint64_t v = held->version;
+Result<std::uint32_t> Restorer::VersionWorldSize(const std::string& job, std::uint64_t v) {
+  const std::string path = JoinPath(tiers_.persistent().VersionDir(job, v), kCommittedMarker);
+  auto text = engine_.storage()->ReadSmallFile(path);
+  if (!text.ok()) return text.status().With("read the world size of version " + std::to_string(v));
+  auto marker = ParseCommitted(text.value());
+  if (!marker.ok()) return marker.status().With(path);
+  return marker->world_size;
+}
+
+Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
   Result<RestoredShard> restored = Status(Internal("no tier to restore from"));
   Tier tier = Tier::kPersistent;
   for (const ShardSource& src : tiers_.Sources(s.job, v, s.rank)) {
@@ -117,6 +132,94 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
   (tier == Tier::kMemory  ? counters_.from_memory
    : tier == Tier::kLocal ? counters_.from_local
                           : counters_.from_persistent) += restored->tensor_bytes;
+  spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s.job, s.rank, v,
+               TierName(tier), restored->tensor_bytes, restored->bytes_read);
+  Restored out;
+  out.version = v;
+  out.tier = tier;
+  out.tensor_bytes = restored->tensor_bytes;
+  out.world_size = s.world_size;
+  for (auto& [name, data] : restored->blobs) out.blobs.push_back({std::move(name), std::move(data), s.rank});
+  return out;
+}
+
+ElasticRequest Restorer::ElasticRequestOf(const Session& s, std::uint64_t v, std::uint32_t version_world) {
+  ElasticRequest req;
+  req.job = s.job;
+  req.version = v;
+  req.version_world_size = version_world;
+  req.rank = s.rank;
+  req.world_size = s.world_size;
+  for (std::size_t i = 0; i < s.items.size(); ++i) {
+    const TableItem& t = s.items[i];
+    ElasticTarget target;
+    target.target.item.name = t.name;
+    target.target.item.dtype = t.dtype;
+    target.target.item.shape = t.shape;
+    target.target.item.length = t.length;
+    target.target.region = s.item_regions[i];
+    target.target.region_offset = t.offset;
+    target.layout = RegisteredLayout(s, i);
+    req.targets.push_back(std::move(target));
+  }
+  return req;
+}
+
+Result<Restored> Restorer::RestoreElastic(Session& s, const ElasticRequest& req) {
+  auto restored = elastic_.Restore(req);
+  if (!restored.ok()) {
+    return restored.status().With("restore version " + std::to_string(req.version) + " (written by " +
+                                  std::to_string(req.version_world_size) + " ranks) into rank " +
+                                  std::to_string(s.rank) + " of " + std::to_string(s.world_size));
+  }
+  counters_.bytes_read += restored->bytes_read;
+  counters_.from_memory += restored->tier_bytes[static_cast<int>(Tier::kMemory)];
+  counters_.from_local += restored->tier_bytes[static_cast<int>(Tier::kLocal)];
+  counters_.from_persistent += restored->tier_bytes[static_cast<int>(Tier::kPersistent)];
+  ++counters_.resharded;
+  spdlog::info(
+      "job {} rank {} of {}: restored version {} written by {} ranks (resharded; {} bytes: {} from memory, {} "
+      "local, {} persistent; {} read from disk)",
+      s.job, s.rank, s.world_size, req.version, req.version_world_size, restored->tensor_bytes,
+      restored->tier_bytes[0], restored->tier_bytes[1], restored->tier_bytes[2], restored->bytes_read);
+  Restored out;
+  out.version = req.version;
+  out.tier = restored->slowest;
+  out.tensor_bytes = restored->tensor_bytes;
+  out.world_size = req.version_world_size;
+  out.resharded = true;
+  out.blobs = std::move(restored->blobs);
+  return out;
+}
+
+Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
+                                            const CancelCheck& cancelled) {
+  for (const auto& [v, shard] : s.shards) {
+    if (shard->level() < Level::kCaptured && !shard->failed()) {
+      return FailedPrecondition("version " + std::to_string(v) +
+                                " is still being captured from this trainer's memory; "
+                                "wait for it before restoring");
+    }
+  }
+  if (restart_waits_newest_) {
+    if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
+  }
+  auto held = tiers_.HoldCommitted(s.job, requested);
+  if (!held.ok()) return held.status();
+  const std::uint64_t v = held->version;
+  auto version_world = VersionWorldSize(s.job, v);
+  if (!version_world.ok()) return version_world.status();
+  // The fast path serves a registration that is this rank's shard, item for item.
+  bool elastic = version_world.value() != s.world_size;
+  ElasticRequest req = ElasticRequestOf(s, v, version_world.value());
+  if (!elastic && std::any_of(req.targets.begin(), req.targets.end(),
+                              [](const ElasticTarget& t) { return t.layout.has_value(); })) {
+    auto same = elastic_.MatchesOwnShard(req);
+    if (!same.ok()) return same.status().With("restore version " + std::to_string(v));
+    elastic = !same.value();
+  }
+  Result<Restored> restored = elastic ? RestoreElastic(s, req) : RestoreOwnShard(s, v);
+  if (!restored.ok()) return restored.status();
   if (v < held->latest) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
@@ -131,14 +234,7 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     return st.With("after restoring version " + std::to_string(v));
   }
   s.last_version = v;
-  spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s.job, s.rank, v,
-               TierName(tier), restored->tensor_bytes, restored->bytes_read);
-  Restored out;
-  out.version = v;
-  out.tier = tier;
-  out.tensor_bytes = restored->tensor_bytes;
-  out.blobs = std::move(restored->blobs);
-  return out;
+  return restored;
 }
 
 }  // namespace ckpt

@@ -8,7 +8,10 @@
 // which says whether the regions are untouched (a verification failure) or partly written (a failed copy).
 // Restoring an older version than the newest committed one is a rollback: the newer versions are set aside,
 // the memory tier drops them, and numbering continues from the restored version. Every restore starts a new
-// registration of the rank. Thread-safe; the caller holds the session's lock.
+// registration of the rank. A registration at another world size than the version's, or whose
+// layouts differ from its own shard's, is restored by ElasticRestore (its items' boxes filled
+// from the chunks of every rank's shard that overlap them); the job then goes on at the
+// registration's world size. Thread-safe; the caller holds the session's lock.
 #pragma once
 
 #include <atomic>
@@ -23,6 +26,7 @@
 #include "daemon/error_log.h"
 #include "daemon/pipeline/restore_engine.h"
 #include "daemon/pipeline/shard_registry.h"
+#include "daemon/session/elastic_restore.h"
 #include "daemon/session/registrar.h"
 #include "daemon/session/session.h"
 #include "daemon/tiers/tier_set.h"
@@ -33,13 +37,17 @@ struct Restored {
   std::uint64_t version = 0;
   Tier tier = Tier::kPersistent;
   std::uint64_t tensor_bytes = 0;
-  std::vector<std::pair<std::string, std::string>> blobs;  // name, bytes
+  std::vector<RestoredBlob> blobs;
+  std::uint32_t world_size = 0;  // that wrote the version
+  bool resharded = false;        // restored by ElasticRestore
 };
 
 // Bytes restored, by tier read, and read from files, since the daemon started.
 struct RestoreCounters {
   std::atomic<std::uint64_t> from_memory{0}, from_local{0}, from_persistent{0};
   std::atomic<std::uint64_t> bytes_read{0};
+  // Restores by ElasticRestore (another world size or decomposition).
+  std::atomic<std::uint64_t> resharded{0};
 };
 
 class Restorer {
@@ -53,7 +61,8 @@ class Restorer {
         registrar_(registrar),
         counters_(counters),
         errors_(errors),
-        restart_waits_newest_(restart_waits_newest) {}
+        restart_waits_newest_(restart_waits_newest),
+        elastic_(engine.storage(), tiers, errors, engine.readers(), engine.backend(), engine.lanes()) {}
 
   // Restores `requested` (0: the newest committed version) into the session's regions.
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);
@@ -67,6 +76,13 @@ class Restorer {
   Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
   // Reads one copy into the regions.
   Result<RestoredShard> ReadCopy(Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
+  // The world size that wrote committed `version` (its COMMITTED marker).
+  Result<std::uint32_t> VersionWorldSize(const std::string& job, std::uint64_t version);
+  // The fast path: the rank's own shard, from the fastest good copy.
+  Result<Restored> RestoreOwnShard(Session& s, std::uint64_t v) REQUIRES(s.mu);
+  // Another world size or decomposition.
+  Result<Restored> RestoreElastic(Session& s, const ElasticRequest& req) REQUIRES(s.mu);
+  ElasticRequest ElasticRequestOf(const Session& s, std::uint64_t v, std::uint32_t version_world) REQUIRES(s.mu);
 
   TierSet& tiers_;
   RestoreEngine& engine_;
@@ -76,6 +92,7 @@ class Restorer {
   RestoreCounters& counters_;
   ErrorLog& errors_;
   const bool restart_waits_newest_;  // --restart-waits (see Registrar)
+  ElasticRestore elastic_;
 };
 
 }  // namespace ckpt
