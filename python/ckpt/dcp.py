@@ -702,6 +702,7 @@ class Reader(StorageReader):
         self._vdir = ""
         self.version: Optional[int] = None  # the version the last read_metadata read
         self.source = ""  # how the last load read: "daemon", "files" or "daemon+files"
+        self.resharded = False  # the daemon assembled boxes from other ranks' chunks
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         self._version = version_of(checkpoint_id)
@@ -736,6 +737,7 @@ class Reader(StorageReader):
                                        f"versions: {shown})")
         self._vdir = os.path.join(root, self.job, f"v{version:010d}")
         self._files, self._tensors, self._blobs, self.version = {}, {}, {}, version
+        self._boxes, self.resharded = {}, False
         header0 = read_header(self._path(0))
         if header0.world_size == s.world_size and not self.read_only:
             self._restore_own(version)
@@ -879,6 +881,7 @@ class Reader(StorageReader):
         if r is None:
             return False
         self._boxes = views
+        self.resharded = bool(getattr(r, "resharded", True))
         return True
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:

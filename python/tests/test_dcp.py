@@ -269,7 +269,13 @@ _WORKER = textwrap.dedent("""
         assert torch.equal(m["w"].to_local(), W.chunk(world, 0)[rank]), "w local"
         assert torch.equal(m["r"], R), "r"
         assert sd["meta"] == {"step": 41, "lr": [0.5, 0.25]}, sd["meta"]
-        print(json.dumps({"rank": rank, "loaded": True}))
+        # Same world size, other sharding: w split by columns now (boxes of both ranks' chunks).
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        cols = {"model": {"w": distribute_tensor(torch.zeros_like(W), mesh, [Shard(1)])}}
+        reader = ckpt.dcp.Reader(sock, job)
+        dcp.load(cols, checkpoint_id=41, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=True))
+        assert torch.equal(cols["model"]["w"].to_local(), W.chunk(world, 1)[rank]), "w by columns"
+        print(json.dumps({"rank": rank, "loaded": True, "columns_from": reader.source}))
     dist.barrier()
     dist.destroy_process_group()
 """)
@@ -308,6 +314,9 @@ def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
         assert sorted(c["rank"] for c in index["tensors"]["model.r"]["chunks"]) == [0, 1]  # each rank's own copy
     out = _torchrun(daemon, temp_dir, 2, "load", daemon.socket, "dcp-2r")
     assert sorted(o["rank"] for o in out) == [0, 1]
+    # The column boxes came from the daemon (issue 16's restore by layout), else from the files.
+    want = "daemon" if hasattr(ckpt._ckpt, "RestoreResult") else "daemon+files"
+    assert [o["columns_from"] for o in out] == [want, want]
 
     # One process loads what 2 ranks wrote (resharding: every box comes from both shards).
     g = _globals()
@@ -316,13 +325,21 @@ def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
               "meta": {"step": 0, "lr": []}}
     reader = ckpt.dcp.Reader(daemon.socket, "dcp-2r")
     dcp.load(target, checkpoint_id="step-41", storage_reader=reader)
-    # Through the daemon where it restores at another world size (the blobs at least, with the
-    # client API of issue 16), else from the shard files.
-    assert reader.source == ("files" if not hasattr(ckpt._ckpt, "RestoreResult") else reader.source)
-    assert reader.source in ("files", "daemon", "daemon+files")
+    # Through the daemon, which assembles each box from both ranks' chunks (issue 16's restore
+    # at another world size); from the shard files with a ckpt module without that client API.
+    if hasattr(ckpt._ckpt, "RestoreResult"):
+        assert (reader.source, reader.resharded) == ("daemon", True)
+    else:
+        assert reader.source == "files"
     for key, want in (("w", g["W"]), ("b", g["B"]), ("r", g["R"])):
         assert torch.equal(target["model"][key], want), key
     assert target["meta"] == {"step": 41, "lr": [0.5, 0.25]}
+    # The same from the files alone (read_only: the job is left as it is).
+    again = {"model": {k: torch.zeros_like(v) for k, v in target["model"].items()}, "meta": {"step": 0, "lr": []}}
+    reader = ckpt.dcp.Reader(daemon.socket, "dcp-2r", read_only=True)
+    dcp.load(again, checkpoint_id=41, storage_reader=reader)
+    assert reader.source == "files"
+    _same(target, again)
     # A box that straddles both ranks' chunks: rows 2..5 of w (rank 0 wrote 0..3, rank 1 4..7).
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     part = {"model": {"w": torch.zeros(8, 6)}}
