@@ -39,10 +39,13 @@ waits in a step pre-hook), upload_completion when the version reached `level`.
 Load: at the world size that wrote the version, each rank restores its own shard through the
 daemon (its fastest tier, checksums verified) into a staging region and copies the planner's
 boxes out of it (ReadItem offsets and lengths). Boxes of chunks other ranks wrote (another world
-size or sharding: DCP's resharding) are read from their shard files under the daemon's root
-(ckpt.load_file, verified). Restoring an older version than the newest rolls the job back
-(ckptd sets the newer versions aside); Reader(read_only=True) reads from the files and leaves
-the job alone. See docs/pytorch.md, "torch.distributed.checkpoint".
+size or sharding: DCP's resharding) are restored through the daemon too, each registered with
+its box as layout (issue 16's restore by layout: the daemon assembles it from the overlapping
+chunks of any rank); a daemon or ckpt module without that makes the reader read them from the
+shard files under the daemon's root (ckpt.load_file, verified), with a RuntimeWarning.
+Restoring an older version than the newest rolls the job back (ckptd sets the newer versions
+aside); Reader(read_only=True) reads from the files and leaves the job alone. See
+docs/pytorch.md, "torch.distributed.checkpoint".
 
 Not thread-safe beyond what DCP does itself (one save's upload thread at a time). A ckpt.Client
 passed in serves one job: the daemon takes one registration per client.
