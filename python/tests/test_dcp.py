@@ -222,6 +222,25 @@ def test_refusals_name_the_cause(daemon):
         dcp.load({"w": torch.zeros(4)}, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-foreign"))
 
 
+@pytest.mark.skipif(not _HAVE or not hasattr(ckpt._ckpt, "Layout"), reason="needs the client API of issue 16")
+def test_load_falls_back_to_the_files_when_the_daemon_cannot(daemon, monkeypatch):
+    model = _model()
+    sd = {"model": model.state_dict(), "extra": {"step": 9}}
+    with monkeypatch.context() as m:  # a version saved without layouts (a ckpt module before issue 16)
+        m.setattr(ckpt.dcp, "_LAYOUT", None)
+        m.setattr(ckpt.dcp, "_BLOB", None)
+        dcp.save(sd, checkpoint_id=1, storage_writer=ckpt.dcp.Writer(daemon.socket, "dcp-old"))
+    ckpt.dcp.close_all()
+    # Rank 0 of 2 loads it: the daemon gives the blobs, but cannot assemble boxes of items that
+    # have no layout (FAILED_PRECONDITION); the reader reads them from the files and says so.
+    target = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}, "extra": {"step": 0}}
+    reader = ckpt.dcp.Reader(daemon.socket, "dcp-old", rank=0, world_size=2)
+    with pytest.warns(RuntimeWarning, match="reading the shard files instead"):
+        dcp.load(target, storage_reader=reader, no_dist=True)
+    assert reader.source == "daemon+files"
+    _same(sd, target)
+
+
 # -- 2 processes on gloo (torchrun), a sharded state --------------------------------------
 
 _WORKER = textwrap.dedent("""
