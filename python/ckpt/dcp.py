@@ -582,8 +582,9 @@ class Writer(StorageWriter):
         tensors: List[Tuple[str, torch.Tensor, Any]] = []  # (name, tensor, write item)
         planned = {(wi.index.fqn, tuple(wi.index.offset or ())) for wi in plan.items}
         extra = [wi for wi in self._local_items if (wi.index.fqn, tuple(wi.index.offset or ())) not in planned]
+        extra_ids = {id(wi) for wi in extra}
         for wi in list(plan.items) + extra:
-            own_copy = wi in extra  # deduplicated to another rank: this rank's copy, no WriteResult
+            own_copy = id(wi) in extra_ids  # deduplicated to another rank: this rank's copy, no WriteResult
             if wi.type == WriteItemType.BYTE_IO:
                 data = planner.resolve_data(wi)
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data.read())
