@@ -91,23 +91,25 @@ def test_save_load_round_trip(daemon):
     _train_step(model, opt, 1)
     ckpt.dcp.share_memory(model, opt)  # the lazy path: no copies on the trainer's side
     writer = ckpt.dcp.Writer(daemon.socket, "dcp-rt")
-    saved = _clone(_state(model, opt))
-    dcp.save(_state(model, opt), checkpoint_id="step-7", storage_writer=writer)
+    extra = {"scale": torch.tensor(2.5), "nothing": torch.zeros(0, 4)}  # a 0-d and an empty tensor
+    saved = _clone(dict(_state(model, opt), extra=dict(_state(model, opt)["extra"], **extra)))
+    dcp.save(dict(_state(model, opt), extra=dict(_state(model, opt)["extra"], **extra)), checkpoint_id="step-7",
+             storage_writer=writer)
     assert writer.last_version == 7
-    assert writer.last_staged_bytes == 0  # every tensor was registered where it is
+    assert writer.last_staged_bytes == 4  # model and optimizer registered where they are; the 0-d tensor copied
     assert os.path.exists(os.path.join(daemon.root, "dcp-rt", "v0000000007", "COMMITTED"))  # level COMMITTED
 
     model2 = _model(seed=5)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=5e-2)
     _train_step(model2, opt2, 9)  # different values everywhere
     target = _state(model2, opt2)
-    target["extra"] = {"step": 0, "note": ""}
+    target["extra"] = {"step": 0, "note": "", "scale": torch.tensor(0.0), "nothing": torch.ones(0, 4)}
     reader = ckpt.dcp.Reader(daemon.socket, "dcp-rt")
     dcp.load(target, storage_reader=reader)  # checkpoint_id None: the newest committed
     assert reader.version == 7
     model2.load_state_dict(target["model"])
     opt2.load_state_dict(target["optim"])
-    _same(saved, _state(model2, opt2))
+    _same(saved, dict(_state(model2, opt2), extra=target["extra"]))
 
 
 def test_async_save_lazy_then_train(daemon):
