@@ -101,6 +101,14 @@ void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64
   });
 }
 
+std::vector<BoxRun> SubBoxRuns(const Box& sub, const Box& src_box, const Box& dst_box, std::size_t elem) {
+  std::vector<BoxRun> out;
+  ForEachRun(sub, src_box, dst_box, [&](std::uint64_t s, std::uint64_t d, std::uint64_t n) {
+    out.push_back({s * elem, d * elem, n * elem});
+  });
+  return out;
+}
+
 std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedRanges(const Box& box, const Box& sub,
                                                                     std::size_t elem) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;

@@ -456,7 +456,8 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
   if (p.target == SIZE_MAX) {
     std::memcpy(out.blobs[p.blob].data.data() + t.lo, data, n);
   } else {
-    CopySubBox(p.sub, p.chunk, data, t.lo, p.dst, staging[p.target].get(), p.elem, t.lo, t.hi);
+    // A target with no staging buffer is written straight from the memory images later.
+    if (staging[p.target]) CopySubBox(p.sub, p.chunk, data, t.lo, p.dst, staging[p.target].get(), p.elem, t.lo, t.hi);
   }
   return Status::Ok();
 }
@@ -518,13 +519,25 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
 Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
   ElasticRun run(*storage_, tiers_, errors_, req, readers_);
   if (Status st = run.LoadAll(); !st.ok()) return Noted(st, "nothing was written to the registered regions");
+  // A target is staged (its verified pieces copied into a buffer of its size) when a piece
+  // comes from a file, which could change between verification and copy, or when its region
+  // is device memory (copied through the lanes from one buffer). A host target whose pieces
+  // are all in memory images, which do not change, is written straight from them.
   std::vector<std::unique_ptr<char[]>> staging(req.targets.size());
-  for (std::size_t i = 0; i < req.targets.size(); ++i) {
-    staging[i].reset(new char[std::max<std::uint64_t>(1, req.targets[i].target.item.length)]);
-  }
   ElasticRestored out;
   while (true) {
     if (Status st = run.Plan(out); !st.ok()) return Noted(st, "nothing was written to the registered regions");
+    std::vector<bool> staged(req.targets.size(), false);
+    for (std::size_t i = 0; i < req.targets.size(); ++i) staged[i] = req.targets[i].target.region->device() >= 0;
+    for (const Piece& p : run.pieces()) {
+      if (p.target != SIZE_MAX && !run.shards()[p.shard].src().image) staged[p.target] = true;
+    }
+    for (std::size_t i = 0; i < req.targets.size(); ++i) {
+      if (staged[i] && !staging[i]) {
+        staging[i].reset(new char[std::max<std::uint64_t>(1, req.targets[i].target.item.length)]);
+      }
+      if (!staged[i]) staging[i].reset();
+    }
     std::vector<Status> bad(run.shards().size());
     if (Status st = run.Read(out, staging, bad); !st.ok()) {
       return Noted(st, "nothing was written to the registered regions");
@@ -550,23 +563,30 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
     }
   }
 
-  // Everything is verified: write the staging buffers to the regions.
+  // Everything is verified: write the staging buffers, or the pieces straight from the
+  // memory images, to the regions.
   struct Write {
     std::size_t target;
-    std::uint64_t at, len;
+    std::uint64_t at, len;  // in the item
+    const char* src;
   };
   std::vector<Write> host;
   std::map<int, std::vector<Write>> device;
-  for (std::size_t i = 0; i < req.targets.size(); ++i) {
-    const RestoreTarget& t = req.targets[i].target;
-    for (std::uint64_t at = 0; at < t.item.length; at += kWritePiece) {
-      Write w{i, at, std::min(kWritePiece, t.item.length - at)};
-      if (t.region->device() < 0) {
-        host.push_back(w);
-      } else {
-        device[t.region->device()].push_back(w);
-      }
+  auto add = [&](std::size_t i, std::uint64_t at, std::uint64_t len, const char* src) {
+    for (std::uint64_t done = 0; done < len; done += kWritePiece) {
+      Write w{i, at + done, std::min(kWritePiece, len - done), src + done};
+      const int dev = req.targets[i].target.region->device();
+      (dev < 0 ? host : device[dev]).push_back(w);
     }
+  };
+  for (std::size_t i = 0; i < req.targets.size(); ++i) {
+    if (staging[i]) add(i, 0, req.targets[i].target.item.length, staging[i].get());
+  }
+  for (const Piece& p : run.pieces()) {
+    if (p.target == SIZE_MAX || staging[p.target]) continue;
+    const LoadedShard& s = run.shards()[p.shard];
+    const char* item = s.src().image->data() + s.info.data_start + p.item->offset;
+    for (const BoxRun& r : SubBoxRuns(p.sub, p.chunk, p.dst, p.elem)) add(p.target, r.dst, r.bytes, item + r.src);
   }
   const std::string partly = "the registered regions are partly written: do not train on them";
   for (const auto& [dev, writes] : device) {
@@ -582,7 +602,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
       const Write& w = writes[k];
       const RestoreTarget& t = req.targets[w.target].target;
       CopyLane& lane = *lanes.value()[k % lanes.value().size()];
-      copied = lane.CopyIn(*t.region, t.region_offset + w.at, staging[w.target].get() + w.at, w.len);
+      copied = lane.CopyIn(*t.region, t.region_offset + w.at, w.src, w.len);
       if (!copied.ok()) copied = copied.With("restore item " + QuoteName(t.item.name));
       auto ticket = lane.EndChunk();
       if (ticket.ok()) {
@@ -610,7 +630,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
                   if (k >= host.size()) break;
                   const Write& w = host[k];
                   const RestoreTarget& t = req.targets[w.target].target;
-                  Status s = t.region->WriteAt(t.region_offset + w.at, staging[w.target].get() + w.at, w.len);
+                  Status s = t.region->WriteAt(t.region_offset + w.at, w.src, w.len);
                   if (!s.ok()) {
                     written[k] = s.With("restore item " + QuoteName(t.item.name));
                     failed.store(true);
