@@ -466,9 +466,9 @@ void Replicator::Pace() {
   // Yield to the trainer's data path: while the pool is busy with copies and flushes, wait
   // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
   if (!hooks_.pool_used || hooks_.pool_bytes == 0) return;
-  for (int i = 0; i < 50 && hooks_.pool_used() > hooks_.pool_bytes / 4; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  // 1 ms per 1 MiB piece caps the sender at about 1 GB/s while the pool is busy, and never
+  // stops it (a flush-bound trainer keeps the pool busy all the time).
+  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held) {
