@@ -20,6 +20,8 @@
 #    the persistent tier needs to write one (so flushes are the bottleneck and the trainer
 #    stalls); shards go straight to the persistent tier. With --replicas 0, 1 and 2 (fresh
 #    daemons each): the trainer's stall p50/p99, iteration time, flush throughput.
+# Memory tiers are sized as DESIGN-NOTES says: (--memory-versions + 1) versions of the own
+# rank and of each rank it holds replicas of (4 x --mib, + 512 MiB).
 # Medians of one run; JSON to --out (default docs/results/replication.json).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -106,7 +108,7 @@ if [ "$do_restore" = 1 ]; then
   node() {  # INDEX REPLICAS
     local i=$1 r=$2 port
     port=$([ "$i" = 0 ] && echo "$p0" || echo "$p1")
-    start "n$i" --local "$work/local$i" --memory-mib $((mib * 3 + 256)) --replicas "$r" \
+    start "n$i" --local "$work/local$i" --memory-mib $((mib * 4 + 512)) --replicas "$r" \
       --peer-listen "127.0.0.1:$port" --peers "$peers" --peer-secret "$work/secret"
   }
   node 0 1
@@ -118,20 +120,26 @@ if [ "$do_restore" = 1 ]; then
   t0=$!
   { trainer n1 loss 1 2 loss-r1 --iters "$iters" --compute-ms 200 --crash-at "$iters" || true; } 2>/dev/null
   wait "$t0" || true
-  # The last version committed and every shard replicated (replication may trail the commit).
+  # The last version committed and held by the other node (replication trails the commit;
+  # older versions still queued were superseded by newer ones, as designed).
+  held_by() {  # NODE RANK: whether NODE's memory holds RANK's shard of the last version
+    "$build/ckptctl" --socket "$work/$1.sock" ls --job loss --json | python3 -c "
+import json, sys
+vs = [v for v in json.load(sys.stdin).get('versions', []) if int(v['version']) == $iters]
+print(1 if vs and $2 in [int(r) for r in vs[0].get('memory_ranks', [])] else 0)"
+  }
   for _ in $(seq 1 300); do
     [ "$(cat "$work/persistent/loss/latest" 2>/dev/null || echo 0)" -ge "$iters" ] &&
-      [ "$(status_json n0 | json_field replicated_shards)" -ge "$iters" ] &&
-      [ "$(status_json n1 | json_field replicated_shards)" -ge "$iters" ] && break
-    sleep 0.2
+      [ "$(held_by n0 1)" = 1 ] && [ "$(held_by n1 0)" = 1 ] && break
+    sleep 0.5
   done
-  echo "   latest $(cat "$work/persistent/loss/latest"), replicated $(status_json n0 | json_field replicated_shards) + $(status_json n1 | json_field replicated_shards) shards"
+  echo "   latest $(cat "$work/persistent/loss/latest"); replicated shards: $(status_json n0 | json_field replicated_shards) + $(status_json n1 | json_field replicated_shards)"
   for source in peer persistent; do
     echo "== node 1 lost; a replacement daemon ($([ $source = peer ] && echo "--replicas 1" || echo "--replicas 0")); rank 1 restores"
     killed=$(date +%s%3N)
     stop n1 KILL
     rm -rf "$work/local1"
-    if [ "$source" = peer ]; then node 1 1; else start n1 --local "$work/local1" --memory-mib $((mib * 3 + 256)); fi
+    if [ "$source" = peer ]; then node 1 1; else start n1 --local "$work/local1" --memory-mib $((mib * 4 + 512)); fi
     trainer n1 loss 1 2 "restored-$source" --iters "$iters" --resume
     end=$(python3 -c "import json; print(json.load(open('$work/restored-$source.json'))['restore_end_unix_ms'])")
     loss_ms[$source]=$(python3 -c "print(round($end - $killed, 1))")
@@ -154,9 +162,9 @@ if [ "$do_stall" = 1 ]; then
     for i in 0 1 2; do
       port=$(eval echo "\$q$i")
       if [ "$r" = 0 ]; then
-        start "s${r}x$i" --memory-mib $((mib * 2 + 256))
+        start "s${r}x$i" --memory-mib $((mib * 4 + 512))
       else
-        start "s${r}x$i" --memory-mib $((mib * 2 + 256)) --replicas "$r" --peer-listen "127.0.0.1:$port" \
+        start "s${r}x$i" --memory-mib $((mib * 4 + 512)) --replicas "$r" --peer-listen "127.0.0.1:$port" \
           --peers "$peers" --peer-secret "$work/secret"
       fi
     done

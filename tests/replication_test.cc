@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/replication/peer_list.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
 #include "support/test_dirs.h"
@@ -398,4 +399,31 @@ TEST_CASE("replication flags: what is missing or wrong is named, exit 2", "[repl
   r = start({"--replicas", "2", "--peers", "127.0.0.1:1,127.0.0.1:3"});
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("--replicas 2 needs at least 3 daemons in --peers (2 given)"));
+}
+
+TEST_CASE("the peer rule: daemon i sends to i+1..i+R, restores ask the ring from i+1, and Slurm host lists",
+          "[replication]") {
+  auto list = ResolvePeers({"a:1", "b:1", "c:1", "d:1"}, "c:1", 2, "", "c");
+  REQUIRE(list.ok());
+  CHECK(list->self == 2);
+  CHECK(list->Holders() == std::vector<std::size_t>{3, 0});
+  CHECK(list->Ring() == std::vector<std::size_t>{3, 0, 1});
+  // A wildcard listen address: the entry with this host's name and the port.
+  auto wild = ResolvePeers({"n1:7000", "n2:7000"}, "0.0.0.0:7000", 1, "", "n2.cluster");
+  REQUIRE(wild.ok());
+  CHECK(wild->self == 1);
+  auto slurm = ResolvePeers({"slurm"}, "0.0.0.0:7000", 1, "gpu[07-09,12],login", "gpu09");
+  REQUIRE(slurm.ok());
+  CHECK(slurm->addresses ==
+        std::vector<std::string>{"gpu07:7000", "gpu08:7000", "gpu09:7000", "gpu12:7000", "login:7000"});
+  CHECK(slurm->self == 2);
+  auto bad = ExpandSlurmHostList("n[3-1]");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("bad range '3-1'"));
+  auto twice = ResolvePeers({"a:1", "a:1"}, "a:1", 1, "", "a");
+  REQUIRE_FALSE(twice.ok());
+  CHECK_THAT(twice.status().message(), Catch::Contains("--peers names a:1 twice"));
+  auto no_slurm = ResolvePeers({"slurm"}, "0.0.0.0:7000", 1, "", "x");
+  REQUIRE_FALSE(no_slurm.ok());
+  CHECK_THAT(no_slurm.status().message(), Catch::Contains("$SLURM_JOB_NODELIST is not set"));
 }

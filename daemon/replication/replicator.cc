@@ -385,13 +385,13 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(const std::string& peer) {
 
 void Replicator::Enqueue(std::shared_ptr<MemoryImage> image) {
   if (!image) return;
-  const ShardMeta& m = image->meta;
+  const ShardMeta m = image->meta;
   {
     MutexLock lock(mu_);
     if (stopping_) return;
     // A newer version of the rank supersedes one not sent yet.
     for (auto it = queue_.begin(); it != queue_.end();) {
-      const ShardMeta& q = (*it)->meta;
+      const ShardMeta& q = it->meta;
       if (q.job == m.job && q.rank == m.rank && q.version < m.version) {
         Key k{q.job, q.version, q.rank};
         auto& st = states_[k];
@@ -410,7 +410,7 @@ void Replicator::Enqueue(std::shared_ptr<MemoryImage> image) {
       states_.erase(state_order_.front());
       state_order_.pop_front();
     }
-    queue_.push_back(std::move(image));
+    queue_.push_back(Queued{m, image});
   }
   changed_.SignalAll();
 }
@@ -498,15 +498,23 @@ void Replicator::SendLoop() {
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   for (;;) {
     std::shared_ptr<MemoryImage> image;
+    ShardMeta m;
     {
       MutexLock lock(mu_);
       while (queue_.empty() && !stopping_) changed_.Wait(mu_);
       if (stopping_) return;
-      image = std::move(queue_.front());
+      m = queue_.front().meta;
+      image = queue_.front().image.lock();
       queue_.pop_front();
     }
-    const ShardMeta& m = image->meta;
     const Key key{m.job, m.version, m.rank};
+    if (!image) {
+      Finish(key,
+             FailedPrecondition(Describe(m.job, m.version, m.rank) +
+                                " left the memory tier before it was sent to its peers (a newer version replaced it)"),
+             0);
+      continue;
+    }
     const std::uint32_t want = peers_.replicas;
     std::uint32_t acks = 0;
     std::string errors;

@@ -127,7 +127,14 @@ class Replicator : public PeerShards {
   Mutex mu_;
   CondVar changed_;
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::deque<std::shared_ptr<MemoryImage>> queue_ GUARDED_BY(mu_);
+  // Shards to send. The queue does not hold their images: one the memory tier drops before
+  // it is sent (a newer committed version replaced it) is not worth sending, and its
+  // buffer must not stay out of the budget meanwhile.
+  struct Queued {
+    ShardMeta meta;
+    std::weak_ptr<MemoryImage> image;
+  };
+  std::deque<Queued> queue_ GUARDED_BY(mu_);
   std::map<Key, State> states_ GUARDED_BY(mu_);
   std::deque<Key> state_order_ GUARDED_BY(mu_);  // oldest first, to bound states_
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
