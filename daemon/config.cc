@@ -19,6 +19,8 @@
 #include "common/listen_address.h"
 #include "common/safe_file.h"
 #include "common/socket_path.h"
+#include "daemon/replication/peer_list.h"
+#include "daemon/replication/peer_secret.h"
 
 namespace ckpt {
 
@@ -231,6 +233,18 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--metrics-interval-s", c.metrics_interval_s, "Seconds between writes of --metrics-textfile")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
+  app.add_option("--replicas", c.replicas,
+                 "Peer daemons that hold a copy of each shard in memory (0: no replication)")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
+  app.add_option("--peer-listen", c.peer_listen,
+                 "ADDR:PORT of the daemon-to-daemon replication server (TCP; needed with --replicas)");
+  app.add_option("--peers", c.peers,
+                 "Every daemon's --peer-listen address, this one's included, in one order shared by all "
+                 "(comma-separated), or 'slurm' ($SLURM_JOB_NODELIST with the --peer-listen port)")
+      ->delimiter(',');
+  app.add_option("--peer-secret", c.peer_secret,
+                 "File holding the secret shared by the peer daemons (readable by the daemon's user only)");
   // What the file is being parsed from, for the unknown-key error ("" while parsing argv).
   std::string parsing_file;
   try {
@@ -312,6 +326,25 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     if (ec || c.metrics_textfile.back() == '/') {
       return fail("--metrics-textfile: '" + c.metrics_textfile + "' is not a file path");
     }
+  }
+  if (c.replicas > 0) {
+    if (c.peer_listen.empty()) return fail("--replicas " + std::to_string(c.replicas) + " needs --peer-listen ADDR:PORT");
+    if (auto addr = ParseListenAddress(c.peer_listen); !addr.ok()) {
+      return fail("--peer-listen: " + addr.status().message());
+    }
+    if (c.peer_secret.empty()) {
+      return fail("--replicas " + std::to_string(c.replicas) +
+                  " needs --peer-secret FILE (the secret the peer daemons share)");
+    }
+    if (c.peers.empty()) return fail("--replicas " + std::to_string(c.replicas) + " needs --peers");
+    // The list must name this daemon and hold R others; the secret must be this user's only.
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const char* slurm = std::getenv("SLURM_JOB_NODELIST");
+    if (auto peers = ResolvePeers(c.peers, c.peer_listen, c.replicas, slurm ? slurm : "", host); !peers.ok()) {
+      return fail(peers.status().message());
+    }
+    if (auto secret = PeerSecret::Load(c.peer_secret); !secret.ok()) return fail(secret.status().message());
   }
   if (c.chunk_mib * 4 > c.pool_mib) {
     return fail("--pool-mib (" + std::to_string(c.pool_mib) + ") must hold at least 4 chunks of " +

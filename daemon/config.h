@@ -108,6 +108,20 @@ struct Config {
   std::string metrics_listen;
   std::string metrics_textfile;
   std::uint32_t metrics_interval_s = 15;
+  // Issue 17, peer replication of the memory tier (daemon/replication/, DESIGN-NOTES "Peer
+  // replication"). Each shard captured here is sent to `replicas` peers (0: off); the peers
+  // are the next `replicas` entries after this daemon's own in `peers` (cyclically). `peers`
+  // is every daemon's --peer-listen address in one order shared by all of them (a
+  // comma-separated list in the flag), this daemon's own included; "slurm" takes the
+  // hosts of $SLURM_JOB_NODELIST (sorted as Slurm lists them) with the port of
+  // `peer_listen`. `peer_listen` is ADDR:PORT of the daemon-to-daemon gRPC server; the
+  // entry of `peers` equal to it (or, for a 0.0.0.0/[::] address, the one with this host's
+  // name and that port) is this daemon. `peer_secret`: a file only this user may read (mode
+  // 0600 or 0400, owned by the daemon's uid) holding the secret all the daemons share.
+  std::uint32_t replicas = 0;
+  std::string peer_listen;
+  std::vector<std::string> peers;
+  std::string peer_secret;
 
   std::uint64_t pool_bytes() const { return pool_mib << 20; }
   std::uint64_t chunk_bytes() const { return chunk_mib << 20; }

@@ -99,6 +99,17 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   copier_ = std::make_unique<ShardCopier>(storage_, *pool_, config_.writers);
   tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_,
                                      *copier_, pool_->chunk_bytes());
+  if (config_.replicas > 0) {
+    // Issue 17: shards go to peers' memory, and restores read peers' memory.
+    const HostPool* pool = pool_.get();
+    auto replicator = Replicator::Create(config_, *memory_,
+                                         Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); },
+                                                           [pool] { return pool->used_bytes(); },
+                                                           pool_->pool_bytes()});
+    if (!replicator.ok()) return replicator.status();
+    replicator_ = std::move(replicator).value();
+    tiers_->SetPeers(replicator_.get());
+  }
   commits_ = std::make_unique<CommitTracker>(
       *catalog_, shards_,
       CommitTracker::Hooks{[this](const std::string& job, std::uint64_t v) { OnCommitted(job, v); },
@@ -228,6 +239,7 @@ void Daemon::Shutdown() {
   // finish (a restart would resume them anyway) with the commits they complete, then the
   // commit watcher stops. A part that Build did not reach is null.
   if (sessions_) sessions_->Stop();
+  if (replicator_) replicator_->Stop();
   if (snapshot_) snapshot_->Stop();
   if (flush_) flush_->Stop();
   if (promoter_) promoter_->Stop();
@@ -242,6 +254,14 @@ std::string Daemon::DescribeBackend() const {
 void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
   copied_done_total_ += shard->copied_bytes.load();
   written_done_total_ += shard->written_bytes.load();
+  if (replicator_) {
+    if (shard->image) {
+      replicator_->Enqueue(shard->image);
+    } else {
+      replicator_->NotReplicable(shard->meta(),
+                                 "the memory tier did not keep it (--memory-mib too small for it: see the log)");
+    }
+  }
   if (shard->image) {
     memory_->Complete(shard->image);
     // The tier owns it now: a shard kept for status must not pin its buffer.
@@ -262,6 +282,7 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   if (local_ && shard->ReleaseLocalPin()) local_->Unpin(m.job, m.version);
   memory_->Drop(shard->image);
   shard->image.reset();
+  if (replicator_) replicator_->NotReplicable(m, shard->error().message());
   const Level reached = shard->level();
   metrics::Metrics().Error(
       shard->publish_level() == Level::kLocal && reached >= Level::kLocal ? metrics::ErrorKind::kPromote

@@ -34,6 +34,7 @@
 #include "daemon/pipeline/shard_copier.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/pipeline/snapshot_engine.h"
+#include "daemon/replication/replicator.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/job_owners.h"
 #include "daemon/session/registrar.h"
@@ -83,6 +84,8 @@ class Daemon {
   const CommitTracker& commits() const { return *commits_; }
   const ErrorLog& errors() const { return errors_; }
   RestoreCounters& restore_counters() { return restore_counters_; }
+  // Peer replication (issue 17); null with --replicas 0.
+  Replicator* replicator() { return replicator_.get(); }
 
   // Bytes copied and written by shards that finished (those still in flight count apart).
   std::uint64_t copied_done_total() const { return copied_done_total_; }
@@ -120,6 +123,7 @@ class Daemon {
   std::unique_ptr<LocalTier> local_;
   std::unique_ptr<MemoryTier> memory_;
   std::unique_ptr<HostPool> pool_;
+  std::unique_ptr<Replicator> replicator_;  // null with --replicas 0
   ShardRegistry shards_;
   std::unique_ptr<ShardCopier> copier_;
   std::unique_ptr<TierSet> tiers_;

@@ -14,6 +14,8 @@ v1::Level LevelToProto(Level level) {
       return v1::LEVEL_PERSISTED;
     case Level::kCommitted:
       return v1::LEVEL_COMMITTED;
+    case Level::kReplicated:
+      return v1::LEVEL_REPLICATED;
   }
   return v1::LEVEL_UNSPECIFIED;
 }
@@ -28,6 +30,8 @@ Level LevelFromProto(v1::Level level) {
       return Level::kPersisted;
     case v1::LEVEL_COMMITTED:
       return Level::kCommitted;
+    case v1::LEVEL_REPLICATED:
+      return Level::kReplicated;
     default:
       return Level::kNone;
   }
@@ -45,6 +49,8 @@ const char* LevelName(Level level) {
       return "persisted";
     case Level::kCommitted:
       return "committed";
+    case Level::kReplicated:
+      return "replicated";
   }
   return "copying";
 }

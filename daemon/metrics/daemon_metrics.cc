@@ -5,7 +5,10 @@
 namespace ckpt::metrics {
 namespace {
 
-constexpr const char* kTierNames[3] = {"memory", "local", "persistent"};
+constexpr const char* kTierNames[4] = {"memory", "local", "persistent", "peer"};
+constexpr const char* kReplicationEventNames[kReplicationEvents] = {"sent", "send_failed", "received", "refused",
+                                                                   "peer_fallback"};
+constexpr const char* kReplicationDirections[4] = {"sent", "received", "fetched", "served"};
 
 std::function<std::unique_ptr<Histogram>()> Durations() {
   return [] { return std::make_unique<Histogram>(DurationBuckets()); };
@@ -54,7 +57,13 @@ DaemonMetrics::DaemonMetrics()
   // Every tier and kind is shown from the start, at 0, so that rate() and alerts see the
   // first increase.
   for (int t = 0; t < 3; ++t) written_[t] = &written_family_.With({{"tier", kTierNames[t]}});
-  for (int t = 0; t < 3; ++t) restore_seconds_[t] = &restore_family_.With({{"tier", kTierNames[t]}});
+  for (int t = 0; t < 4; ++t) restore_seconds_[t] = &restore_family_.With({{"tier", kTierNames[t]}});
+  for (std::size_t e = 0; e < kReplicationEvents; ++e) {
+    replication_[e] = &replication_family_.With({{"event", kReplicationEventNames[e]}});
+  }
+  for (int d = 0; d < 4; ++d) {
+    replication_bytes_[d] = &replication_bytes_family_.With({{"direction", kReplicationDirections[d]}});
+  }
   for (std::size_t k = 0; k < kErrorKinds; ++k) {
     errors_[k] = &errors_family_.With({{"kind", ErrorKindName(static_cast<ErrorKind>(k))}});
   }
@@ -87,6 +96,8 @@ void DaemonMetrics::Render(Exposition& out, const LabelFilter& filter) const {
   committed_.Render(out, filter);
   failed_.Render(out, filter);
   errors_family_.Render(out, nullptr);
+  replication_family_.Render(out, nullptr);
+  replication_bytes_family_.Render(out, nullptr);
   out.Header(
       "ckptd_snapshot_stall_seconds", "histogram",
       "Time trainers blocked in wait_snapshot, as their clients measured and reported it on their next "

@@ -39,8 +39,22 @@ enum class ErrorKind {
 inline constexpr std::size_t kErrorKinds = 7;
 const char* ErrorKindName(ErrorKind kind);
 
-// Tiers as label values; kMemory is the memory tier's image of a shard.
-enum class TierLabel { kMemory, kLocal, kPersistent };
+// Tiers as label values; kMemory is the memory tier's image of a shard; kPeer (restores
+// only) a replica in a peer daemon's memory (issue 17).
+enum class TierLabel { kMemory, kLocal, kPersistent, kPeer };
+
+// Issue 17, peer replication: what happened to shards sent to or asked of peers (the
+// `event` label of ckptd_replication_events_total).
+enum class ReplicationEvent {
+  kSent,           // a shard image a peer acknowledged holding
+  kSendFailed,     // a peer refused a shard or could not be reached (the next one is tried)
+  kReceived,       // a replica this daemon keeps
+  kRefused,        // a replica refused here (no room, a checksum, an unauthenticated call)
+  kPeerFallback,   // a restore that went on to the next replica or tier (missing, failed)
+};
+inline constexpr std::size_t kReplicationEvents = 5;
+// Bytes by direction (the `direction` label of ckptd_replication_bytes_total).
+enum class ReplicationBytes { kSent, kReceived, kFetched, kServed };
 
 class DaemonMetrics {
  public:
@@ -64,6 +78,8 @@ class DaemonMetrics {
   void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
   void Error(ErrorKind kind) { errors_[static_cast<std::size_t>(kind)]->Add(); }
   void SnapshotStall(double seconds) { stall_.Observe(seconds); }
+  void Replication(ReplicationEvent e) { replication_[static_cast<std::size_t>(e)]->Add(); }
+  void ReplicationBytesAdd(ReplicationBytes d, std::uint64_t n) { replication_bytes_[static_cast<int>(d)]->Add(n); }
 
   // Appends every metric above to `out`; series with a job label only where `filter`
   // allows (null: all).
@@ -89,7 +105,7 @@ class DaemonMetrics {
   Family<Histogram> promote_family_;
   Histogram& promote_seconds_;
   Family<Histogram> restore_family_;
-  std::array<Histogram*, 3> restore_seconds_{};
+  std::array<Histogram*, 4> restore_seconds_{};
   Family<Counter> committed_{"ckptd_versions_committed_total",
                              "Versions whose commit this daemon wrote or saw, by job."};
   Family<Counter> failed_{"ckptd_versions_failed_total",
@@ -98,6 +114,16 @@ class DaemonMetrics {
       "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};
   Histogram stall_;
+  Family<Counter> replication_family_{
+      "ckptd_replication_events_total",
+      "Peer replication (--replicas): shards sent and acknowledged, sends failed, replicas received and "
+      "refused, restores that fell back to the next replica or tier."};
+  std::array<Counter*, kReplicationEvents> replication_{};
+  Family<Counter> replication_bytes_family_{
+      "ckptd_replication_bytes_total",
+      "Bytes of shard images sent to peers, received from them, fetched from them by restores, and served "
+      "to their restores."};
+  std::array<Counter*, 4> replication_bytes_{};
 
   // The versions counted as failed lately, so that the other shards of one do not count it
   // again (failures are rare: a lock is fine here).

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -112,7 +113,13 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   if (!s.ok()) return ToGrpc(s.status());
   const Level want = LevelFromProto(req->level());
   if (want == Level::kNone) {
-    return ToGrpc(InvalidArgument("wait needs a level: captured, local, persisted (durable) or committed"));
+    return ToGrpc(InvalidArgument(
+        "wait needs a level: captured, local, persisted (durable), committed or replicated"));
+  }
+  if (want == Level::kReplicated && daemon_.replicator() == nullptr) {
+    return ToGrpc(FailedPrecondition(
+        "wait for level replicated: replication is off on this daemon (--replicas 0); start ckptd with "
+        "--replicas R --peer-listen ADDR:PORT --peers ... --peer-secret FILE, or wait for another level"));
   }
   std::shared_ptr<ShardJob> shard;
   {
@@ -136,6 +143,10 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   spdlog::debug("job {} rank {}: waiting for version {} to be {}", s.value()->job, s.value()->rank,
                 req->version(), LevelName(want));
   ckpt::Status st = WaitInSlices(deadline, gate_.CancelCheckOf(ctx), [&](auto slice_end) {
+    if (want == Level::kReplicated) {  // issue 17: acknowledged by R peers
+      return daemon_.replicator()->WaitReplicated(shard->meta().job, shard->meta().version, shard->meta().rank,
+                                                  slice_end);
+    }
     return ordered ? shard->WaitOrdered(slice_end, &ordered_only) : shard->WaitFor(want, slice_end);
   });
   if (st.code() == ckpt::StatusCode::kCancelled) return gate_.Reply(st);  // nobody hears a failure now
@@ -204,7 +215,15 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   if (!pass) return CallGate::Refusal();
   auto s = FindSession(ctx, req->session());
   if (!s.ok()) return ToGrpc(s.status());
+  const std::string job = s.value()->job;
   daemon_.sessions().Unregister(s.value(), gate_.CancelCheckOf(ctx));
+  if (Replicator* r = daemon_.replicator()) {
+    // Issue 17: the job ended on this node (no session of it left): its replicas go.
+    const auto all = daemon_.sessions().All();
+    if (std::none_of(all.begin(), all.end(), [&](const auto& other) { return other->job == job; })) {
+      r->OnJobEnded(job);
+    }
+  }
   return grpc::Status::OK;
 }
 

@@ -149,7 +149,22 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restored_bytes_local(restored.from_local);
   reply->set_restored_bytes_persistent(restored.from_persistent);
   reply->set_restores_resharded(restored.resharded);
+  reply->set_restored_bytes_peer(restored.from_peer);
   AddTiers(daemon, reply);
+  if (Replicator* r = daemon.replicator()) {  // issue 17
+    reply->set_replicas(r->replicas());
+    reply->set_peer_address(r->peers().self_address());
+    reply->set_replicated_shards(r->replicated_shards());
+    reply->set_replication_failures(r->failures());
+    for (const auto& p : r->Peers()) {
+      auto* out = reply->add_peers();
+      out->set_address(p.address);
+      out->set_held_bytes(p.held_bytes);
+      out->set_sent_bytes_held(p.sent_bytes_held);
+      out->set_holder(p.holder);
+      out->set_error(p.error);
+    }
+  }
 }
 
 }  // namespace ckpt

@@ -65,7 +65,15 @@ Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const Sh
   return Status::Ok();
 }
 
-Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, const ShardSource& src) {
+Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, const ShardSource& given) {
+  ShardSource src = given;
+  if (src.tier == Tier::kPeer && !src.image) {
+    // Issue 17: a replica in a peer's memory, fetched now; a peer that cannot give it is
+    // worth the next source, like a bad copy.
+    auto image = tiers_.FetchFromPeer(src, s.job, version, s.rank);
+    if (!image.ok()) return DataLoss("peer " + src.peer + ": " + image.status().message());
+    src.image = std::move(image).value();
+  }
   if (Status st = CheckIdentity(s, version, src); !st.ok()) return st;
   std::vector<RestoreTarget> targets;
   targets.reserve(s.items.size());
@@ -80,6 +88,11 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
     target.region_offset = t.offset;
     targets.push_back(std::move(target));
   }
+  if (src.tier == Tier::kPeer) {  // issue 17: a failure names the peer
+    auto got = engine_.RestoreFromImage(*src.image, targets);
+    if (!got.ok()) return got.status().With("replica from peer " + src.peer);
+    return got;
+  }
   return src.image ? engine_.RestoreFromImage(*src.image, targets)
                    : engine_.Restore(src.path, targets, src.direct_io);
 }
@@ -91,6 +104,7 @@ Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const Ca
     metrics::Metrics().Restored(
         done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
         : done->tier == Tier::kLocal ? metrics::TierLabel::kLocal
+        : done->tier == Tier::kPeer  ? metrics::TierLabel::kPeer
                                      : metrics::TierLabel::kPersistent,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   } else if (done.status().code() != StatusCode::kCancelled) {
@@ -131,6 +145,7 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
   counters_.bytes_read += restored->bytes_read;
   (tier == Tier::kMemory  ? counters_.from_memory
    : tier == Tier::kLocal ? counters_.from_local
+   : tier == Tier::kPeer  ? counters_.from_peer
                           : counters_.from_persistent) += restored->tensor_bytes;
   spdlog::info("job {} rank {}: restored version {} from {} ({} bytes, {} read from disk)", s.job, s.rank, v,
                TierName(tier), restored->tensor_bytes, restored->bytes_read);

@@ -45,6 +45,7 @@ struct Restored {
 // Bytes restored, by tier read, and read from files, since the daemon started.
 struct RestoreCounters {
   std::atomic<std::uint64_t> from_memory{0}, from_local{0}, from_persistent{0};
+  std::atomic<std::uint64_t> from_peer{0};  // issue 17: peers' memory
   std::atomic<std::uint64_t> bytes_read{0};
   // Restores by ElasticRestore (another world size or decomposition).
   std::atomic<std::uint64_t> resharded{0};

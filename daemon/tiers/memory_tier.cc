@@ -108,27 +108,145 @@ std::shared_ptr<MemoryImage> MemoryTier::Reserve(const ShardMeta& meta, std::uin
     }
     data = store_->Take(bytes, budget_, &capacity);
   }
+  // Then replicas of other daemons' shards: own shards come first.
+  while (data == nullptr) {
+    {
+      MutexLock lock(mu_);
+      if (!DropOneReplicaLocked(Key{}, 0)) break;
+    }
+    data = store_->Take(bytes, budget_, &capacity);
+  }
   if (data == nullptr) data = TakeFromFinished(meta, bytes, &capacity);
   if (data == nullptr) {
     WarnNotKept(meta, file_bytes);
     return nullptr;
   }
+  auto image = MakeImage(meta, file_bytes, data, bytes, capacity);
+  MutexLock lock(mu_);
+  images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false, ""};
+  TouchLocked(Key{meta.job, meta.rank});
+  return image;
+}
+
+std::shared_ptr<MemoryImage> MemoryTier::MakeImage(const ShardMeta& meta, std::uint64_t file_bytes, char* data,
+                                                   std::uint64_t bytes, std::uint64_t capacity) {
   // The padding past the file's end must be zero: it is written with O_DIRECT.
   if (bytes > file_bytes) std::memset(data + file_bytes, 0, bytes - file_bytes);
   std::weak_ptr<Store> store = store_;
-  std::shared_ptr<MemoryImage> image(new MemoryImage(meta, file_bytes, data, capacity),
-                                     [store](MemoryImage* img) {
-                                       if (auto s = store.lock()) {
-                                         s->Give(img->data(), img->capacity());
-                                       } else {
-                                         ::munmap(img->data(), img->capacity());
-                                       }
-                                       delete img;
-                                     });
+  return std::shared_ptr<MemoryImage>(new MemoryImage(meta, file_bytes, data, capacity),
+                                      [store](MemoryImage* img) {
+                                        if (auto s = store.lock()) {
+                                          s->Give(img->data(), img->capacity());
+                                        } else {
+                                          ::munmap(img->data(), img->capacity());
+                                        }
+                                        delete img;
+                                      });
+}
+
+bool MemoryTier::DropOneReplicaLocked(const Key& prefer, std::uint64_t below) {
+  if (auto it = images_.find(prefer); it != images_.end()) {
+    for (auto v = it->second.begin(); v != it->second.end() && v->first < below; ++v) {
+      if (!v->second.origin.empty()) {
+        it->second.erase(v);
+        return true;
+      }
+    }
+  }
+  const Key* victim = nullptr;
+  std::uint64_t victim_used = 0;
+  for (const auto& [key, versions] : images_) {
+    const bool has = std::any_of(versions.begin(), versions.end(),
+                                 [](const auto& e) { return !e.second.origin.empty(); });
+    if (!has) continue;
+    const std::uint64_t used = last_used_[key];
+    if (victim == nullptr || used < victim_used) {
+      victim = &key;
+      victim_used = used;
+    }
+  }
+  if (victim == nullptr) return false;
+  auto& versions = images_[*victim];
+  for (auto v = versions.begin(); v != versions.end(); ++v) {
+    if (!v->second.origin.empty()) {
+      versions.erase(v);  // its oldest replica; the buffer returns once no restore or send uses it
+      break;
+    }
+  }
+  return true;
+}
+
+std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
+                                                        const std::string& origin) {
+  if (!enabled()) return nullptr;
+  const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
+  const Key key{meta.job, meta.rank};
+  {
+    MutexLock lock(mu_);
+    auto& versions = images_[key];
+    if (auto it = versions.find(meta.version); it != versions.end()) {
+      // This daemon's own shard of that version is already here: a replica adds nothing.
+      if (it->second.origin.empty() && it->second.image->complete) return nullptr;
+      versions.erase(it);
+    }
+    PruneLocked(versions);
+  }
+  std::uint64_t capacity = 0;
+  char* data = store_->Take(bytes, budget_, &capacity);
+  while (data == nullptr) {
+    {
+      MutexLock lock(mu_);
+      if (!DropOneReplicaLocked(key, meta.version)) break;
+    }
+    data = store_->Take(bytes, budget_, &capacity);
+  }
+  if (data == nullptr) return nullptr;
+  auto image = MakeImage(meta, file_bytes, data, bytes, capacity);
   MutexLock lock(mu_);
-  images_[Key{meta.job, meta.rank}][meta.version] = Entry{image, false};
-  TouchLocked(Key{meta.job, meta.rank});
+  auto& versions = images_[key];
+  versions[meta.version] = Entry{image, false, origin};
+  // At most versions_ + 1 replicas per rank (the committed ones kept and one in flight):
+  // the holder may not see every commit of the job, so the count bounds them too.
+  std::size_t replicas = 0;
+  for (const auto& [v, e] : versions) replicas += e.origin.empty() ? 0 : 1;
+  for (auto it = versions.begin(); replicas > versions_ + 1 && it != versions.end();) {
+    if (!it->second.origin.empty() && it->first != meta.version) {
+      it = versions.erase(it);
+      --replicas;
+    } else {
+      ++it;
+    }
+  }
+  TouchLocked(key);
   return image;
+}
+
+std::uint32_t MemoryTier::DropReplicas(const std::string& job, const std::string& origin) {
+  std::uint32_t dropped = 0;
+  MutexLock lock(mu_);
+  for (auto& [key, versions] : images_) {
+    if (std::get<0>(key) != job) continue;
+    for (auto it = versions.begin(); it != versions.end();) {
+      if (!it->second.origin.empty() && (origin.empty() || it->second.origin == origin)) {
+        it = versions.erase(it);
+        ++dropped;
+      } else {
+        ++it;
+      }
+    }
+  }
+  return dropped;
+}
+
+std::map<std::string, std::uint64_t> MemoryTier::ReplicaBytes() {
+  std::map<std::string, std::uint64_t> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, versions] : images_) {
+    for (const auto& [v, e] : versions) {
+      if (!e.origin.empty() && e.image->complete) out[e.origin] += e.image->capacity();
+    }
+  }
+  return out;
 }
 
 char* MemoryTier::TakeFromFinished(const ShardMeta& meta, std::uint64_t bytes, std::uint64_t* capacity) {

@@ -14,7 +14,14 @@
 // is room, since they serve a restart's restore from memory, but give way when a shard
 // does not fit otherwise: the least recently used finished job goes first (used: written
 // or read by a restore or a promotion). A shard that still does not fit is not kept (its
-// restore reads a file), and the log says what holds the budget. Thread-safe.
+// restore reads a file), and the log says what holds the budget.
+//
+// Replicas (issue 17): images of shards another daemon captured and sent here
+// (daemon/replication/) live in the same budget, marked with their origin. They give way
+// before any shard of this daemon's own: an own shard short of room drops replicas (least
+// recently used rank first, its oldest version first) before images of finished jobs; a
+// replica short of room drops older replicas only (its own rank's older versions first,
+// then other ranks'), never an own shard, and is refused otherwise. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -66,6 +73,14 @@ class MemoryTier {
   // dropping an image the rules keep. Replaces an older image of the same (job, version,
   // rank), which belongs to a version that will now be rewritten.
   std::shared_ptr<MemoryImage> Reserve(const ShardMeta& meta, std::uint64_t file_bytes);
+  // A replica of a shard that `origin` (a peer's address) sent: the same, but it takes room
+  // only from other replicas (see above); null if it does not fit so.
+  std::shared_ptr<MemoryImage> ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
+                                              const std::string& origin) EXCLUDES(mu_);
+  // Drops the replicas of `job` that `origin` sent (every origin if empty); how many.
+  std::uint32_t DropReplicas(const std::string& job, const std::string& origin) EXCLUDES(mu_);
+  // Bytes of replicas held, per origin.
+  std::map<std::string, std::uint64_t> ReplicaBytes() EXCLUDES(mu_);
   // The image is complete (its shard is published).
   void Complete(const std::shared_ptr<MemoryImage>& image);
   // The image's shard failed: drop it.
@@ -94,7 +109,13 @@ class MemoryTier {
   struct Entry {
     std::shared_ptr<MemoryImage> image;
     bool committed = false;
+    std::string origin;  // a replica's sender; empty for this daemon's own shards
   };
+  // Drops one replica to make room (least recently used rank first, its oldest version
+  // first; `prefer` first when it holds one older than `below`); false if there is none.
+  bool DropOneReplicaLocked(const Key& prefer, std::uint64_t below) REQUIRES(mu_);
+  std::shared_ptr<MemoryImage> MakeImage(const ShardMeta& meta, std::uint64_t file_bytes, char* data,
+                                         std::uint64_t bytes, std::uint64_t capacity);
   // The memory itself: buffers in use and freed ones kept for reuse. Shared with the
   // images' deleters, since an image in use (a restore, a promotion) may outlive its entry.
   struct Store;

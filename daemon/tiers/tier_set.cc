@@ -14,6 +14,8 @@ const char* TierName(Tier tier) {
       return "local";
     case Tier::kPersistent:
       return "persistent";
+    case Tier::kPeer:
+      return "peer";
   }
   return "persistent";
 }
@@ -54,13 +56,28 @@ std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t 
     src.image = std::move(image);
     out.push_back(std::move(src));
   }
+  const bool in_memory = !out.empty();
   if (local_ && local_->Has(job, version, rank)) {
     out.push_back(
-        ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io()});
+        ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io(), ""});
   }
-  out.push_back(
-      ShardSource{Tier::kPersistent, nullptr, catalog_.ShardPath(job, version, rank), persistent_direct_io_});
+  if (peers_ && !in_memory) {
+    for (std::string& peer : peers_->Holding(job, version, rank)) {
+      ShardSource src;
+      src.tier = Tier::kPeer;
+      src.peer = std::move(peer);
+      out.push_back(std::move(src));
+    }
+  }
+  out.push_back(ShardSource{Tier::kPersistent, nullptr, catalog_.ShardPath(job, version, rank),
+                            persistent_direct_io_, ""});
   return out;
+}
+
+Result<std::shared_ptr<MemoryImage>> TierSet::FetchFromPeer(const ShardSource& src, const std::string& job,
+                                                           std::uint64_t version, std::uint32_t rank) {
+  if (!peers_) return FailedPrecondition("no peer replication on this daemon");
+  return peers_->Fetch(src.peer, job, version, rank);
 }
 
 void TierSet::DropCopy(const ShardSource& copy) {
@@ -72,6 +89,7 @@ void TierSet::DropCopy(const ShardSource& copy) {
       storage_->Remove(copy.path);
       break;
     case Tier::kPersistent:
+    case Tier::kPeer:  // the fetched image is the restore's own; the peer keeps its copy
       break;
   }
 }

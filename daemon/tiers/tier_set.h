@@ -23,8 +23,9 @@
 
 namespace ckpt {
 
-enum class Tier { kMemory, kLocal, kPersistent };
-const char* TierName(Tier tier);  // "memory", "local", "persistent"
+// kPeer (issue 17): a replica in a peer daemon's memory, read over the network.
+enum class Tier { kMemory, kLocal, kPersistent, kPeer };
+const char* TierName(Tier tier);  // "memory", "local", "persistent", "peer"
 
 // Keeps a version from every tier's retention while it lives.
 class VersionHold {
@@ -41,6 +42,19 @@ class VersionHold {
   const std::uint64_t version_;
 };
 
+// Issue 17: the shards that peer daemons hold in memory (daemon/replication/Replicator).
+class PeerShards {
+ public:
+  virtual ~PeerShards() = default;
+  // The peers holding a complete image of (job, version, rank), in the order to try them
+  // (the peer rule's holders first). Reports the rule's holders that do not have it.
+  virtual std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) = 0;
+  // The image, read from `peer` and checked piece by piece (its items are verified by the
+  // restore); an error saying why if it cannot be had.
+  virtual Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job,
+                                                     std::uint64_t version, std::uint32_t rank) = 0;
+};
+
 // A committed version, held.
 struct HeldVersion {
   std::uint64_t version = 0;
@@ -54,6 +68,7 @@ struct ShardSource {
   std::shared_ptr<MemoryImage> image;  // kMemory
   std::string path;                    // kLocal, kPersistent
   bool direct_io = false;
+  std::string peer;  // kPeer: the peer's address; `image` is filled by FetchFromPeer
 };
 
 // A version as the tiers hold it.
@@ -93,8 +108,15 @@ class TierSet {
   // The committed version `requested` (0: the newest) of `job`, held; NotFound saying why
   // if there is none. Reads the shared directory (another node may have committed).
   Result<HeldVersion> HoldCommitted(const std::string& job, std::uint64_t requested);
+  // Issue 17: peers' memory as a source of restores (null: none). Set once, before serving.
+  void SetPeers(PeerShards* peers) { peers_ = peers; }
+  // Reads a kPeer source's image from its peer.
+  Result<std::shared_ptr<MemoryImage>> FetchFromPeer(const ShardSource& src, const std::string& job,
+                                                     std::uint64_t version, std::uint32_t rank);
   // The tiers holding (job, version, rank), fastest first; the persistent tier always comes
-  // last (its file may be missing: the read says so).
+  // last (its file may be missing: the read says so). With peers (issue 17) and no image in
+  // this daemon's memory, each peer holding one comes after the local tier, in the order
+  // PeerShards::Holding gives.
   std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank);
   // A copy on a faster tier failed verification: drops it, so that later reads go to the
   // next tier. The persistent tier's copy is never dropped here.
@@ -117,6 +139,7 @@ class TierSet {
   MemoryTier& memory_;
   ShardCopier& copier_;
   const std::uint64_t read_piece_bytes_;
+  PeerShards* peers_ = nullptr;
 };
 
 }  // namespace ckpt

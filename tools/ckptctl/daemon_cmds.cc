@@ -80,6 +80,17 @@ int Status(const std::string& socket, bool json) {
       std::printf("  %-10s %s; keeps %s\n", t.name().c_str(), t.dir().c_str(), t.retention().c_str());
     }
   }
+  if (r.replicas() > 0) {  // issue 17: peer replication
+    std::printf("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
+                " failed; %s restored from peers\n",
+                r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),
+                Human(r.restored_bytes_peer()).c_str());
+    for (const auto& p : r.peers()) {
+      std::printf("  peer %-22s %-7s holds %s of this daemon's shards; %s of its replicas held here%s%s\n",
+                  p.address().c_str(), p.holder() ? "holder" : "", Human(p.sent_bytes_held()).c_str(),
+                  Human(p.held_bytes()).c_str(), p.error().empty() ? "" : "; last error: ", p.error().c_str());
+    }
+  }
   std::printf("\nclients (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
     std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n",

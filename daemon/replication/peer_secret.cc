@@ -1,0 +1,118 @@
+#include "daemon/replication/peer_secret.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "common/safe_file.h"
+
+namespace ckpt {
+namespace {
+
+std::string Hex(const unsigned char* p, std::size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out += kDigits[p[i] >> 4];
+    out += kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Result<PeerSecret> PeerSecret::Load(const std::string& path) {
+  auto fd = OpenRegularForRead(path);
+  if (!fd.ok()) return InvalidArgument("--peer-secret " + path + ": " + fd.status().message());
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return InvalidArgument("--peer-secret " + path + ": " + std::strerror(errno));
+  if (st.st_uid != ::geteuid()) {
+    return InvalidArgument("--peer-secret " + path + " is owned by uid " + std::to_string(st.st_uid) +
+                           ", not by the daemon's uid " + std::to_string(::geteuid()));
+  }
+  if (st.st_mode & 077) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return InvalidArgument("--peer-secret " + path + " is mode " + mode +
+                           ": others may read it; make it readable by the daemon's user only (chmod 600)");
+  }
+  std::string key;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd->get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return InvalidArgument("--peer-secret " + path + ": " + std::strerror(errno));
+    if (n == 0) break;
+    key.append(buf, static_cast<std::size_t>(n));
+    if (key.size() > 65536) return InvalidArgument("--peer-secret " + path + " is larger than 64 KiB");
+  }
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  if (key.size() < 16) {
+    return InvalidArgument("--peer-secret " + path + " holds " + std::to_string(key.size()) +
+                           " bytes; a secret needs at least 16 (e.g. head -c 32 /dev/urandom | base64)");
+  }
+  return PeerSecret(std::move(key));
+}
+
+std::string PeerSecret::Mac(const std::string& text) const {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), reinterpret_cast<const unsigned char*>(text.data()),
+       text.size(), out, &len);
+  return Hex(out, len);
+}
+
+std::string PeerSecret::Token(const std::string& call) const {
+  unsigned char nonce[8];
+  if (RAND_bytes(nonce, sizeof nonce) != 1) {
+    const auto t = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(nonce, &t, sizeof nonce);
+  }
+  const std::string ms = std::to_string(NowMs());
+  const std::string n = Hex(nonce, sizeof nonce);
+  return "v1 " + ms + " " + n + " " + Mac("ckptd-peer/v1 " + call + " " + ms + " " + n);
+}
+
+Status PeerSecret::Check(const std::string& token, const std::string& call) const {
+  std::istringstream in(token);
+  std::string v, ms, nonce, mac;
+  in >> v >> ms >> nonce >> mac;
+  if (v != "v1" || ms.empty() || nonce.size() != 16 || mac.size() != 64) {
+    return PermissionDenied("peer call " + call + " without a valid " + kMetadataKey +
+                            " token: the caller does not share this daemon's --peer-secret");
+  }
+  const std::string want = Mac("ckptd-peer/v1 " + call + " " + ms + " " + nonce);
+  if (CRYPTO_memcmp(want.data(), mac.data(), want.size()) != 0) {
+    return PermissionDenied("peer call " + call +
+                            " refused: its token was not made with this daemon's --peer-secret");
+  }
+  std::int64_t when = 0;
+  try {
+    when = std::stoll(ms);
+  } catch (...) {
+    return PermissionDenied("peer call " + call + ": malformed token time");
+  }
+  const std::int64_t skew = NowMs() - when;
+  if (skew > kSkew.count() * 1000 || -skew > kSkew.count() * 1000) {
+    return PermissionDenied("peer call " + call + " refused: its token is " + std::to_string(skew / 1000) +
+                            " s off this daemon's clock (at most " + std::to_string(kSkew.count()) + " s)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt

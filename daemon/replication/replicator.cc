@@ -1,0 +1,665 @@
+#include "daemon/replication/replicator.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "ckpt/v1/peer.grpc.pb.h"
+#include "common/names.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "format/checksum.h"
+#include "format/shard_format.h"
+
+namespace ckpt {
+namespace {
+
+constexpr std::uint64_t kPiece = 1 << 20;            // bytes per streamed piece
+constexpr std::uint64_t kMaxHeader = 64ull << 20;    // largest shard header accepted
+constexpr std::size_t kStatesKept = 8192;            // replication states remembered
+constexpr int kMaxMessage = static_cast<int>(kMaxHeader + (1 << 20));
+constexpr std::chrono::seconds kHasDeadline{3};
+
+// A peer that could not be reached or failed otherwise.
+Status Unreachable(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
+
+std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string Describe(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  return "job " + job + " version " + std::to_string(version) + " rank " + std::to_string(rank);
+}
+
+// The 8-byte little-endian prefix of a safetensors file: the header's length.
+std::uint64_t HeaderEnd(const char* data, std::uint64_t file_bytes) {
+  if (file_bytes < 8) return file_bytes;
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(data[i]);
+  return n > file_bytes - 8 ? file_bytes : 8 + n;
+}
+
+// A buffer outside the memory tier's budget, for a fetched image that is only restored.
+std::shared_ptr<MemoryImage> StandaloneImage(const ShardMeta& meta, std::uint64_t file_bytes) {
+  const std::uint64_t cap = AlignUp(std::max<std::uint64_t>(file_bytes, 1), 4096);
+  void* p = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  return std::shared_ptr<MemoryImage>(new MemoryImage(meta, file_bytes, static_cast<char*>(p), cap),
+                                      [](MemoryImage* img) {
+                                        ::munmap(img->data(), img->capacity());
+                                        delete img;
+                                      });
+}
+
+grpc::Status ToGrpc(const Status& st) {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  switch (st.code()) {
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::UNAUTHENTICATED;
+      break;
+    case StatusCode::kDataLoss:
+      code = grpc::StatusCode::DATA_LOSS;
+      break;
+    default:
+      code = grpc::StatusCode::INTERNAL;
+  }
+  return grpc::Status(code, st.message());
+}
+
+Status FromGrpc(const grpc::Status& st, const std::string& what) {
+  if (st.ok()) return Status::Ok();
+  const std::string m = what + ": " + st.error_message();
+  switch (st.error_code()) {
+    case grpc::StatusCode::NOT_FOUND:
+      return NotFound(m);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return ResourceExhausted(m);
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return PermissionDenied(m);
+    case grpc::StatusCode::DATA_LOSS:
+      return DataLoss(m);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return DeadlineExceeded(m);
+    default:
+      return Unreachable(m);
+  }
+}
+
+Status CheckKey(const v1::ShardKey& key) {
+  if (std::string why = CheckJobId(key.job()); !why.empty()) return InvalidArgument(why);
+  if (key.version() == 0) return InvalidArgument("version 0 is not a version");
+  return Status::Ok();
+}
+
+// Reads a shard image piece by piece from `next` into an image made once the first piece
+// (with the whole header) is there: `make` gives it (null: refused, *refusal says why).
+// Verifies every piece, the header (against `key`) and the whole image.
+template <typename Next, typename Make>
+Result<std::shared_ptr<MemoryImage>> ReceiveImage(Next next, Make make, const v1::ShardKey& want, std::string* origin,
+                                                  std::uint64_t* received) {
+  v1::ShardPiece piece;
+  if (!next(&piece)) return DataLoss("the stream ended before its first piece");
+  const v1::ShardKey key = piece.has_key() ? piece.key() : want;
+  if (Status st = CheckKey(key); !st.ok()) return st;
+  if (want.job() != "" && (key.job() != want.job() || key.version() != want.version() || key.rank() != want.rank())) {
+    return DataLoss("the peer sent " + Describe(key.job(), key.version(), key.rank()) + ", not the shard asked for");
+  }
+  if (origin) *origin = piece.origin();
+  const std::uint64_t file_bytes = piece.file_bytes();
+  const std::string& first = piece.data();
+  if (piece.offset() != 0 || first.size() < 8) return DataLoss("the first piece does not start the file");
+  const std::uint64_t header_end = HeaderEnd(first.data(), file_bytes);
+  if (header_end - 8 > kMaxHeader || first.size() < header_end) {
+    return DataLoss("the first piece does not hold the whole shard header");
+  }
+  auto info = ParseShardHeader(std::string_view(first.data() + 8, header_end - 8), file_bytes);
+  if (!info.ok()) return info.status().With("the replica's header");
+  const ShardMeta& meta = info->meta;
+  if (meta.job != key.job() || meta.version != key.version() || meta.rank != key.rank()) {
+    return DataLoss("the replica's header holds " + Describe(meta.job, meta.version, meta.rank) + ", not " +
+                    Describe(key.job(), key.version(), key.rank()));
+  }
+  std::string refusal;
+  std::shared_ptr<MemoryImage> image = make(meta, file_bytes, &refusal);
+  if (!image) return ResourceExhausted(refusal);
+  Checksum whole;
+  std::uint64_t done = 0;
+  bool last = false;
+  for (;;) {
+    const std::string& data = piece.data();
+    if (piece.offset() != done || data.size() > file_bytes - done) {
+      return DataLoss("piece at offset " + std::to_string(piece.offset()) + " (" + std::to_string(data.size()) +
+                      " bytes) does not follow byte " + std::to_string(done) + " of " + std::to_string(file_bytes));
+    }
+    if (Checksum::Of(data.data(), data.size()) != piece.piece_xxh3()) {
+      return DataLoss("the piece at offset " + std::to_string(done) + " failed its checksum on arrival");
+    }
+    std::memcpy(image->data() + done, data.data(), data.size());
+    whole.Update(data.data(), data.size());
+    done += data.size();
+    if (received) *received += data.size();
+    if (piece.last()) {
+      last = true;
+      if (whole.Digest() != piece.image_xxh3()) return DataLoss("the whole image failed its checksum on arrival");
+      break;
+    }
+    if (!next(&piece)) break;
+  }
+  if (!last || done != file_bytes) {
+    return DataLoss("the stream ended after " + std::to_string(done) + " of " + std::to_string(file_bytes) + " bytes");
+  }
+  return image;
+}
+
+// Streams `image` through `write` in pieces (the first holding the whole header).
+template <typename Write>
+bool SendImage(const MemoryImage& image, const std::string& origin, Write write, const std::function<void()>& pace) {
+  const std::uint64_t file_bytes = image.file_bytes;
+  const std::uint64_t header_end = HeaderEnd(image.data(), file_bytes);
+  Checksum whole;
+  std::uint64_t off = 0;
+  do {
+    std::uint64_t n = std::min<std::uint64_t>(kPiece, file_bytes - off);
+    if (off == 0) n = std::max<std::uint64_t>(n, header_end);
+    if (pace) pace();
+    v1::ShardPiece piece;
+    if (off == 0) {
+      auto* k = piece.mutable_key();
+      k->set_job(image.meta.job);
+      k->set_version(image.meta.version);
+      k->set_rank(image.meta.rank);
+      piece.set_file_bytes(file_bytes);
+      piece.set_origin(origin);
+    }
+    piece.set_offset(off);
+    piece.set_data(image.data() + off, n);
+    piece.set_piece_xxh3(Checksum::Of(image.data() + off, n));
+    whole.Update(image.data() + off, n);
+    off += n;
+    if (off == file_bytes) {
+      piece.set_last(true);
+      piece.set_image_xxh3(whole.Digest());
+    }
+    if (!write(piece)) return false;
+  } while (off < file_bytes);
+  return true;
+}
+
+}  // namespace
+
+// The Peer service: every call is checked against the shared secret first.
+class PeerServiceImpl final : public v1::Peer::Service {
+ public:
+  explicit PeerServiceImpl(Replicator& r) : r_(r) {}
+
+  grpc::Status PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::ShardPiece>* reader,
+                        v1::PutShardReply* reply) override {
+    if (Status st = Auth(ctx, "PutShard"); !st.ok()) return Refuse(st);
+    std::string origin;
+    std::shared_ptr<MemoryImage> reserved;
+    auto make = [&](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
+      reserved = r_.memory().ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin);
+      if (!reserved) {
+        *why = "no room for " + Describe(meta.job, meta.version, meta.rank) + " (" + std::to_string(file_bytes >> 20) +
+               " MiB) in this daemon's memory tier without dropping its own shards (--memory-mib " +
+               std::to_string(r_.memory().GetStats().budget >> 20) + ")";
+      }
+      return reserved;
+    };
+    // The origin is in the first piece, before the image is made.
+    bool first = true;
+    auto next = [&](v1::ShardPiece* p) {
+      if (!reader->Read(p)) return false;
+      if (first) origin = p->origin();
+      first = false;
+      return true;
+    };
+    std::uint64_t received = 0;
+    auto image = ReceiveImage(next, make, v1::ShardKey(), nullptr, &received);
+    metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kReceived, received);
+    if (!image.ok()) {
+      if (reserved) r_.memory().Drop(reserved);
+      return Refuse(image.status().With("replica from " + origin));
+    }
+    std::shared_ptr<MemoryImage> img = std::move(image).value();
+    if (r_.corrupt_replicas() && img->file_bytes > 0) img->data()[img->file_bytes - 1] ^= 0x5a;  // test seam
+    r_.memory().Complete(img);
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kReceived);
+    spdlog::debug("peer: keeping a replica of {} from {}", Describe(img->meta.job, img->meta.version, img->meta.rank),
+                  origin);
+    const auto held = r_.memory().ReplicaBytes();
+    auto it = held.find(origin);
+    reply->set_bytes_held(it == held.end() ? 0 : it->second);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetShard(grpc::ServerContext* ctx, const v1::GetShardRequest* req,
+                        grpc::ServerWriter<v1::ShardPiece>* writer) override {
+    if (Status st = Auth(ctx, "GetShard"); !st.ok()) return Refuse(st);
+    if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
+    auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
+    if (!image) {
+      return ToGrpc(NotFound("no image of " + Describe(req->key().job(), req->key().version(), req->key().rank()) +
+                             " in this daemon's memory"));
+    }
+    std::uint64_t sent = 0;
+    bool ok = SendImage(*image, r_.peers().self_address(), [&](const v1::ShardPiece& p) {
+      sent += p.data().size();
+      return writer->Write(p);
+    }, nullptr);
+    metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kServed, sent);
+    return ok ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+  }
+
+  grpc::Status HasShard(grpc::ServerContext* ctx, const v1::HasShardRequest* req, v1::HasShardReply* reply) override {
+    if (Status st = Auth(ctx, "HasShard"); !st.ok()) return Refuse(st);
+    if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
+    auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
+    reply->set_held(image != nullptr);
+    if (image) reply->set_file_bytes(image->file_bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* req, v1::DropJobReply* reply) override {
+    if (Status st = Auth(ctx, "DropJob"); !st.ok()) return Refuse(st);
+    if (std::string why = CheckJobId(req->job()); !why.empty()) return ToGrpc(InvalidArgument(why));
+    if (req->origin().empty()) return ToGrpc(InvalidArgument("DropJob needs its origin"));
+    reply->set_dropped(r_.memory().DropReplicas(req->job(), req->origin()));
+    if (reply->dropped() > 0) {
+      spdlog::info("peer: job {} ended on {}: dropped {} replica(s)", req->job(), req->origin(), reply->dropped());
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  Status Auth(grpc::ServerContext* ctx, const std::string& call) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(PeerSecret::kMetadataKey);
+    const std::string token = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    Status st = r_.secret().Check(token, call);
+    if (!st.ok()) spdlog::warn("peer: refused a call from {}: {}", ctx->peer(), st.message());
+    return st;
+  }
+  grpc::Status Refuse(const Status& st) {
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kRefused);
+    return ToGrpc(st);
+  }
+  Replicator& r_;
+};
+
+Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks)
+    : peers_(std::move(peers)),
+      secret_(std::move(secret)),
+      memory_(memory),
+      hooks_(std::move(hooks)),
+      corrupt_replicas_([] {
+        const char* e = std::getenv("CKPTD_TEST_CORRUPT_REPLICAS");
+        return e != nullptr && std::string(e) == "1";
+      }()) {}
+
+Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, MemoryTier& memory, Hooks hooks) {
+  auto secret = PeerSecret::Load(config.peer_secret);
+  if (!secret.ok()) return secret.status();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const char* slurm = std::getenv("SLURM_JOB_NODELIST");
+  auto peers = ResolvePeers(config.peers, config.peer_listen, config.replicas, slurm ? slurm : "", host);
+  if (!peers.ok()) return peers.status();
+  if (!memory.enabled()) {
+    return InvalidArgument("--replicas " + std::to_string(config.replicas) +
+                           " needs a memory tier (--memory-mib and --memory-versions above 0): replicas live there");
+  }
+  std::unique_ptr<Replicator> r(new Replicator(std::move(peers).value(), std::move(secret).value(), memory,
+                                               std::move(hooks)));
+  if (Status st = r->StartServer(config.peer_listen); !st.ok()) return st;
+  r->sender_ = std::thread([p = r.get()] { p->SendLoop(); });
+  std::string holders;
+  for (std::size_t i : r->peers_.Holders()) holders += (holders.empty() ? "" : ", ") + r->peers_.addresses[i];
+  spdlog::info("replication: {} replica(s) of each shard, to {}; peer server on {} (daemon {} of {} in --peers)",
+               config.replicas, holders, r->bound_, r->peers_.self + 1, r->peers_.addresses.size());
+  return r;
+}
+
+Status Replicator::StartServer(const std::string& listen) {
+  service_ = std::make_unique<PeerServiceImpl>(*this);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessage);
+  builder.SetMaxSendMessageSize(kMaxMessage);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    return Unreachable("--peer-listen " + listen + ": cannot listen there (address in use or not this host's)");
+  }
+  bound_ = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+  return Status::Ok();
+}
+
+Replicator::~Replicator() { Stop(); }
+
+void Replicator::Stop() {
+  {
+    MutexLock lock(mu_);
+    if (stopping_ && !sender_.joinable() && !server_) return;
+    stopping_ = true;
+  }
+  changed_.SignalAll();
+  if (sender_.joinable()) sender_.join();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    server_.reset();
+  }
+}
+
+std::shared_ptr<grpc::Channel> Replicator::ChannelTo(const std::string& peer) {
+  MutexLock lock(mu_);
+  auto& ch = channels_[peer];
+  if (!ch) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessage);
+    args.SetMaxSendMessageSize(kMaxMessage);
+    // A dead peer is found out quickly, and a restarted one reached again at once.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    ch = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
+  }
+  return ch;
+}
+
+void Replicator::Enqueue(std::shared_ptr<MemoryImage> image) {
+  if (!image) return;
+  const ShardMeta m = image->meta;
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return;
+    // A newer version of the rank supersedes one not sent yet.
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const ShardMeta& q = it->meta;
+      if (q.job == m.job && q.rank == m.rank && q.version < m.version) {
+        Key k{q.job, q.version, q.rank};
+        auto& st = states_[k];
+        st.done = true;
+        st.error = FailedPrecondition(Describe(q.job, q.version, q.rank) + " was superseded by version " +
+                           std::to_string(m.version) + " before it was sent to its peers");
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    Key key{m.job, m.version, m.rank};
+    if (!states_.count(key)) state_order_.push_back(key);
+    states_[key] = State{};
+    while (state_order_.size() > kStatesKept) {
+      states_.erase(state_order_.front());
+      state_order_.pop_front();
+    }
+    queue_.push_back(Queued{m, image});
+  }
+  changed_.SignalAll();
+}
+
+void Replicator::NotReplicable(const ShardMeta& meta, const std::string& why) {
+  Key key{meta.job, meta.version, meta.rank};
+  {
+    MutexLock lock(mu_);
+    if (!states_.count(key)) state_order_.push_back(key);
+    auto& st = states_[key];
+    if (st.done) return;
+    st.done = true;
+    st.error = FailedPrecondition(Describe(meta.job, meta.version, meta.rank) + " is not replicated: " + why);
+  }
+  changed_.SignalAll();
+}
+
+void Replicator::Finish(const Key& key, Status st, std::uint32_t acks) {
+  {
+    MutexLock lock(mu_);
+    auto it = states_.find(key);
+    if (it == states_.end()) return;
+    it->second.acks = acks;
+    it->second.done = true;
+    it->second.error = std::move(st);
+  }
+  changed_.SignalAll();
+}
+
+void Replicator::NoteError(const std::string& peer, const std::string& error) {
+  MutexLock lock(mu_);
+  peer_error_[peer] = error;
+}
+
+Status Replicator::WaitReplicated(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                  std::chrono::steady_clock::time_point deadline) {
+  Key key{job, version, rank};
+  MutexLock lock(mu_);
+  for (;;) {
+    auto it = states_.find(key);
+    if (it != states_.end() && it->second.done) {
+      if (!it->second.error.ok()) return it->second.error;
+      return Status::Ok();
+    }
+    if (stopping_) return Cancelled("the daemon is stopping");
+    if (!changed_.WaitUntil(mu_, deadline)) {
+      return DeadlineExceeded("version " + std::to_string(version) + " is not replicated yet");
+    }
+  }
+}
+
+void Replicator::Pace() {
+  // Yield to the trainer's data path: while the pool is busy with copies and flushes, wait
+  // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
+  if (!hooks_.pool_used || hooks_.pool_bytes == 0) return;
+  // 1 ms per 1 MiB piece caps the sender at about 1 GB/s while the pool is busy, and never
+  // stops it (a flush-bound trainer keeps the pool busy all the time).
+  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held) {
+  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("PutShard"));
+  // At least 10 MB/s, and 30 s for anything.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30) +
+                   std::chrono::milliseconds(image.file_bytes / 10000));
+  v1::PutShardReply reply;
+  auto writer = stub->PutShard(&ctx, &reply);
+  std::uint64_t sent = 0;
+  SendImage(image, peers_.self_address(), [&](const v1::ShardPiece& p) {
+    sent += p.data().size();
+    return writer->Write(p);
+  }, [this] { Pace(); });
+  writer->WritesDone();
+  grpc::Status st = writer->Finish();
+  metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kSent, sent);
+  if (!st.ok()) return FromGrpc(st, "peer " + peer);
+  *held = reply.bytes_held();
+  return Status::Ok();
+}
+
+void Replicator::SendLoop() {
+  // The lowest CPU priority, for this thread only (Linux: a thread's nice is its own).
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+  for (;;) {
+    std::shared_ptr<MemoryImage> image;
+    ShardMeta m;
+    {
+      MutexLock lock(mu_);
+      while (queue_.empty() && !stopping_) changed_.Wait(mu_);
+      if (stopping_) return;
+      m = queue_.front().meta;
+      image = queue_.front().image.lock();
+      queue_.pop_front();
+    }
+    const Key key{m.job, m.version, m.rank};
+    if (!image) {
+      Finish(key,
+             FailedPrecondition(Describe(m.job, m.version, m.rank) +
+                                " left the memory tier before it was sent to its peers (a newer version replaced it)"),
+             0);
+      continue;
+    }
+    const std::uint32_t want = peers_.replicas;
+    std::uint32_t acks = 0;
+    std::string errors;
+    // The rule's holders first, then the rest of the ring for any that could not take it.
+    std::vector<std::size_t> order = peers_.Holders();
+    for (std::size_t i : peers_.Ring()) {
+      if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+    }
+    for (std::size_t i : order) {
+      if (acks == want) break;
+      {
+        MutexLock lock(mu_);
+        if (stopping_) return;
+      }
+      const std::string& peer = peers_.addresses[i];
+      std::uint64_t held = 0;
+      Status st = SendTo(peer, *image, &held);
+      if (st.ok()) {
+        ++acks;
+        metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
+        MutexLock lock(mu_);
+        sent_held_[peer] = held;
+        peer_error_.erase(peer);
+        continue;
+      }
+      metrics::Metrics().Replication(metrics::ReplicationEvent::kSendFailed);
+      NoteError(peer, st.message());
+      errors += (errors.empty() ? "" : "; ") + st.message();
+      spdlog::warn("replication: {} not kept by {}: {}", Describe(m.job, m.version, m.rank), peer, st.message());
+      if (st.code() == StatusCode::kPermissionDenied) {
+        if (hooks_.error) hooks_.error("replication: peer " + peer + " refused this daemon: " + st.message());
+      }
+    }
+    if (acks == want) {
+      ++replicated_;
+      Finish(key, Status::Ok(), acks);
+    } else {
+      ++failures_;
+      const std::string msg = Describe(m.job, m.version, m.rank) + " is held by " + std::to_string(acks) + " of " +
+                              std::to_string(want) + " peers: " + errors;
+      if (hooks_.error) hooks_.error("replication: " + msg);
+      Finish(key, Unreachable(msg), acks);
+    }
+  }
+}
+
+void Replicator::OnJobEnded(const std::string& job) {
+  for (std::size_t i : peers_.Ring()) {
+    const std::string& peer = peers_.addresses[i];
+    auto stub = v1::Peer::NewStub(ChannelTo(peer));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("DropJob"));
+    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+    v1::DropJobRequest req;
+    req.set_job(job);
+    req.set_origin(peers_.self_address());
+    v1::DropJobReply reply;
+    grpc::Status st = stub->DropJob(&ctx, req, &reply);
+    if (!st.ok()) spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
+  }
+  MutexLock lock(mu_);
+  sent_held_.clear();
+}
+
+std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  std::vector<std::string> out;
+  const auto rule = peers_.Holders();
+  for (std::size_t i : peers_.Ring()) {
+    const std::string& peer = peers_.addresses[i];
+    auto stub = v1::Peer::NewStub(ChannelTo(peer));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("HasShard"));
+    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+    v1::HasShardRequest req;
+    req.mutable_key()->set_job(job);
+    req.mutable_key()->set_version(version);
+    req.mutable_key()->set_rank(rank);
+    v1::HasShardReply reply;
+    grpc::Status st = stub->HasShard(&ctx, req, &reply);
+    const bool by_rule = std::find(rule.begin(), rule.end(), i) != rule.end();
+    if (st.ok() && reply.held()) {
+      out.push_back(peer);
+      continue;
+    }
+    if (by_rule) {
+      // A holder by the rule that cannot serve: the restore goes on to the next one.
+      metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
+      const std::string why = st.ok() ? "holds no replica" : "unreachable (" + st.error_message() + ")";
+      if (hooks_.error) {
+        hooks_.error("restore of " + Describe(job, version, rank) + ": peer " + peer + " (a holder by the peer rule) " +
+                     why + "; trying the next replica");
+      }
+      NoteError(peer, why);
+    }
+  }
+  return out;
+}
+
+Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,
+                                                       std::uint64_t version, std::uint32_t rank) {
+  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("GetShard"));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  v1::GetShardRequest req;
+  req.mutable_key()->set_job(job);
+  req.mutable_key()->set_version(version);
+  req.mutable_key()->set_rank(rank);
+  auto reader = stub->GetShard(&ctx, req);
+  auto make = [](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
+    auto img = StandaloneImage(meta, file_bytes);
+    if (!img) *why = "cannot map " + std::to_string(file_bytes) + " bytes for the fetched shard";
+    return img;
+  };
+  std::uint64_t received = 0;
+  auto image = ReceiveImage([&](v1::ShardPiece* p) { return reader->Read(p); }, make, req.key(), nullptr, &received);
+  metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kFetched, received);
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) {
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
+    return FromGrpc(st, "fetch " + Describe(job, version, rank));
+  }
+  if (!image.ok()) {
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
+    return image.status();
+  }
+  image.value()->complete = true;
+  return image;
+}
+
+std::vector<Replicator::PeerInfo> Replicator::Peers() {
+  const auto held = memory_.ReplicaBytes();
+  const auto rule = peers_.Holders();
+  std::vector<PeerInfo> out;
+  MutexLock lock(mu_);
+  for (std::size_t i : peers_.Ring()) {
+    PeerInfo p;
+    p.address = peers_.addresses[i];
+    if (auto it = held.find(p.address); it != held.end()) p.held_bytes = it->second;
+    if (auto it = sent_held_.find(p.address); it != sent_held_.end()) p.sent_bytes_held = it->second;
+    if (auto it = peer_error_.find(p.address); it != peer_error_.end()) p.error = it->second;
+    p.holder = std::find(rule.begin(), rule.end(), i) != rule.end();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,146 @@
+// Replicator: peer replication of the memory tier (issue 17).
+//
+// Sender: each shard this daemon captured and published with a memory image is sent, whole,
+// to the peer rule's R holders (PeerList: the next R daemons of --peers), over the Peer
+// service (proto/ckpt/v1/peer.proto) in pieces with checksums. One thread sends, at the
+// lowest CPU priority (nice 19), one piece in flight per stream (gRPC's flow control bounds
+// the bytes in flight to the window), and it yields to the trainer's data path: while the
+// host pool holds more than a quarter of its bytes (copies and flushes in flight) it waits
+// 1 ms between pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
+// that refuses or cannot be reached is replaced by the next daemon of the ring that does
+// not hold the shard yet, so R copies exist whenever R peers can take them.
+//
+// Receiver: a gRPC server on TCP (--peer-listen) whose calls must carry a token of the
+// shared secret (PeerSecret); a replica is verified (pieces, whole image, header) and kept
+// in the memory tier under its budget (MemoryTier::ReserveReplica: replicas give way before
+// own shards). Restores on other daemons read images back (GetShard), own or replica.
+//
+// Level `replicated` (WaitReplicated): reached when R peers acknowledged the shard, after
+// verifying it. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "daemon/config.h"
+#include "daemon/replication/peer_list.h"
+#include "daemon/replication/peer_secret.h"
+#include "daemon/tiers/memory_tier.h"
+#include "daemon/tiers/tier_set.h"
+
+namespace grpc {
+class Channel;
+class Server;
+}  // namespace grpc
+
+namespace ckpt {
+
+class Replicator : public PeerShards {
+ public:
+  struct Hooks {
+    std::function<void(const std::string&)> error;  // a failure worth the error log
+    std::function<std::uint64_t()> pool_used;       // bytes the host pool holds now
+    std::uint64_t pool_bytes = 0;
+  };
+  // Reads the secret, resolves the peers and starts the server and the sender.
+  // InvalidArgument for a configuration error (exit 2).
+  static Result<std::unique_ptr<Replicator>> Create(const Config& config, MemoryTier& memory, Hooks hooks);
+  ~Replicator() override;
+  // Stops the server and the sender (what is queued is not sent). Idempotent.
+  void Stop() EXCLUDES(mu_);
+
+  std::uint32_t replicas() const { return peers_.replicas; }
+  const PeerList& peers() const { return peers_; }
+  // The address the server is bound to ("127.0.0.1:7001").
+  const std::string& bound() const { return bound_; }
+
+  // This daemon published `image`'s shard (complete): send it to the holders.
+  void Enqueue(std::shared_ptr<MemoryImage> image) EXCLUDES(mu_);
+  // The shard will not be sent (no memory image, or it failed): its waits hear why.
+  void NotReplicable(const ShardMeta& meta, const std::string& why) EXCLUDES(mu_);
+  // Until R peers hold (job, version, rank) (ok), its replication failed (the error), or
+  // `deadline` passes (DeadlineExceeded).
+  Status WaitReplicated(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                        std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
+  // The job has no session left on this daemon: the holders drop the replicas it sent.
+  void OnJobEnded(const std::string& job) EXCLUDES(mu_);
+
+  // PeerShards.
+  std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) override;
+  Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job, std::uint64_t version,
+                                             std::uint32_t rank) override;
+
+  struct PeerInfo {
+    std::string address;
+    std::uint64_t held_bytes = 0;       // replicas this daemon holds that it sent
+    std::uint64_t sent_bytes_held = 0;  // this daemon's replicas it holds, as it last said
+    bool holder = false;
+    std::string error;
+  };
+  std::vector<PeerInfo> Peers() EXCLUDES(mu_);
+  std::uint64_t replicated_shards() const { return replicated_; }
+  std::uint64_t failures() const { return failures_; }
+
+  // The receiver's side, for the gRPC service (replicator.cc).
+  MemoryTier& memory() { return memory_; }
+  const PeerSecret& secret() const { return secret_; }
+  bool corrupt_replicas() const { return corrupt_replicas_; }
+
+ private:
+  using Key = std::tuple<std::string, std::uint64_t, std::uint32_t>;  // job, version, rank
+  struct State {
+    std::uint32_t acks = 0;
+    bool done = false;  // acks == R, or failed
+    Status error;
+  };
+  Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks);
+  Status StartServer(const std::string& listen);
+  void SendLoop() EXCLUDES(mu_);
+  // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it.
+  Status SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held);
+  void Pace();
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& peer) EXCLUDES(mu_);
+  void Finish(const Key& key, Status st, std::uint32_t acks) EXCLUDES(mu_);
+  void NoteError(const std::string& peer, const std::string& error) EXCLUDES(mu_);
+
+  const PeerList peers_;
+  const PeerSecret secret_;
+  MemoryTier& memory_;
+  const Hooks hooks_;
+  const bool corrupt_replicas_;  // test seam: CKPTD_TEST_CORRUPT_REPLICAS=1
+  std::string bound_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<class PeerServiceImpl> service_;
+  std::atomic<std::uint64_t> replicated_{0}, failures_{0};
+
+  Mutex mu_;
+  CondVar changed_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  // Shards to send. The queue does not hold their images: one the memory tier drops before
+  // it is sent (a newer committed version replaced it) is not worth sending, and its
+  // buffer must not stay out of the budget meanwhile.
+  struct Queued {
+    ShardMeta meta;
+    std::weak_ptr<MemoryImage> image;
+  };
+  std::deque<Queued> queue_ GUARDED_BY(mu_);
+  std::map<Key, State> states_ GUARDED_BY(mu_);
+  std::deque<Key> state_order_ GUARDED_BY(mu_);  // oldest first, to bound states_
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
+  std::map<std::string, std::uint64_t> sent_held_ GUARDED_BY(mu_);
+  std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
+  std::thread sender_;
+};
+
+}  // namespace ckpt

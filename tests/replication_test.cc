@@ -1,0 +1,429 @@
+// Peer replication of the memory tier (issue 17), with real ckptd processes on loopback TCP:
+// several daemons on one machine, each with its own socket, local tier and peer address,
+// sharing one persistent directory, stand for the nodes of a job (as in tiers_test.cc). A
+// node's loss is kill -9 of its daemon and the removal of its local tier; its replacement
+// is a fresh daemon in its place (same --peer-listen address, empty memory and local tier).
+#include <arpa/inet.h>
+#include <ckpt/client.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/replication/peer_list.h"
+#include "support/daemon_process.h"
+#include "support/eventually.h"
+#include "support/test_dirs.h"
+#include "support/trainer_state.h"
+
+using namespace ckpt;
+using namespace ckpt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kTensors = 2;
+constexpr std::size_t kTensorBytes = 1 << 20;
+constexpr std::uint32_t kRanksPerNode = 2;
+
+// `n` free TCP ports on 127.0.0.1 (bound together, so they differ, then released).
+std::vector<int> FreePorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ports.push_back(ntohs(a.sin_port));
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+std::string WriteSecret(const std::string& path, const std::string& secret, mode_t mode = 0600) {
+  { std::ofstream(path) << secret << "\n"; }
+  ::chmod(path.c_str(), mode);
+  return path;
+}
+
+// A job's nodes: N daemons, each with --replicas R and the same --peers list.
+struct Cluster {
+  const TempDir& dir;
+  std::uint32_t replicas;
+  std::vector<std::string> addresses;
+  std::string secret;
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  std::vector<std::vector<std::string>> env;  // per node
+
+  Cluster(const TempDir& d, int nodes, std::uint32_t r) : dir(d), replicas(r), daemons(nodes), env(nodes) {
+    for (int p : FreePorts(nodes)) addresses.push_back("127.0.0.1:" + std::to_string(p));
+    secret = WriteSecret(dir.path() + "/peer-secret", "a shared secret of the test cluster");
+  }
+  std::string root() const { return dir.path() + "/persistent"; }
+  std::string local(int i) const { return dir.path() + "/node" + std::to_string(i) + "/local"; }
+  std::string socket(int i) const { return dir.path() + "/node" + std::to_string(i) + "/sock/ckptd.sock"; }
+  std::string peers() const {
+    std::string s;
+    for (const auto& a : addresses) s += (s.empty() ? "" : ",") + a;
+    return s;
+  }
+  DaemonOptions Options(int i, const std::string& secret_file) const {
+    DaemonOptions o;
+    o.root = root();
+    o.socket = socket(i);
+    o.extra_args = {"--local", local(i), "--memory-mib", "256", "--replicas", std::to_string(replicas),
+                    "--peer-listen", addresses[i], "--peers", peers(), "--peer-secret", secret_file};
+    o.env = env[i];
+    return o;
+  }
+  void Start(int i) { daemons[i] = std::make_unique<DaemonProcess>(Options(i, secret)); }
+  void StartAll() {
+    for (int i = 0; i < static_cast<int>(daemons.size()); ++i) Start(i);
+  }
+  // The node is gone: its daemon killed, its local tier deleted.
+  void Lose(int i) {
+    daemons[i]->Kill9();
+    fs::remove_all(local(i));
+  }
+  DaemonProcess& operator[](int i) { return *daemons[i]; }
+};
+
+struct Rank {
+  std::uint32_t rank;
+  TrainerState state;
+  std::unique_ptr<Client> client;
+  explicit Rank(std::uint32_t r) : rank(r), state(kTensors, kTensorBytes, 100 + r) {}
+  void Connect(const std::string& socket, const std::string& job, std::uint32_t world) {
+    client = std::make_unique<Client>(Client::connect(socket));
+    client->register_items(job, rank, world, state.Items());
+  }
+};
+
+// Every rank of a job, rank r on node r / kRanksPerNode.
+struct Job {
+  std::string name;
+  std::uint32_t world;
+  std::vector<std::unique_ptr<Rank>> ranks;
+  Job(std::string n, std::uint32_t w) : name(std::move(n)), world(w) {}
+  int NodeOf(std::uint32_t r) const { return static_cast<int>(r / kRanksPerNode); }
+  // A fresh trainer process for every rank (the job restarted), connected to its node.
+  void Launch(Cluster& c) {
+    ranks.clear();
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<Rank>(r));
+      ranks.back()->Connect(c.socket(NodeOf(r)), name, world);
+    }
+  }
+  // Saves `v` on every rank and waits until it is committed and replicated.
+  void Save(std::uint64_t v) {
+    for (auto& r : ranks) {
+      r->state.Fill(v);
+      r->client->snapshot(v);
+    }
+    for (auto& r : ranks) r->client->wait_durable(v, Level::kCommitted);
+    for (auto& r : ranks) r->client->wait_durable(v, Level::kReplicated);
+  }
+  // Restores the newest version on every rank; the tier each read.
+  std::vector<std::string> RestoreAll(std::uint64_t expect) {
+    std::vector<std::string> tiers;
+    for (auto& r : ranks) {
+      r->state.Fill(999);  // not the content of any saved version
+      RestoreResult got = r->client->restore();
+      INFO("rank " << r->rank);
+      REQUIRE(got.version == expect);
+      CHECK(r->state.FirstMismatch(expect) == -1);  // byte-exact
+      tiers.push_back(got.tier);
+    }
+    return tiers;
+  }
+};
+
+std::string ErrorsOf(const v1::StatusReply& st) {
+  std::string all;
+  for (const auto& e : st.errors()) all += e + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("R=1, 4 nodes x 2 ranks: a lost node's ranks restore from a peer's memory, nothing read from the "
+          "persistent tier",
+          "[replication]") {
+  TempDir dir("repl1");
+  Cluster c(dir, 4, 1);
+  c.StartAll();
+  Job job("repl1", 8);
+  job.Launch(c);
+  for (std::uint64_t v = 1; v <= 3; ++v) job.Save(v);
+  // Node 2's shards are held by node 3 (the next one); status says how much.
+  auto st3 = c[3].Status();
+  REQUIRE(st3.replicas() == 1);
+  std::uint64_t held_for_2 = 0;
+  for (const auto& p : st3.peers()) {
+    if (p.address() == c.addresses[2]) held_for_2 = p.held_bytes();
+  }
+  CHECK(held_for_2 >= 2 * kTensors * kTensorBytes);
+  auto st2 = c[2].Status();
+  CHECK(st2.replicated_shards() >= 6);
+  CHECK(st2.replication_failures() == 0);
+
+  c.Lose(2);
+  c.Start(2);  // the replacement node
+  job.Launch(c);
+  auto tiers = job.RestoreAll(3);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 2 ? "peer" : "memory"));
+  }
+  auto fresh = c[2].Status();
+  CHECK(fresh.restored_bytes_peer() == 2 * kTensors * kTensorBytes);
+  CHECK(fresh.restored_bytes_persistent() == 0);
+  CHECK(fresh.restored_bytes_local() == 0);
+  CHECK(fresh.bytes_read_total() == 0);  // no file read at all
+  for (int i : {0, 1, 3}) {
+    auto s = c[i].Status();
+    CHECK(s.restored_bytes_persistent() == 0);
+    CHECK(s.bytes_read_total() == 0);
+  }
+  // Training goes on from there, replicated again.
+  job.Save(4);
+}
+
+TEST_CASE("R=2, nodes lost at once: restores from memory where a replica survived, else from the persistent "
+          "tier, and reports each fallback",
+          "[replication]") {
+  TempDir dir("repl2");
+  Cluster c(dir, 4, 2);
+  c.StartAll();
+  Job job("repl2", 8);
+  job.Launch(c);
+  for (std::uint64_t v = 1; v <= 2; ++v) job.Save(v);
+
+  // Two nodes at once: node 1's shards are on nodes 2 (lost) and 3, node 2's on 3 and 0.
+  c.Lose(1);
+  c.Lose(2);
+  c.Start(1);
+  c.Start(2);
+  job.Launch(c);
+  auto tiers = job.RestoreAll(2);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 1 || job.NodeOf(r) == 2 ? "peer" : "memory"));
+  }
+  for (int i : {1, 2}) {
+    auto s = c[i].Status();
+    CHECK(s.restored_bytes_peer() == 2 * kTensors * kTensorBytes);
+    CHECK(s.restored_bytes_persistent() == 0);
+  }
+  // Node 1's first holder by the rule was node 2, lost with it: said so.
+  CHECK_THAT(ErrorsOf(c[1].Status()), Catch::Contains("peer " + c.addresses[2] + " (a holder by the peer rule) "
+                                                      "holds no replica; trying the next replica"));
+
+  // Training goes on; then three nodes at once: node 1's holders (2, 3) are both gone.
+  job.Save(3);
+  for (int i : {1, 2, 3}) c.Lose(i);
+  for (int i : {1, 2, 3}) c.Start(i);
+  job.Launch(c);
+  tiers = job.RestoreAll(3);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    const int n = job.NodeOf(r);
+    CHECK(tiers[r] == (n == 0 ? "memory" : n == 1 ? "persistent" : "peer"));
+  }
+  auto s1 = c[1].Status();
+  CHECK(s1.restored_bytes_persistent() == 2 * kTensors * kTensorBytes);
+  CHECK(s1.restored_bytes_peer() == 0);
+  const std::string errors = ErrorsOf(s1);
+  CHECK_THAT(errors, Catch::Contains("peer " + c.addresses[2] + " (a holder by the peer rule) holds no replica"));
+  CHECK_THAT(errors, Catch::Contains("peer " + c.addresses[3] + " (a holder by the peer rule) holds no replica"));
+  for (int i : {2, 3}) CHECK(c[i].Status().restored_bytes_persistent() == 0);
+}
+
+TEST_CASE("a corrupted replica falls back to the next replica, then to the persistent tier", "[replication]") {
+  TempDir dir("replbad");
+  SECTION("one of two replicas corrupted: the other one serves") {
+    Cluster c(dir, 3, 2);
+    c.env[1] = {"CKPTD_TEST_CORRUPT_REPLICAS=1"};  // node 1 flips a byte of every replica it keeps
+    c.StartAll();
+    Job job("replbad", 6);
+    job.Launch(c);
+    job.Save(1);
+    c.Lose(0);  // node 0's shards: on node 1 (corrupted) and node 2
+    c.Start(0);
+    job.Launch(c);
+    auto tiers = job.RestoreAll(1);
+    CHECK(tiers[0] == "peer");
+    CHECK(tiers[1] == "peer");
+    auto s = c[0].Status();
+    CHECK(s.restored_bytes_peer() == 2 * kTensors * kTensorBytes);
+    CHECK(s.restored_bytes_persistent() == 0);
+    CHECK_THAT(ErrorsOf(s), Catch::Contains("the peer tier's copy failed verification (replica from peer " + c.addresses[1] + ": memory image of job 'replbad' version 1 rank 0: checksum mismatch"));
+  }
+  SECTION("every replica corrupted: the persistent tier serves") {
+    Cluster c(dir, 2, 1);
+    c.env[1] = {"CKPTD_TEST_CORRUPT_REPLICAS=1"};
+    c.StartAll();
+    Job job("replbad", 4);
+    job.Launch(c);
+    job.Save(1);
+    c.Lose(0);
+    c.Start(0);
+    job.Launch(c);
+    auto tiers = job.RestoreAll(1);
+    CHECK(tiers[0] == "persistent");
+    CHECK(tiers[1] == "persistent");
+    auto s = c[0].Status();
+    CHECK(s.restored_bytes_peer() == 0);
+    CHECK(s.restored_bytes_persistent() == 2 * kTensors * kTensorBytes);
+    CHECK_THAT(ErrorsOf(s), Catch::Contains("the peer tier's copy failed verification (replica from peer " + c.addresses[1] + ": memory image of job 'replbad' version 1 rank 0: checksum mismatch"));
+  }
+}
+
+TEST_CASE("a peer without the shared secret is refused, and a secret others may read stops the daemon",
+          "[replication]") {
+  TempDir dir("replauth");
+  Cluster c(dir, 2, 1);
+  c.Start(1);
+  // Node 0 has a secret of its own: node 1 refuses what it sends.
+  const std::string other = WriteSecret(dir.path() + "/other-secret", "not the secret of this cluster");
+  c.daemons[0] = std::make_unique<DaemonProcess>(c.Options(0, other));
+  Job job("replauth", 2);
+  job.Launch(c);
+  job.ranks[0]->state.Fill(1);
+  job.ranks[0]->client->snapshot(1);
+  job.ranks[1]->state.Fill(1);
+  job.ranks[1]->client->snapshot(1);
+  try {
+    job.ranks[0]->client->wait_durable(1, Level::kReplicated);
+    FAIL("wait_durable(replicated) returned although the only peer refused the shard");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("is held by 0 of 1 peers"));
+    CHECK_THAT(e.what(), Catch::Contains("not made with this daemon's --peer-secret"));
+  }
+  CHECK(Eventually([&] { return c[1].Log().find("peer: refused a call from") != std::string::npos; }));
+  CHECK(c[0].Status().replication_failures() >= 1);
+  // The refused replica is not kept.
+  CHECK(c[1].Status().peers(0).held_bytes() == 0);
+
+  // A secret file with group or other bits: the daemon does not start (exit 2, saying why).
+  const std::string loose = WriteSecret(dir.path() + "/loose-secret", "a shared secret of the test cluster", 0640);
+  DaemonOptions o = c.Options(0, loose);
+  std::vector<std::string> argv = {CKPTD_BINARY, "--socket", dir.path() + "/x.sock", "--root", o.root};
+  argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
+  auto ran = RunProcess(argv);
+  CHECK(ran.exit_code == 2);
+  CHECK_THAT(ran.output, Catch::Contains("is mode 0640: others may read it"));
+}
+
+TEST_CASE("wait_durable(replicated) is reached with replicas, and with --replicas 0 is a clear error",
+          "[replication]") {
+  TempDir dir("replwait");
+  SECTION("R=1") {
+    Cluster c(dir, 2, 1);
+    c.StartAll();
+    Job job("replwait", 4);
+    job.Launch(c);
+    job.Save(1);  // waits for kReplicated on every rank
+    for (int i : {0, 1}) {
+      auto s = c[i].Status();
+      CHECK(s.replicated_shards() == 2);
+      REQUIRE(s.peers_size() == 1);
+      CHECK(s.peers(0).holder());
+      CHECK(s.peers(0).sent_bytes_held() >= 2 * kTensors * kTensorBytes);
+      CHECK(s.peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+    }
+    // The job ends: the peers drop its replicas.
+    for (auto& r : job.ranks) r->client->unregister();
+    CHECK(Eventually([&] { return c[0].Status().peers(0).held_bytes() == 0 && c[1].Status().peers(0).held_bytes() == 0; }));
+  }
+  SECTION("R=0") {
+    DaemonOptions o;
+    o.root = dir.path() + "/persistent";
+    o.socket = dir.path() + "/sock/ckptd.sock";
+    DaemonProcess d(o);
+    Rank r(0);
+    r.Connect(o.socket, "replwait0", 1);
+    r.state.Fill(1);
+    r.client->snapshot(1);
+    try {
+      r.client->wait_durable(1, Level::kReplicated);
+      FAIL("wait_durable(replicated) returned with --replicas 0");
+    } catch (const Error& e) {
+      CHECK(e.code() == 9);  // FAILED_PRECONDITION
+      CHECK_THAT(e.what(), Catch::Contains("replication is off on this daemon (--replicas 0)"));
+    }
+    r.client->wait_durable(1, Level::kCommitted);  // the other levels are unaffected
+  }
+}
+
+TEST_CASE("replication flags: what is missing or wrong is named, exit 2", "[replication]") {
+  TempDir dir("replflags");
+  const std::string secret = WriteSecret(dir.path() + "/s", "a shared secret of the test cluster");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", dir.path() + "/x.sock", "--root", dir.path(),
+                                     "--check-config"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv);
+  };
+  auto r = run({"--replicas", "1"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--replicas 1 needs --peer-listen ADDR:PORT"));
+  r = run({"--replicas", "1", "--peer-listen", "127.0.0.1:1"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("needs --peer-secret FILE"));
+  r = run({"--replicas", "1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--replicas 1 needs --peers"));
+  // Checked at start (not by --check-config): the list must name this daemon, and hold R others.
+  auto start = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", dir.path() + "/y.sock", "--root", dir.path(),
+                                     "--peer-secret", secret, "--peer-listen", "127.0.0.1:1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv);
+  };
+  r = start({"--replicas", "1", "--peers", "127.0.0.1:2,127.0.0.1:3"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--peers has no entry for this daemon (--peer-listen 127.0.0.1:1)"));
+  r = start({"--replicas", "2", "--peers", "127.0.0.1:1,127.0.0.1:3"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--replicas 2 needs at least 3 daemons in --peers (2 given)"));
+}
+
+TEST_CASE("the peer rule: daemon i sends to i+1..i+R, restores ask the ring from i+1, and Slurm host lists",
+          "[replication]") {
+  auto list = ResolvePeers({"a:1", "b:1", "c:1", "d:1"}, "c:1", 2, "", "c");
+  REQUIRE(list.ok());
+  CHECK(list->self == 2);
+  CHECK(list->Holders() == std::vector<std::size_t>{3, 0});
+  CHECK(list->Ring() == std::vector<std::size_t>{3, 0, 1});
+  // A wildcard listen address: the entry with this host's name and the port.
+  auto wild = ResolvePeers({"n1:7000", "n2:7000"}, "0.0.0.0:7000", 1, "", "n2.cluster");
+  REQUIRE(wild.ok());
+  CHECK(wild->self == 1);
+  auto slurm = ResolvePeers({"slurm"}, "0.0.0.0:7000", 1, "gpu[07-09,12],login", "gpu09");
+  REQUIRE(slurm.ok());
+  CHECK(slurm->addresses ==
+        std::vector<std::string>{"gpu07:7000", "gpu08:7000", "gpu09:7000", "gpu12:7000", "login:7000"});
+  CHECK(slurm->self == 2);
+  auto bad = ExpandSlurmHostList("n[3-1]");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("bad range '3-1'"));
+  auto twice = ResolvePeers({"a:1", "a:1"}, "a:1", 1, "", "a");
+  REQUIRE_FALSE(twice.ok());
+  CHECK_THAT(twice.status().message(), Catch::Contains("--peers names a:1 twice"));
+  auto no_slurm = ResolvePeers({"slurm"}, "0.0.0.0:7000", 1, "", "x");
+  REQUIRE_FALSE(no_slurm.ok());
+  CHECK_THAT(no_slurm.status().message(), Catch::Contains("$SLURM_JOB_NODELIST is not set"));
+}
