@@ -12,7 +12,19 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string Str(std::string_view s) { return Json(s).dump(); }
+// A JSON string. Names are mostly plain ASCII, which needs no escapes: written as it is
+// (the JSON library's dump, which Render used for every string, took most of its time).
+std::string Str(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') return Json(s).dump();
+  }
+  std::string out;
+  out.reserve(s.size() + 2);
+  out += '"';
+  out += s;
+  out += '"';
+  return out;
+}
 
 std::string Dims(const std::vector<std::int64_t>& dims) {
   std::string out = "[";
