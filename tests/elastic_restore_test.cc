@@ -414,6 +414,17 @@ TEST_CASE("another global shape or dtype or a missing global tensor is refused b
   missing.layout->global_name = "nope";
   missing.layout->global_shape = {8, 12};
   expect({missing}, "version 1 has no global tensor 'nope' (item 'x' asks for it at box [0:2, 0:2])");
+  // Replicated against chunked, both ways.
+  TensorItem as_replicated = it;
+  as_replicated.layout = Layout{"w", {}, {}, true};
+  as_replicated.shape = {8, 12};
+  expect({as_replicated}, "item 'x' is registered as replicated, but global tensor 'w' is stored as chunks");
+  TensorItem as_box;
+  as_box.name = "x";
+  as_box.dtype = DType::kU8;
+  as_box.shape = {4};
+  as_box.layout = Layout{"rep", {static_cast<std::int64_t>(Replicated().size())}, {0}, false};
+  expect({as_box}, "item 'x' asks for box [0:4] of global tensor 'rep', which rank 0 stored as replicated");
 }
 
 TEST_CASE(
