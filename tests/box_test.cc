@@ -1,5 +1,7 @@
 // format/box: intersection, sub-box copies and touched byte ranges of N-d boxes, against a
 // naive element-by-element reference over random boxes in 0 to 4 dimensions.
+#include "format/box.h"
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -7,8 +9,6 @@
 #include <random>
 #include <set>
 #include <vector>
-
-#include "format/box.h"
 
 using namespace ckpt;
 
@@ -19,8 +19,7 @@ Box RandomBox(std::mt19937& rng, const std::vector<std::int64_t>& global, bool a
   Box b;
   for (std::int64_t g : global) {
     const std::int64_t lo = std::uniform_int_distribution<std::int64_t>(0, g - 1)(rng);
-    const std::int64_t len =
-        std::uniform_int_distribution<std::int64_t>(allow_empty ? 0 : 1, g - lo)(rng);
+    const std::int64_t len = std::uniform_int_distribution<std::int64_t>(allow_empty ? 0 : 1, g - lo)(rng);
     b.offsets.push_back(lo);
     b.shape.push_back(len);
   }
@@ -135,7 +134,8 @@ TEST_CASE("Box: CopySubBox and TouchedRanges match a naive element copy in 0 to 
 
     // Only the touched span given, from its first byte: the same result.
     const std::uint64_t lo = ranges.front().first, hi = ranges.back().second;
-    std::vector<char> part(src.begin() + static_cast<std::ptrdiff_t>(lo), src.begin() + static_cast<std::ptrdiff_t>(hi));
+    std::vector<char> part(src.begin() + static_cast<std::ptrdiff_t>(lo),
+                           src.begin() + static_cast<std::ptrdiff_t>(hi));
     std::vector<char> got2(want.size(), '\x5a');
     CopySubBox(s, src_box, part.data(), lo, dst_box, got2.data(), elem);
     REQUIRE(got2 == want);
@@ -152,7 +152,8 @@ TEST_CASE("Box: CopySubBox and TouchedRanges match a naive element copy in 0 to 
     const std::uint64_t step = elem * (1 + rng() % 5);
     for (std::uint64_t a = 0; a < src.size(); a += step) {
       const std::uint64_t b = std::min<std::uint64_t>(a + step, src.size());
-      std::vector<char> piece(src.begin() + static_cast<std::ptrdiff_t>(a), src.begin() + static_cast<std::ptrdiff_t>(b));
+      std::vector<char> piece(src.begin() + static_cast<std::ptrdiff_t>(a),
+                              src.begin() + static_cast<std::ptrdiff_t>(b));
       CopySubBox(s, src_box, piece.data(), a, dst_box, got3.data(), elem, a, b);
     }
     REQUIRE(got3 == want);
