@@ -301,7 +301,15 @@ TEST_CASE("4 ranks with layouts on 2 daemons commit format-3 shards and an index
     CHECK_THAT(py.output, Contains("ok"));
   }
 
-  // ckptctl still lists and verifies format-3 shards.
+  // ckptctl still lists, inspects and verifies format-3 shards.
+  ProcessResult ls = RunProcess({CKPTCTL_BINARY, "ls", "--job", job, "--socket", a.socket()});
+  INFO(ls.output);
+  CHECK(ls.exit_code == 0);
+  CHECK_THAT(ls.output, Contains("7"));
+  ProcessResult inspect = RunProcess({CKPTCTL_BINARY, "inspect", ShardPath(root, job, v, 1), "--json"});
+  INFO(inspect.output);
+  CHECK(inspect.exit_code == 0);
+  CHECK_THAT(inspect.output, Contains("\"3\""));
   ProcessResult verify = RunProcess({CKPTCTL_BINARY, "verify", "--root", root, "--job", job});
   INFO(verify.output);
   CHECK(verify.exit_code == 0);

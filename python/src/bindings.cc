@@ -157,8 +157,8 @@ ckpt::TensorItem ToItem(const py::handle& obj) {
   }
   if (n != 4 && n != 5) {
     throw py::type_error(
-        "an item must have 4 to 6 elements (name, dtype, shape, region or device pointer[, "
-        "offset][, ckpt.Layout]), not " +
+        "an item must have 4 or 5 elements (name, dtype, shape, region or device pointer[, "
+        "offset]), and a ckpt.Layout may follow, not " +
         std::to_string(t.size()));
   }
   ckpt::TensorItem item;
