@@ -93,7 +93,8 @@ void Fill(Rank& k) {
 
 bool Check(const Rank& k) {
   for (std::size_t t = 0; t < k.items.size(); ++t) {
-    const float* p = reinterpret_cast<const float*>(static_cast<const char*>(k.region->data()) + k.items[t].offset);
+    const float* p =
+        reinterpret_cast<const float*>(static_cast<const char*>(k.region->data()) + k.items[t].offset);
     const Box& b = k.boxes[t];
     for (std::int64_t i = 0; i < b.rows; ++i) {
       for (std::int64_t j = 0; j < b.cols; ++j) {
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
     {
       std::vector<std::thread> th;
       for (std::uint32_t r = 0; r < ranks; ++r) {
-        th.emplace_back([&, r] { rs[r] = MakeRank(socket, job, total_rows, r, ranks, mode == "save" || as_saved); });
+        th.emplace_back(
+            [&, r] { rs[r] = MakeRank(socket, job, total_rows, r, ranks, mode == "save" || as_saved); });
       }
       for (auto& t : th) t.join();
     }
@@ -158,9 +160,10 @@ int main(int argc, char** argv) {
       }
       bool ok = true;
       for (auto& k : rs) ok = ok && Check(*k);
-      std::printf("{\"seconds\": %.4f, \"tier\": \"%s\", \"resharded\": %s, \"world_size\": %u, \"bytes_ok\": %s}\n",
-                  s, res[0].tier.c_str(), res[0].resharded ? "true" : "false", res[0].world_size,
-                  ok ? "true" : "false");
+      std::printf(
+          "{\"seconds\": %.4f, \"tier\": \"%s\", \"resharded\": %s, \"world_size\": %u, \"bytes_ok\": %s}\n",
+          s, res[0].tier.c_str(), res[0].resharded ? "true" : "false", res[0].world_size,
+          ok ? "true" : "false");
       if (!ok) return 1;
     }
     for (auto& k : rs) k->client->unregister();

@@ -14,7 +14,8 @@ std::uint64_t Box::elements() const {
 bool Box::Contains(const Box& inner) const {
   if (inner.rank() != rank() || inner.offsets.size() != offsets.size()) return false;
   for (std::size_t d = 0; d < rank(); ++d) {
-    if (inner.offsets[d] < offsets[d] || inner.offsets[d] + inner.shape[d] > offsets[d] + shape[d]) return false;
+    if (inner.offsets[d] < offsets[d] || inner.offsets[d] + inner.shape[d] > offsets[d] + shape[d])
+      return false;
   }
   return true;
 }
@@ -22,13 +23,15 @@ bool Box::Contains(const Box& inner) const {
 std::string BoxText(const Box& box) {
   std::string s = "[";
   for (std::size_t d = 0; d < box.rank(); ++d) {
-    s += (d ? ", " : "") + std::to_string(box.offsets[d]) + ":" + std::to_string(box.offsets[d] + box.shape[d]);
+    s += (d ? ", " : "") + std::to_string(box.offsets[d]) + ":" +
+         std::to_string(box.offsets[d] + box.shape[d]);
   }
   return s + "]";
 }
 
 std::optional<Box> Intersect(const Box& a, const Box& b) {
-  if (a.rank() != b.rank() || a.offsets.size() != a.rank() || b.offsets.size() != b.rank()) return std::nullopt;
+  if (a.rank() != b.rank() || a.offsets.size() != a.rank() || b.offsets.size() != b.rank())
+    return std::nullopt;
   Box out;
   out.offsets.resize(a.rank());
   out.shape.resize(a.rank());
@@ -55,7 +58,8 @@ std::vector<std::uint64_t> Strides(const Box& box) {
 std::uint64_t IndexIn(const Box& box, const std::vector<std::uint64_t>& strides,
                       const std::vector<std::int64_t>& at) {
   std::uint64_t i = 0;
-  for (std::size_t d = 0; d < box.rank(); ++d) i += static_cast<std::uint64_t>(at[d] - box.offsets[d]) * strides[d];
+  for (std::size_t d = 0; d < box.rank(); ++d)
+    i += static_cast<std::uint64_t>(at[d] - box.offsets[d]) * strides[d];
   return i;
 }
 
@@ -92,8 +96,9 @@ void ForEachRun(const Box& sub, const Box& src_box, const Box& dst_box, Run&& ru
 
 }  // namespace
 
-void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64_t src_skip, const Box& dst_box,
-                char* dst, std::size_t elem, std::uint64_t clip_lo, std::uint64_t clip_hi) {
+void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64_t src_skip,
+                const Box& dst_box, char* dst, std::size_t elem, std::uint64_t clip_lo,
+                std::uint64_t clip_hi) {
   ForEachRun(sub, src_box, dst_box, [&](std::uint64_t s, std::uint64_t d, std::uint64_t n) {
     const std::uint64_t b = std::max(s * elem, clip_lo), e = std::min((s + n) * elem, clip_hi);
     if (b >= e) return;
@@ -101,8 +106,16 @@ void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64
   });
 }
 
+std::vector<BoxRun> SubBoxRuns(const Box& sub, const Box& src_box, const Box& dst_box, std::size_t elem) {
+  std::vector<BoxRun> out;
+  ForEachRun(sub, src_box, dst_box, [&](std::uint64_t s, std::uint64_t d, std::uint64_t n) {
+    out.push_back({s * elem, d * elem, n * elem});
+  });
+  return out;
+}
+
 std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedRanges(const Box& box, const Box& sub,
-                                                                    std::size_t elem) {
+                                                                   std::size_t elem) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
   ForEachRun(sub, box, box, [&](std::uint64_t s, std::uint64_t, std::uint64_t n) {
     const std::uint64_t b = s * elem, e = (s + n) * elem;
@@ -116,7 +129,8 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedRanges(const Box& bo
 }
 
 std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedBlocks(
-    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t block, std::uint64_t total) {
+    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t block,
+    std::uint64_t total) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
   for (const auto& [b, e] : ranges) {
     if (e <= b) continue;

@@ -46,17 +46,28 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 // `src`; see TouchedRanges), so a chunk read in pieces is copied piece by piece; clip
 // bounds are multiples of `elem`. Trailing dimensions that `sub`, `src_box` and `dst_box`
 // span alike are copied as one run.
-void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64_t src_skip, const Box& dst_box,
-                char* dst, std::size_t elem, std::uint64_t clip_lo = 0, std::uint64_t clip_hi = UINT64_MAX);
+void CopySubBox(const Box& sub, const Box& src_box, const char* src, std::uint64_t src_skip,
+                const Box& dst_box, char* dst, std::size_t elem, std::uint64_t clip_lo = 0,
+                std::uint64_t clip_hi = UINT64_MAX);
+
+// One contiguous run of a sub-box: `bytes` bytes at byte `src` of a buffer holding the source
+// box and at byte `dst` of one holding the destination box.
+struct BoxRun {
+  std::uint64_t src = 0, dst = 0, bytes = 0;
+};
+// The runs CopySubBox copies, in row-major order (for a copy through another interface than
+// memcpy, e.g. writes into a region).
+std::vector<BoxRun> SubBoxRuns(const Box& sub, const Box& src_box, const Box& dst_box, std::size_t elem);
 
 // The byte ranges [begin, end) of a buffer holding `box` that the elements of `sub` (within
 // `box`) occupy, ascending, adjacent ranges merged.
 std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedRanges(const Box& box, const Box& sub,
-                                                                    std::size_t elem);
+                                                                   std::size_t elem);
 
 // The indices of the `block`-byte blocks of a buffer of `total` bytes that `ranges` touch,
 // grouped into runs of consecutive blocks: [first, last) block index pairs, ascending.
 std::vector<std::pair<std::uint64_t, std::uint64_t>> TouchedBlocks(
-    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t block, std::uint64_t total);
+    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::uint64_t block,
+    std::uint64_t total);
 
 }  // namespace ckpt

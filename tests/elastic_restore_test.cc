@@ -40,10 +40,8 @@ struct Global {
 
 const std::vector<Global>& Globals() {
   static const std::vector<Global> g = {
-      {"w", DType::kF32, {8, 12}, {2, 2}},
-      {"rows", DType::kF32, {16, 5}, {4, 1}},
-      {"cols", DType::kF64, {6, 16}, {1, 4}},
-      {"cube", DType::kI16, {4, 6, 8}, {2, 1, 2}},
+      {"w", DType::kF32, {8, 12}, {2, 2}},        {"rows", DType::kF32, {16, 5}, {4, 1}},
+      {"cols", DType::kF64, {6, 16}, {1, 4}},     {"cube", DType::kI16, {4, 6, 8}, {2, 1, 2}},
       {"big", DType::kF32, {2048, 1024}, {2, 2}},  // 2 MiB chunks: 2 blocks each
   };
   return g;
@@ -129,7 +127,9 @@ struct RankState {
   RankState(const std::string& socket) : client(Client::connect(socket)) {}
   // Fills every item with `byte`.
   void Poison(char byte) { std::memset(region->data(), byte, region->size()); }
-  const char* Bytes(std::size_t i) const { return static_cast<const char*>(region->data()) + items[i].offset; }
+  const char* Bytes(std::size_t i) const {
+    return static_cast<const char*>(region->data()) + items[i].offset;
+  }
   // The first item whose bytes differ from `want`, or "".
   std::string FirstMismatch() const {
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -255,8 +255,9 @@ void RestoreAndCheck(const std::string& socket, std::uint32_t n, std::uint64_t v
 
 }  // namespace
 
-TEST_CASE("a version saved by 4 ranks restores into 2 and 3 and 8 ranks with N-d boxes and every byte checked",
-          "[elastic]") {
+TEST_CASE(
+    "a version saved by 4 ranks restores into 2 and 3 and 8 ranks with N-d boxes and every byte checked",
+    "[elastic]") {
   TempDir dir("elastic");
   DaemonProcess daemon(Options(dir));
   SaveAt4(daemon.socket(), 1);
@@ -294,8 +295,7 @@ TEST_CASE("a restore at another world size reads the persistent tier after a dae
   RestoreAndCheck(daemon.socket(), 3, 1, true, 4, "persistent");
 }
 
-TEST_CASE("a corrupted block of a persistent shard is reported by name and nothing is written",
-          "[elastic]") {
+TEST_CASE("a corrupted block of a persistent shard is reported by name and nothing is written", "[elastic]") {
   TempDir dir("elastic-corrupt");
   DaemonProcess daemon(Options(dir, {"--memory-mib", "0"}));
   SaveAt4(daemon.socket(), 1);
@@ -376,8 +376,7 @@ TEST_CASE("a rank-private item at another world size is refused by name and noth
   }
 }
 
-TEST_CASE("another global shape or dtype or a missing global tensor is refused by name",
-          "[elastic]") {
+TEST_CASE("another global shape or dtype or a missing global tensor is refused by name", "[elastic]") {
   TempDir dir("elastic-gap");
   DaemonProcess daemon(Options(dir));
   SaveAt4(daemon.socket(), 1);
@@ -417,8 +416,9 @@ TEST_CASE("another global shape or dtype or a missing global tensor is refused b
   expect({missing}, "version 1 has no global tensor 'nope' (item 'x' asks for it at box [0:2, 0:2])");
 }
 
-TEST_CASE("after a restore at 2 ranks the job goes on at 2 and versions commit and restore fast and roll back",
-          "[elastic]") {
+TEST_CASE(
+    "after a restore at 2 ranks the job goes on at 2 and versions commit and restore fast and roll back",
+    "[elastic]") {
   TempDir dir("elastic-continue");
   DaemonProcess daemon(Options(dir));
   SaveAt4(daemon.socket(), 1);

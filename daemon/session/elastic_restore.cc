@@ -3,9 +3,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <atomic>
 #include <functional>
 #include <map>
 #include <system_error>
@@ -106,16 +106,19 @@ Status LoadCopy(Storage& storage, const ElasticRequest& req, LoadedShard& s) {
   auto info = ParseShardHeader(json, file_bytes);
   if (!info.ok()) return info.status().With(where);
   const ShardMeta& m = info->meta;
-  if (m.job != req.job || m.version != req.version || m.rank != s.rank || m.world_size != req.version_world_size) {
-    return DataLoss(where + " holds version " + std::to_string(m.version) + " of rank " + std::to_string(m.rank) +
-                    " of " + std::to_string(m.world_size) + " (job '" + m.job + "'), not version " +
-                    std::to_string(req.version) + " of rank " + std::to_string(s.rank) + " of " +
-                    std::to_string(req.version_world_size) + " (was written by another rank or copied into place)");
+  if (m.job != req.job || m.version != req.version || m.rank != s.rank ||
+      m.world_size != req.version_world_size) {
+    return DataLoss(where + " holds version " + std::to_string(m.version) + " of rank " +
+                    std::to_string(m.rank) + " of " + std::to_string(m.world_size) + " (job '" + m.job +
+                    "'), not version " + std::to_string(req.version) + " of rank " + std::to_string(s.rank) +
+                    " of " + std::to_string(req.version_world_size) +
+                    " (was written by another rank or copied into place)");
   }
   s.info = std::move(info).value();
   s.tensors.clear();
   s.blobs.clear();
-  for (const ShardItem& it : s.info.items) (it.kind == ItemKind::kTensor ? s.tensors : s.blobs)[it.name] = &it;
+  for (const ShardItem& it : s.info.items)
+    (it.kind == ItemKind::kTensor ? s.tensors : s.blobs)[it.name] = &it;
   return Status::Ok();
 }
 
@@ -129,7 +132,7 @@ struct Piece {
   Box chunk, sub, dst;
   std::size_t elem = 1;
   const BlockSums* blocks = nullptr;  // null: verified by the item checksum
-  std::string global;                            // for messages: the global tensor and box
+  std::string global;                 // for messages: the global tensor and box
 };
 
 struct Task {
@@ -159,8 +162,9 @@ class ElasticRun {
     metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
     errors_.Record("job " + req_.job + " version " + std::to_string(req_.version) + " rank " +
                    std::to_string(s.rank) + ": the " + TierName(s.src().tier) +
-                   " tier's copy failed verification in a restore by rank " + std::to_string(req_.rank) + " of " +
-                   std::to_string(req_.world_size) + " (" + why.message() + "); dropped, reading the next tier");
+                   " tier's copy failed verification in a restore by rank " + std::to_string(req_.rank) +
+                   " of " + std::to_string(req_.world_size) + " (" + why.message() +
+                   "); dropped, reading the next tier");
     tiers_.DropCopy(s.src());
     s.fd.reset();
     ++s.at;
@@ -266,8 +270,9 @@ Status ElasticRun::PlanTarget(std::size_t i) {
   auto same_type = [&](const ShardItem& stored, std::uint32_t rank) -> Status {
     if (stored.dtype != want.dtype) {
       return FailedPrecondition("item " + name + " is registered as " + std::string(DTypeName(want.dtype)) +
-                                " but rank " + std::to_string(rank) + " of version " + std::to_string(req_.version) +
-                                " stored it as " + std::string(DTypeName(stored.dtype)));
+                                " but rank " + std::to_string(rank) + " of version " +
+                                std::to_string(req_.version) + " stored it as " +
+                                std::string(DTypeName(stored.dtype)));
     }
     return Status::Ok();
   };
@@ -327,8 +332,9 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     const Chunk* best = nullptr;
     for (const Chunk& c : chunks) {
       if (!c.layout->replicated) {
-        return FailedPrecondition("item " + name + " is registered as replicated, but global tensor " + gname +
-                                  " is stored as chunks of shape " + ShapeText(c.layout->global_shape));
+        return FailedPrecondition("item " + name + " is registered as replicated, but global tensor " +
+                                  gname + " is stored as chunks of shape " +
+                                  ShapeText(c.layout->global_shape));
       }
       if (best == nullptr || shards_[c.shard].src().tier < shards_[best->shard].src().tier) best = &c;
     }
@@ -347,8 +353,8 @@ Status ElasticRun::PlanTarget(std::size_t i) {
   for (const Chunk& c : chunks) {
     const std::uint32_t rank = shards_[c.shard].rank;
     if (c.layout->replicated) {
-      return FailedPrecondition("item " + name + " asks for box " + BoxText(box) + " of global tensor " + gname +
-                                ", which rank " + std::to_string(rank) + " stored as replicated");
+      return FailedPrecondition("item " + name + " asks for box " + BoxText(box) + " of global tensor " +
+                                gname + ", which rank " + std::to_string(rank) + " stored as replicated");
     }
     if (Status st = same_type(*c.item, rank); !st.ok()) return st;
     if (c.layout->global_shape != layout.global_shape) {
@@ -363,8 +369,8 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     for (std::size_t k = first; k < pieces_.size(); ++k) {
       if (auto both = Intersect(*sub, pieces_[k].sub)) {
         return DataLoss("global tensor " + gname + " of version " + std::to_string(req_.version) +
-                        ": the chunks of rank " + std::to_string(shards_[pieces_[k].shard].rank) + " and rank " +
-                        std::to_string(rank) + " overlap at " + BoxText(*both));
+                        ": the chunks of rank " + std::to_string(shards_[pieces_[k].shard].rank) +
+                        " and rank " + std::to_string(rank) + " overlap at " + BoxText(*both));
       }
     }
     covered += sub->elements();
@@ -382,9 +388,10 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     pieces_.push_back(std::move(p));
   }
   if (covered != box.elements()) {
-    return FailedPrecondition("version " + std::to_string(req_.version) + " does not cover box " + BoxText(box) +
-                              " of global tensor " + gname + " (item " + name + "): its chunks hold " +
-                              std::to_string(covered) + " of its " + std::to_string(box.elements()) + " elements");
+    return FailedPrecondition("version " + std::to_string(req_.version) + " does not cover box " +
+                              BoxText(box) + " of global tensor " + gname + " (item " + name +
+                              "): its chunks hold " + std::to_string(covered) + " of its " +
+                              std::to_string(box.elements()) + " elements");
   }
   return Status::Ok();
 }
@@ -442,13 +449,13 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
     const std::uint64_t sum = Checksum::Of(data, n);
     if (sum != item.checksum) {
       return DataLoss(p.global + ": checksum mismatch in item " + QuoteName(item.name) + " of " + s.Where() +
-                      " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) + ", read " +
-                      ChecksumHex(sum) + ")");
+                      " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) +
+                      ", read " + ChecksumHex(sum) + ")");
     }
   } else {
     if (Status st = VerifyBlocks(*p.blocks, item.length, t.lo, data, n,
-                                 p.global + ", item " + QuoteName(item.name) + " of " + s.Where() + " (rank " +
-                                     std::to_string(s.rank) + ")");
+                                 p.global + ", item " + QuoteName(item.name) + " of " + s.Where() +
+                                     " (rank " + std::to_string(s.rank) + ")");
         !st.ok()) {
       return st;
     }
@@ -456,7 +463,9 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
   if (p.target == SIZE_MAX) {
     std::memcpy(out.blobs[p.blob].data.data() + t.lo, data, n);
   } else {
-    CopySubBox(p.sub, p.chunk, data, t.lo, p.dst, staging[p.target].get(), p.elem, t.lo, t.hi);
+    // A target with no staging buffer is written straight from the memory images later.
+    if (staging[p.target])
+      CopySubBox(p.sub, p.chunk, data, t.lo, p.dst, staging[p.target].get(), p.elem, t.lo, t.hi);
   }
   return Status::Ok();
 }
@@ -489,17 +498,18 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> read_total{0};
-  RunParallel(std::min<unsigned>(readers_, static_cast<unsigned>(std::max<std::size_t>(1, tasks.size()))), [&] {
-    std::vector<char> buf;
-    std::uint64_t read = 0;
-    while (!stop.load()) {
-      const std::size_t k = next.fetch_add(1);
-      if (k >= tasks.size()) break;
-      status[k] = RunTask(tasks[k], out, staging, buf, read);
-      if (!status[k].ok() && status[k].code() != StatusCode::kDataLoss) stop.store(true);
-    }
-    read_total += read;
-  });
+  RunParallel(std::min<unsigned>(readers_, static_cast<unsigned>(std::max<std::size_t>(1, tasks.size()))),
+              [&] {
+                std::vector<char> buf;
+                std::uint64_t read = 0;
+                while (!stop.load()) {
+                  const std::size_t k = next.fetch_add(1);
+                  if (k >= tasks.size()) break;
+                  status[k] = RunTask(tasks[k], out, staging, buf, read);
+                  if (!status[k].ok() && status[k].code() != StatusCode::kDataLoss) stop.store(true);
+                }
+                read_total += read;
+              });
   out.bytes_read += read_total.load();
   // A bad copy on a faster tier: the caller drops it and plans again; anything else ends here.
   Status fatal;
@@ -518,13 +528,27 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
 Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
   ElasticRun run(*storage_, tiers_, errors_, req, readers_);
   if (Status st = run.LoadAll(); !st.ok()) return Noted(st, "nothing was written to the registered regions");
+  // A target is staged (its verified pieces copied into a buffer of its size) when a piece
+  // comes from a file, which could change between verification and copy, or when its region
+  // is device memory (copied through the lanes from one buffer). A host target whose pieces
+  // are all in memory images, which do not change, is written straight from them.
   std::vector<std::unique_ptr<char[]>> staging(req.targets.size());
-  for (std::size_t i = 0; i < req.targets.size(); ++i) {
-    staging[i].reset(new char[std::max<std::uint64_t>(1, req.targets[i].target.item.length)]);
-  }
   ElasticRestored out;
   while (true) {
-    if (Status st = run.Plan(out); !st.ok()) return Noted(st, "nothing was written to the registered regions");
+    if (Status st = run.Plan(out); !st.ok())
+      return Noted(st, "nothing was written to the registered regions");
+    std::vector<bool> staged(req.targets.size(), false);
+    for (std::size_t i = 0; i < req.targets.size(); ++i)
+      staged[i] = req.targets[i].target.region->device() >= 0;
+    for (const Piece& p : run.pieces()) {
+      if (p.target != SIZE_MAX && !run.shards()[p.shard].src().image) staged[p.target] = true;
+    }
+    for (std::size_t i = 0; i < req.targets.size(); ++i) {
+      if (staged[i] && !staging[i]) {
+        staging[i].reset(new char[std::max<std::uint64_t>(1, req.targets[i].target.item.length)]);
+      }
+      if (!staged[i]) staging[i].reset();
+    }
     std::vector<Status> bad(run.shards().size());
     if (Status st = run.Read(out, staging, bad); !st.ok()) {
       return Noted(st, "nothing was written to the registered regions");
@@ -550,23 +574,31 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
     }
   }
 
-  // Everything is verified: write the staging buffers to the regions.
+  // Everything is verified: write the staging buffers, or the pieces straight from the
+  // memory images, to the regions.
   struct Write {
     std::size_t target;
-    std::uint64_t at, len;
+    std::uint64_t at, len;  // in the item
+    const char* src;
   };
   std::vector<Write> host;
   std::map<int, std::vector<Write>> device;
-  for (std::size_t i = 0; i < req.targets.size(); ++i) {
-    const RestoreTarget& t = req.targets[i].target;
-    for (std::uint64_t at = 0; at < t.item.length; at += kWritePiece) {
-      Write w{i, at, std::min(kWritePiece, t.item.length - at)};
-      if (t.region->device() < 0) {
-        host.push_back(w);
-      } else {
-        device[t.region->device()].push_back(w);
-      }
+  auto add = [&](std::size_t i, std::uint64_t at, std::uint64_t len, const char* src) {
+    for (std::uint64_t done = 0; done < len; done += kWritePiece) {
+      Write w{i, at + done, std::min(kWritePiece, len - done), src + done};
+      const int dev = req.targets[i].target.region->device();
+      (dev < 0 ? host : device[dev]).push_back(w);
     }
+  };
+  for (std::size_t i = 0; i < req.targets.size(); ++i) {
+    if (staging[i]) add(i, 0, req.targets[i].target.item.length, staging[i].get());
+  }
+  for (const Piece& p : run.pieces()) {
+    if (p.target == SIZE_MAX || staging[p.target]) continue;
+    const LoadedShard& s = run.shards()[p.shard];
+    const char* item = s.src().image->data() + s.info.data_start + p.item->offset;
+    for (const BoxRun& r : SubBoxRuns(p.sub, p.chunk, p.dst, p.elem))
+      add(p.target, r.dst, r.bytes, item + r.src);
   }
   const std::string partly = "the registered regions are partly written: do not train on them";
   for (const auto& [dev, writes] : device) {
@@ -582,7 +614,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
       const Write& w = writes[k];
       const RestoreTarget& t = req.targets[w.target].target;
       CopyLane& lane = *lanes.value()[k % lanes.value().size()];
-      copied = lane.CopyIn(*t.region, t.region_offset + w.at, staging[w.target].get() + w.at, w.len);
+      copied = lane.CopyIn(*t.region, t.region_offset + w.at, w.src, w.len);
       if (!copied.ok()) copied = copied.With("restore item " + QuoteName(t.item.name));
       auto ticket = lane.EndChunk();
       if (ticket.ok()) {
@@ -598,19 +630,21 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
     if (!copied.ok()) return Noted(copied, partly);
   }
   for (const auto& et : req.targets) {
-    if (et.target.region->device() < 0) et.target.region->Preallocate(et.target.region_offset, et.target.item.length);
+    if (et.target.region->device() < 0)
+      et.target.region->Preallocate(et.target.region_offset, et.target.item.length);
   }
   std::vector<Status> written(host.size());
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
-  RunParallel(std::min<unsigned>(std::max(1u, readers_), static_cast<unsigned>(std::max<std::size_t>(1, host.size()))),
+  RunParallel(std::min<unsigned>(std::max(1u, readers_),
+                                 static_cast<unsigned>(std::max<std::size_t>(1, host.size()))),
               [&] {
                 while (!failed.load()) {
                   const std::size_t k = next.fetch_add(1);
                   if (k >= host.size()) break;
                   const Write& w = host[k];
                   const RestoreTarget& t = req.targets[w.target].target;
-                  Status s = t.region->WriteAt(t.region_offset + w.at, staging[w.target].get() + w.at, w.len);
+                  Status s = t.region->WriteAt(t.region_offset + w.at, w.src, w.len);
                   if (!s.ok()) {
                     written[k] = s.With("restore item " + QuoteName(t.item.name));
                     failed.store(true);
@@ -632,7 +666,8 @@ Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req) {
   if (s.tensors.size() != req.targets.size()) return false;
   for (const ElasticTarget& t : req.targets) {
     auto it = s.tensors.find(t.target.item.name);
-    if (it == s.tensors.end() || it->second->shape != t.target.item.shape || it->second->dtype != t.target.item.dtype) {
+    if (it == s.tensors.end() || it->second->shape != t.target.item.shape ||
+        it->second->dtype != t.target.item.dtype) {
       return false;
     }
     // Both resolved: equal when the item is the same box of the same global tensor.

@@ -178,7 +178,8 @@ Result<Restored> Restorer::RestoreElastic(Session& s, const ElasticRequest& req)
   counters_.from_persistent += restored->tier_bytes[static_cast<int>(Tier::kPersistent)];
   ++counters_.resharded;
   spdlog::info(
-      "job {} rank {} of {}: restored version {} written by {} ranks (resharded; {} bytes: {} from memory, {} "
+      "job {} rank {} of {}: restored version {} written by {} ranks (resharded; {} bytes: {} from memory, "
+      "{} "
       "local, {} persistent; {} read from disk)",
       s.job, s.rank, s.world_size, req.version, req.version_world_size, restored->tensor_bytes,
       restored->tier_bytes[0], restored->tier_bytes[1], restored->tier_bytes[2], restored->bytes_read);

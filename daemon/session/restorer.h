@@ -82,7 +82,8 @@ class Restorer {
   Result<Restored> RestoreOwnShard(Session& s, std::uint64_t v) REQUIRES(s.mu);
   // Another world size or decomposition.
   Result<Restored> RestoreElastic(Session& s, const ElasticRequest& req) REQUIRES(s.mu);
-  ElasticRequest ElasticRequestOf(const Session& s, std::uint64_t v, std::uint32_t version_world) REQUIRES(s.mu);
+  ElasticRequest ElasticRequestOf(const Session& s, std::uint64_t v, std::uint32_t version_world)
+      REQUIRES(s.mu);
 
   TierSet& tiers_;
   RestoreEngine& engine_;
