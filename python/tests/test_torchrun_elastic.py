@@ -14,6 +14,7 @@ share one persistent root, as tests/tiers_test.cc runs them).
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,18 @@ def nodes(start_daemon, temp_dir):
             for i in range(2)]
 
 
-def torchrun(nodes, nproc, out, *args, max_restarts=0, timeout=240):
+@pytest.fixture
+def workers_shm():
+    """Removes the shared memory of the trainer processes listed in it (pids) at teardown: a
+    rank killed by SIGKILL, or by torchrun's SIGTERM, cannot unlink its regions itself."""
+    pids = set()
+    yield pids
+    for pid in pids:
+        for path in Path("/dev/shm").glob(f"ckpt-{os.getuid()}-{pid}-*"):
+            path.unlink(missing_ok=True)
+
+
+def torchrun(nodes, nproc, out, *args, max_restarts=0, timeout=240, pids=None):
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["CKPT_TEST_SOCKETS"] = ",".join(n.socket for n in nodes)
@@ -55,6 +67,8 @@ def torchrun(nodes, nproc, out, *args, max_restarts=0, timeout=240):
            "--redirects", "2", "--tee", "1", str(TRAINER), "--out", str(out), *map(str, args)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
+    if pids is not None:
+        pids.update(int(p) for p in re.findall(r"start at step \d+ \(pid (\d+)\)", output))
     if proc.returncode != 0:
         files = "".join(f"--- {p}\n{p.read_text(errors='replace')[-4000:]}\n" for p in sorted(logs.rglob("*.log")))
         pytest.fail(f"torchrun exited {proc.returncode}:\n{output}\nworkers' logs:\n{files}")
@@ -71,21 +85,21 @@ def assert_same(a, b, what):
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), f"{what}: {name} differs"
 
 
-def test_kill_9_of_one_rank_resumes_bit_identical_then_2_ranks_reshard_and_train_on(nodes, temp_dir):
+def test_kill_9_of_one_rank_resumes_bit_identical_then_2_ranks_reshard_and_train_on(nodes, temp_dir, workers_shm):
     # The uninterrupted run.
     ref_out = temp_dir / "ref"
-    torchrun(nodes, 4, ref_out, "--job", "tp-ref", "--steps", STEPS)
+    torchrun(nodes, 4, ref_out, "--job", "tp-ref", "--steps", STEPS, pids=workers_shm)
     ref = torch.load(ref_out / "final.pt")
     assert ref["step"] == STEPS and ref["world_size"] == 4
 
     # The same run, with rank 3 killed (SIGKILL) right after its save of step KILL_STEP.
     out = temp_dir / "killed"
     log = torchrun(nodes, 4, out, "--job", "tp", "--steps", STEPS, "--kill-rank", KILL_RANK,
-                   "--kill-step", KILL_STEP, max_restarts=1)
+                   "--kill-step", KILL_STEP, max_restarts=1, pids=workers_shm)
     assert f"rank {KILL_RANK}: SIGKILL at step {KILL_STEP}" in log, log
-    resumed = [line for line in log.splitlines() if "attempt 1: start at step" in line]
+    resumed = re.findall(r"attempt 1: start at step (\d+)", log)
     assert len(resumed) == 4, log  # torchrun restarted all four ranks
-    starts = {int(line.rsplit(" ", 1)[1]) for line in resumed}
+    starts = {int(s) for s in resumed}
     assert len(starts) == 1 and KILL_STEP - 1 <= starts.pop() <= KILL_STEP, log  # all from one committed version
     killed = torch.load(out / "final.pt")
     assert killed["step"] == STEPS and killed["samples_seen"] == ref["samples_seen"]
@@ -98,7 +112,7 @@ def test_kill_9_of_one_rank_resumes_bit_identical_then_2_ranks_reshard_and_train
     # 4 ranks gathered at that step, and trained on at world size 2.
     out2 = temp_dir / "two"
     log = torchrun(nodes, 2, out2, "--job", "tp", "--steps", STEPS + MORE, "--ranks-per-node", 1,
-                   "--expect", out / "final.pt")
+                   "--expect", out / "final.pt", pids=workers_shm)
     for r in range(2):
         assert f"rank {r}: 16 tensors equal the global ones at step {STEPS}" in log, log
         assert f"rank {r}: done at step {STEPS + MORE}" in log, log

@@ -128,7 +128,7 @@ def main():
             step = ck.load("latest")
         except ckpt.VersionNotFoundError:
             step = 0
-        print(f"rank {rank} of {world} attempt {attempt}: start at step {step}", flush=True)
+        print(f"rank {rank} of {world} attempt {attempt}: start at step {step} (pid {os.getpid()})", flush=True)
         loss = None
         if args.expect:
             expected = torch.load(args.expect)
