@@ -7,7 +7,7 @@
 #            disk, so that the memory the bench takes stays small on a shared machine)
 #
 # 1. Node loss. Two daemons stand for two nodes (--replicas 1, loopback TCP), one rank of
-#    --mib MiB (16 tensors) on each; they checkpoint --iters iterations (committed and
+#    --mib MiB (16 tensors) on each; they checkpoint --iters iterations, 1.5 s apart (committed and
 #    replicated). Then node 1 is lost: kill -9 of its daemon and its local tier deleted. A
 #    replacement daemon starts in its place and a fresh trainer process for rank 1 restores
 #    the newest version (verifying every byte): from node 0's memory. "loss to restored"
@@ -116,9 +116,9 @@ if [ "$do_restore" = 1 ]; then
   echo "== node loss: $iters checkpoints of $mib MiB per rank on 2 nodes, R=1"
   # The trainers die with their last snapshot (SIGKILL, as when the job goes down with a
   # node): they do not unregister, which would end the job and drop its replicas.
-  { trainer n0 loss 0 2 loss-r0 --iters "$iters" --compute-ms 200 --crash-at "$iters" || true; } 2>/dev/null &
+  { trainer n0 loss 0 2 loss-r0 --iters "$iters" --compute-ms 1500 --crash-at "$iters" || true; } 2>/dev/null &
   t0=$!
-  { trainer n1 loss 1 2 loss-r1 --iters "$iters" --compute-ms 200 --crash-at "$iters" || true; } 2>/dev/null
+  { trainer n1 loss 1 2 loss-r1 --iters "$iters" --compute-ms 1500 --crash-at "$iters" || true; } 2>/dev/null
   wait "$t0" || true
   # The last version committed and held by the other node (replication trails the commit;
   # older versions still queued were superseded by newer ones, as designed).
@@ -170,13 +170,16 @@ if [ "$do_stall" = 1 ]; then
     done
     echo "   --replicas $r"
     trainer "s${r}x0" "stall-r$r" 0 1 "stall-r$r" --iters $((iters + 4)) --compute-ms "$compute_ms"
-    # Replication trails the trainer: let the sender finish what is queued (its count settles).
-    last=-1
-    for _ in $(seq 1 60); do
-      now=$(status_json "s${r}x0" | json_field replicated_shards)
-      [ "$now" = "$last" ] && break
-      last=$now
-      sleep 1
+    # Replication trails the trainer: wait (at most 60 s) until the R holders keep the last
+    # version (older ones still queued were superseded, as designed).
+    for _ in $(seq 1 120); do
+      [ "$r" = 0 ] && break
+      [ "$(status_json "s${r}x0" | json_field replicated_shards)" -ge 1 ] &&
+        "$build/ckptctl" --socket "$work/s${r}x1.sock" ls --job "stall-r$r" --json | python3 -c "
+import json, sys
+vs = [v for v in json.load(sys.stdin).get('versions', []) if int(v['version']) == $((iters + 4))]
+sys.exit(0 if vs and 0 in [int(x) for x in vs[0].get('memory_ranks', [])] else 1)" && break
+      sleep 0.5
     done
     status_json "s${r}x0" >"$work/status-stall-r$r.json"
     for i in 0 1 2; do stop "s${r}x$i"; done

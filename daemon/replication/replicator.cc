@@ -537,6 +537,7 @@ void Replicator::SendLoop() {
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
         MutexLock lock(mu_);
         sent_held_[peer] = held;
+        sent_to_[m.job].insert(peer);
         peer_error_.erase(peer);
         continue;
       }
@@ -562,8 +563,15 @@ void Replicator::SendLoop() {
 }
 
 void Replicator::OnJobEnded(const std::string& job) {
-  for (std::size_t i : peers_.Ring()) {
-    const std::string& peer = peers_.addresses[i];
+  std::set<std::string> told;
+  {
+    MutexLock lock(mu_);
+    auto it = sent_to_.find(job);
+    if (it == sent_to_.end()) return;  // nothing of it was replicated
+    told = std::move(it->second);
+    sent_to_.erase(it);
+  }
+  for (const std::string& peer : told) {
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
     ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("DropJob"));
@@ -573,10 +581,13 @@ void Replicator::OnJobEnded(const std::string& job) {
     req.set_origin(peers_.self_address());
     v1::DropJobReply reply;
     grpc::Status st = stub->DropJob(&ctx, req, &reply);
-    if (!st.ok()) spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
+    if (!st.ok()) {
+      spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
+      continue;
+    }
+    MutexLock lock(mu_);
+    sent_held_.erase(peer);  // as it says on the next acknowledgement
   }
-  MutexLock lock(mu_);
-  sent_held_.clear();
 }
 
 std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) {

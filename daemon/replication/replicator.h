@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -139,6 +140,8 @@ class Replicator : public PeerShards {
   std::deque<Key> state_order_ GUARDED_BY(mu_);  // oldest first, to bound states_
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
   std::map<std::string, std::uint64_t> sent_held_ GUARDED_BY(mu_);
+  // Per job, the peers that acknowledged a shard of it: those a job's end tells.
+  std::map<std::string, std::set<std::string>> sent_to_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   std::thread sender_;
 };
