@@ -249,7 +249,9 @@ PYBIND11_MODULE(_ckpt, m) {
       .value("LOCAL", ckpt::Level::kLocal, "durable on the daemon's node-local tier")
       .value("PERSISTED", ckpt::Level::kPersisted, "durable on the persistent tier (the shared directory)")
       .value("DURABLE", ckpt::Level::kDurable, "same as PERSISTED")
-      .value("COMMITTED", ckpt::Level::kCommitted, "durable on all ranks and the commit marker written");
+      .value("COMMITTED", ckpt::Level::kCommitted, "durable on all ranks and the commit marker written")
+      .value("REPLICATED", ckpt::Level::kReplicated,
+             "held in the memory of the daemon's --replicas peers (issue 17; refused when replication is off)");
 
   m.attr("DTYPES") = [] {
     py::tuple t(kDTypes.size());
