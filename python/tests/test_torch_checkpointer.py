@@ -553,7 +553,10 @@ def test_errors_of_the_worker_threads_snapshot_come_with_the_next_wait(daemon):
     deadline = time.monotonic() + 60
     while 8 not in ckpt.list_versions(daemon.root, "worker-errors") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ckpt.list_versions(daemon.root, "worker-errors") == [5, 6, 7, 8]
+    # Version 7 may be superseded by 8 before it is persisted (the promoter then skips it, by
+    # design); 8, sent by the worker thread before close() returned, must be there.
+    listed = ckpt.list_versions(daemon.root, "worker-errors")
+    assert listed in ([5, 6, 7, 8], [5, 6, 8]), listed
 
 
 def test_the_stall_the_daemon_records_is_the_trainers_not_the_worker_threads(start_daemon):
