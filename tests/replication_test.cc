@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -249,6 +250,128 @@ TEST_CASE("R=2, nodes lost at once: restores from memory where a replica survive
   CHECK_THAT(errors, Catch::Contains("peer " + c.addresses[2] + " (a holder by the peer rule) holds no replica"));
   CHECK_THAT(errors, Catch::Contains("peer " + c.addresses[3] + " (a holder by the peer rule) holds no replica"));
   for (int i : {2, 3}) CHECK(c[i].Status().restored_bytes_persistent() == 0);
+}
+
+namespace {
+
+// One rank of a job whose tensor "w" (64 x 8192 f32, 2 MiB) is a piece of a global tensor
+// cut `rows` x `cols`, with a replicated item "rep" and a blob for every rank.
+constexpr std::int64_t kRows = 64, kCols = 8192;
+struct LaidOutRank {
+  std::shared_ptr<SharedRegion> region;
+  std::vector<TensorItem> items;
+  std::vector<std::vector<char>> want;
+  std::unique_ptr<Client> client;
+
+  static float At(std::uint64_t v, std::int64_t i, std::int64_t j) {
+    return static_cast<float>(v * 1000003 + static_cast<std::uint64_t>(i * kCols + j));
+  }
+  LaidOutRank(const std::string& socket, const std::string& job, std::uint32_t r, std::uint32_t world,
+              std::int64_t rows, std::int64_t cols) {
+    const std::int64_t h = kRows / rows, w = kCols / cols, i0 = (r / cols) * h, j0 = (r % cols) * w;
+    TensorItem t;
+    t.name = "w";
+    t.dtype = DType::kF32;
+    t.shape = {h, w};
+    Layout l;
+    l.global_shape = {kRows, kCols};
+    l.offsets = {i0, j0};
+    t.layout = l;
+    TensorItem rep;
+    rep.name = "rep";
+    rep.dtype = DType::kU8;
+    rep.shape = {64};
+    Layout rl;
+    rl.replicated = true;
+    rep.layout = rl;
+    const std::size_t tb = static_cast<std::size_t>(h * w * 4);
+    region = SharedRegion::create(tb + 64);
+    t.region = rep.region = region;
+    t.offset = 0;
+    rep.offset = tb;
+    items = {t, rep};
+    box[0] = i0, box[1] = j0, box[2] = h, box[3] = w;
+    client = std::make_unique<Client>(Client::connect(socket));
+    client->register_items(job, r, world, items);
+  }
+  std::int64_t box[4];
+  // The content of version v.
+  void Fill(std::uint64_t v) {
+    auto* f = static_cast<float*>(region->data());
+    for (std::int64_t i = 0; i < box[2]; ++i)
+      for (std::int64_t j = 0; j < box[3]; ++j) f[i * box[3] + j] = At(v, box[0] + i, box[1] + j);
+    std::memset(static_cast<char*>(region->data()) + box[2] * box[3] * 4, static_cast<int>(v), 64);
+  }
+  // The first element that is not version v's, as "i,j", or "".
+  std::string FirstMismatch(std::uint64_t v) const {
+    const auto* f = static_cast<const float*>(region->data());
+    for (std::int64_t i = 0; i < box[2]; ++i)
+      for (std::int64_t j = 0; j < box[3]; ++j)
+        if (f[i * box[3] + j] != At(v, box[0] + i, box[1] + j))
+          return std::to_string(box[0] + i) + "," + std::to_string(box[1] + j);
+    const auto* b = static_cast<const unsigned char*>(region->data()) + box[2] * box[3] * 4;
+    for (int k = 0; k < 64; ++k)
+      if (b[k] != static_cast<unsigned char>(v)) return "rep";
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a restore at another world size reads a lost node's shards from a peer's memory", "[replication]") {
+  TempDir dir("replreshard");
+  Cluster c(dir, 2, 1);
+  c.StartAll();
+  // 4 ranks, 2 per node, "w" cut 2 x 2; saved, committed and replicated.
+  std::vector<std::unique_ptr<LaidOutRank>> old;
+  for (std::uint32_t r = 0; r < 4; ++r)
+    old.push_back(std::make_unique<LaidOutRank>(c.socket(static_cast<int>(r / 2)), "replreshard", r, 4, 2, 2));
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    for (std::uint32_t r = 0; r < 4; ++r) {
+      old[r]->Fill(v);
+      old[r]->client->snapshot(v, {Blob{"job_state", "written by rank " + std::to_string(r)}});
+    }
+    for (auto& r : old) r->client->wait_durable(v, Level::kCommitted);
+    for (auto& r : old) r->client->wait_durable(v, Level::kReplicated);
+  }
+
+  // Node 1 is lost; the job comes back on 2 ranks, one per node, "w" cut 1 x 2: each new rank
+  // needs a piece of every old rank's chunk.
+  c.Lose(1);
+  old.clear();
+  c.Start(1);
+  std::vector<std::unique_ptr<LaidOutRank>> now;
+  for (std::uint32_t r = 0; r < 2; ++r)
+    now.push_back(std::make_unique<LaidOutRank>(c.socket(static_cast<int>(r)), "replreshard", r, 2, 1, 2));
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    INFO("new rank " << r);
+    now[r]->Fill(999);
+    RestoreResult got = now[r]->client->restore();
+    REQUIRE(got.version == 2);
+    CHECK(got.resharded);
+    CHECK(got.world_size == 4);
+    CHECK(now[r]->FirstMismatch(2) == "");
+    // Node 0 holds every old shard (its own and node 1's replicas); the new node reads them
+    // all from node 0's memory.
+    CHECK(got.tier == (r == 0 ? "memory" : "peer"));
+    REQUIRE(got.blobs.size() == 4);
+    for (std::uint32_t w = 0; w < 4; ++w) CHECK(got.blobs[w].data == "written by rank " + std::to_string(w));
+  }
+  const std::uint64_t half = kRows * kCols / 2 * 4 + 64;  // "w"'s half and "rep"
+  auto fresh = c[1].Status();
+  CHECK(fresh.restored_bytes_peer() == half);
+  CHECK(fresh.restored_bytes_persistent() == 0);
+  CHECK(fresh.bytes_read_total() == 0);
+  auto s0 = c[0].Status();
+  CHECK(s0.restored_bytes_memory() == half);
+  CHECK(s0.restored_bytes_persistent() == 0);
+
+  // Training goes on at world size 2, replicated again.
+  for (auto& r : now) {
+    r->Fill(3);
+    r->client->snapshot(3);
+  }
+  for (auto& r : now) r->client->wait_durable(3, Level::kReplicated);
 }
 
 TEST_CASE("a corrupted replica falls back to the next replica, then to the persistent tier", "[replication]") {

@@ -11,7 +11,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 #include "common/safe_file.h"
 
@@ -77,18 +80,56 @@ std::string PeerSecret::Mac(const std::string& text) const {
   return Hex(out, len);
 }
 
-std::string PeerSecret::Token(const std::string& call) const {
+// The nonces of the tokens accepted in the last 2 x kSkew (a token older than kSkew is
+// refused by its time, so one seen before that cannot come back).
+class PeerSecret::Nonces {
+ public:
+  // False if `nonce` was seen already; else remembers it until `unix_ms` + 2 x kSkew.
+  bool FirstTime(const std::string& nonce, std::int64_t unix_ms) {
+    const std::int64_t now = NowMs(), keep = 2 * kSkew.count() * 1000;
+    std::lock_guard<std::mutex> lock(mu_);
+    // Forget the expired ones, oldest first.
+    while (!by_time_.empty() && by_time_.begin()->first < now - keep) {
+      seen_.erase(by_time_.begin()->second);
+      by_time_.erase(by_time_.begin());
+    }
+    if (!seen_.emplace(nonce, unix_ms).second) return false;
+    by_time_.emplace(std::max(unix_ms, now - keep / 2), nonce);
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::int64_t> seen_;
+  std::multimap<std::int64_t, std::string> by_time_;
+};
+
+PeerSecret::PeerSecret() : seen_(std::make_shared<Nonces>()) {}
+PeerSecret::PeerSecret(std::string key) : key_(std::move(key)), seen_(std::make_shared<Nonces>()) {}
+
+std::string PeerSecret::ShardSubject(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                     const std::string& origin) {
+  return job + " " + std::to_string(version) + " " + std::to_string(rank) + " " + origin;
+}
+
+std::string PeerSecret::JobSubject(const std::string& job, const std::string& origin) { return job + " " + origin; }
+
+std::string PeerSecret::Token(const std::string& call, const std::string& subject) const {
+  return TokenAt(call, subject, NowMs());
+}
+
+std::string PeerSecret::TokenAt(const std::string& call, const std::string& subject, std::int64_t unix_ms) const {
   unsigned char nonce[8];
   if (RAND_bytes(nonce, sizeof nonce) != 1) {
     const auto t = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::memcpy(nonce, &t, sizeof nonce);
   }
-  const std::string ms = std::to_string(NowMs());
+  const std::string ms = std::to_string(unix_ms);
   const std::string n = Hex(nonce, sizeof nonce);
-  return "v1 " + ms + " " + n + " " + Mac("ckptd-peer/v1 " + call + " " + ms + " " + n);
+  return "v1 " + ms + " " + n + " " + Mac("ckptd-peer/v2 " + call + " " + subject + " " + ms + " " + n);
 }
 
-Status PeerSecret::Check(const std::string& token, const std::string& call) const {
+Status PeerSecret::Check(const std::string& token, const std::string& call, const std::string& subject) const {
   std::istringstream in(token);
   std::string v, ms, nonce, mac;
   in >> v >> ms >> nonce >> mac;
@@ -96,10 +137,10 @@ Status PeerSecret::Check(const std::string& token, const std::string& call) cons
     return PermissionDenied("peer call " + call + " without a valid " + kMetadataKey +
                             " token: the caller does not share this daemon's --peer-secret");
   }
-  const std::string want = Mac("ckptd-peer/v1 " + call + " " + ms + " " + nonce);
+  const std::string want = Mac("ckptd-peer/v2 " + call + " " + subject + " " + ms + " " + nonce);
   if (CRYPTO_memcmp(want.data(), mac.data(), want.size()) != 0) {
-    return PermissionDenied("peer call " + call +
-                            " refused: its token was not made with this daemon's --peer-secret");
+    return PermissionDenied("peer call " + call + " (" + subject +
+                            ") refused: its token was not made with this daemon's --peer-secret for this request");
   }
   std::int64_t when = 0;
   try {
@@ -111,6 +152,9 @@ Status PeerSecret::Check(const std::string& token, const std::string& call) cons
   if (skew > kSkew.count() * 1000 || -skew > kSkew.count() * 1000) {
     return PermissionDenied("peer call " + call + " refused: its token is " + std::to_string(skew / 1000) +
                             " s off this daemon's clock (at most " + std::to_string(kSkew.count()) + " s)");
+  }
+  if (!seen_->FirstTime(nonce, when)) {
+    return PermissionDenied("peer call " + call + " (" + subject + ") refused: its token was used before (a replay)");
   }
   return Status::Ok();
 }

@@ -210,7 +210,15 @@ class PeerServiceImpl final : public v1::Peer::Service {
 
   grpc::Status PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::ShardPiece>* reader,
                         v1::PutShardReply* reply) override {
-    if (Status st = Auth(ctx, "PutShard"); !st.ok()) return Refuse(st);
+    // The token is bound to the shard and origin of the first piece: read it first.
+    v1::ShardPiece head;
+    if (!reader->Read(&head)) return Refuse(DataLoss("PutShard: the stream ended before its first piece"));
+    if (Status st = Auth(ctx, "PutShard",
+                         PeerSecret::ShardSubject(head.key().job(), head.key().version(), head.key().rank(),
+                                                  head.origin()));
+        !st.ok()) {
+      return Refuse(st);
+    }
     std::string origin;
     std::shared_ptr<MemoryImage> reserved;
     auto make = [&](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
@@ -225,10 +233,13 @@ class PeerServiceImpl final : public v1::Peer::Service {
     // The origin is in the first piece, before the image is made.
     bool first = true;
     auto next = [&](v1::ShardPiece* p) {
-      if (!reader->Read(p)) return false;
-      if (first) origin = p->origin();
-      first = false;
-      return true;
+      if (first) {
+        first = false;
+        origin = head.origin();
+        *p = std::move(head);
+        return true;
+      }
+      return reader->Read(p);
     };
     std::uint64_t received = 0;
     auto image = ReceiveImage(next, make, v1::ShardKey(), nullptr, &received);
@@ -251,7 +262,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
 
   grpc::Status GetShard(grpc::ServerContext* ctx, const v1::GetShardRequest* req,
                         grpc::ServerWriter<v1::ShardPiece>* writer) override {
-    if (Status st = Auth(ctx, "GetShard"); !st.ok()) return Refuse(st);
+    if (Status st = Auth(ctx, "GetShard", KeySubject(req->key())); !st.ok()) return Refuse(st);
     if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
     auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
     if (!image) {
@@ -268,7 +279,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
   }
 
   grpc::Status HasShard(grpc::ServerContext* ctx, const v1::HasShardRequest* req, v1::HasShardReply* reply) override {
-    if (Status st = Auth(ctx, "HasShard"); !st.ok()) return Refuse(st);
+    if (Status st = Auth(ctx, "HasShard", KeySubject(req->key())); !st.ok()) return Refuse(st);
     if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
     auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
     reply->set_held(image != nullptr);
@@ -277,7 +288,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
   }
 
   grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* req, v1::DropJobReply* reply) override {
-    if (Status st = Auth(ctx, "DropJob"); !st.ok()) return Refuse(st);
+    if (Status st = Auth(ctx, "DropJob", PeerSecret::JobSubject(req->job(), req->origin())); !st.ok())
+      return Refuse(st);
     if (std::string why = CheckJobId(req->job()); !why.empty()) return ToGrpc(InvalidArgument(why));
     if (req->origin().empty()) return ToGrpc(InvalidArgument("DropJob needs its origin"));
     reply->set_dropped(r_.memory().DropReplicas(req->job(), req->origin()));
@@ -288,11 +300,14 @@ class PeerServiceImpl final : public v1::Peer::Service {
   }
 
  private:
-  Status Auth(grpc::ServerContext* ctx, const std::string& call) {
+  static std::string KeySubject(const v1::ShardKey& k) {
+    return PeerSecret::ShardSubject(k.job(), k.version(), k.rank(), "");
+  }
+  Status Auth(grpc::ServerContext* ctx, const std::string& call, const std::string& subject) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(PeerSecret::kMetadataKey);
     const std::string token = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-    Status st = r_.secret().Check(token, call);
+    Status st = r_.secret().Check(token, call, subject);
     if (!st.ok()) spdlog::warn("peer: refused a call from {}: {}", ctx->peer(), st.message());
     return st;
   }
@@ -472,9 +487,18 @@ void Replicator::Pace() {
 }
 
 Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held) {
-  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  auto channel = ChannelTo(peer);
+  // A channel whose last attempt failed (the peer was down: a DropJob or a send found it so)
+  // fails calls at once until its next reconnect, up to the 1 s backoff later: a peer that has
+  // come back is given that long to be reached, rather than counted as failed.
+  if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+  }
+  auto stub = v1::Peer::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("PutShard"));
+  ctx.AddMetadata(PeerSecret::kMetadataKey,
+                  secret_.Token("PutShard", PeerSecret::ShardSubject(image.meta.job, image.meta.version,
+                                                                     image.meta.rank, peers_.self_address())));
   // At least 10 MB/s, and 30 s for anything.
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30) +
                    std::chrono::milliseconds(image.file_bytes / 10000));
@@ -574,7 +598,7 @@ void Replicator::OnJobEnded(const std::string& job) {
   for (const std::string& peer : told) {
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("DropJob"));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("DropJob", PeerSecret::JobSubject(job, peers_.self_address())));
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::DropJobRequest req;
     req.set_job(job);
@@ -597,7 +621,8 @@ std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64
     const std::string& peer = peers_.addresses[i];
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("HasShard"));
+    ctx.AddMetadata(PeerSecret::kMetadataKey,
+                    secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::HasShardRequest req;
     req.mutable_key()->set_job(job);
@@ -628,7 +653,7 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
                                                        std::uint64_t version, std::uint32_t rank) {
   auto stub = v1::Peer::NewStub(ChannelTo(peer));
   grpc::ClientContext ctx;
-  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("GetShard"));
+  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("GetShard", PeerSecret::ShardSubject(job, version, rank, "")));
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
   v1::GetShardRequest req;
   req.mutable_key()->set_job(job);

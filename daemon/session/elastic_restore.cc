@@ -53,10 +53,20 @@ Status Noted(const Status& s, const std::string& note) {
   return Status(s.code(), s.message() + " (" + note + ")");
 }
 
+// Whether a failure to read a copy on `tier` is worth the next copy: a bad or missing copy on
+// a faster tier (dropped by retention, a local disk gone, a peer that cannot serve). The
+// persistent tier's copy is the last one.
+bool WorthNextCopy(const Status& st, Tier tier) {
+  if (tier == Tier::kPersistent) return false;
+  return st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ||
+         st.code() == StatusCode::kIoError;
+}
+
 // One rank's shard of the version, read from its fastest good copy.
 struct LoadedShard {
   std::uint32_t rank = 0;
   bool loaded = false;  // the plan needs it (all of them without an index)
+  bool listed = false;  // `sources` is filled (only for the shards the plan needs)
   std::vector<ShardSource> sources;
   std::size_t at = 0;  // the copy in use
   ShardInfo info;
@@ -65,13 +75,21 @@ struct LoadedShard {
 
   const ShardSource& src() const { return sources[at]; }
   std::string Where() const {
+    if (src().tier == Tier::kPeer) return "the replica of rank " + std::to_string(rank) + " from peer " + src().peer;
     return src().image ? "the memory tier's copy of rank " + std::to_string(rank)
                        : std::string(TierName(src().tier)) + " shard " + src().path;
   }
 };
 
-// Reads the header of `s`'s current copy and checks it is (job, version, rank) of W.
-Status LoadCopy(Storage& storage, const ElasticRequest& req, LoadedShard& s) {
+// Reads the header of `s`'s current copy and checks it is (job, version, rank) of W. A
+// replica in a peer's memory (issue 17) is fetched whole first.
+Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, LoadedShard& s) {
+  if (s.src().tier == Tier::kPeer && !s.src().image) {
+    auto image = tiers.FetchFromPeer(s.src(), req.job, req.version, s.rank);
+    // A peer that cannot give it is worth the next source, like a bad copy.
+    if (!image.ok()) return DataLoss(s.Where() + ": " + image.status().message());
+    s.sources[s.at].image = std::move(image).value();
+  }
   const ShardSource& src = s.src();
   const std::string where = s.Where();
   std::string json;
@@ -149,12 +167,30 @@ class ElasticRun {
 
   // Loads the header of rank r's shard from its fastest good copy.
   Status Load(LoadedShard& s) {
+    List(s);
     while (true) {
-      Status st = LoadCopy(storage_, req_, s);
+      Status st = LoadCopy(storage_, tiers_, req_, s);
       if (st.ok()) return st;
-      if (st.code() != StatusCode::kDataLoss || s.src().tier == Tier::kPersistent) return st;
+      if (!WorthNextCopy(st, s.src().tier)) return st;
       BadCopy(s, st);
     }
+  }
+
+  // Fills the copies of `s`, fastest first. Done only for a shard the plan reads: with peer
+  // replication, listing asks every peer whether it holds one.
+  void List(LoadedShard& s) {
+    if (s.listed) return;
+    s.sources = tiers_.Sources(req_.job, req_.version, s.rank);
+    s.listed = true;
+  }
+
+  // The fastest tier of rank r's shard that is known without asking a peer: memory or local
+  // where this daemon holds it, else the persistent tier (a peer's replica is slower than
+  // this daemon's own copies, and only worth asking for once the shard is needed).
+  Tier LocalTierOf(std::uint32_t r) {
+    if (tiers_.memory().Find(req_.job, req_.version, r)) return Tier::kMemory;
+    if (tiers_.local() && tiers_.local()->Has(req_.job, req_.version, r)) return Tier::kLocal;
+    return Tier::kPersistent;
   }
 
   // A copy on a faster tier failed verification: report, drop, go on with the next.
@@ -162,7 +198,9 @@ class ElasticRun {
     metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
     errors_.Record("job " + req_.job + " version " + std::to_string(req_.version) + " rank " +
                    std::to_string(s.rank) + ": the " + TierName(s.src().tier) +
-                   " tier's copy failed verification in a restore by rank " + std::to_string(req_.rank) +
+                   " tier's copy " +
+                   (why.code() == StatusCode::kDataLoss ? "failed verification" : "could not be read") +
+                   " in a restore by rank " + std::to_string(req_.rank) +
                    " of " + std::to_string(req_.world_size) + " (" + why.message() +
                    "); dropped, reading the next tier");
     tiers_.DropCopy(s.src());
@@ -176,10 +214,7 @@ class ElasticRun {
   // chooses which headers to read: what is restored comes from the (checksummed) headers.
   Status LoadAll() {
     shards_.resize(req_.version_world_size);
-    for (std::uint32_t r = 0; r < req_.version_world_size; ++r) {
-      shards_[r].rank = r;
-      shards_[r].sources = tiers_.Sources(req_.job, req_.version, r);
-    }
+    for (std::uint32_t r = 0; r < req_.version_world_size; ++r) shards_[r].rank = r;
     std::vector<bool> need = NeededRanks();
     for (std::uint32_t r = 0; r < req_.version_world_size; ++r) {
       if (!need[r]) continue;
@@ -212,12 +247,18 @@ class ElasticRun {
       auto it = index->tensors.find(t.layout->global_name);
       if (it == index->tensors.end()) continue;  // the plan says so
       if (t.layout->replicated) {
-        // The holder on the fastest tier.
+        // One holder: this rank (read anyway, for its rank-private items), else the one on
+        // the fastest of this daemon's tiers, else the first.
         const IndexChunk* best = nullptr;
         Tier best_tier = Tier::kPersistent;
         for (const IndexChunk& c : it->second.chunks) {
-          const Tier tier = shards_[c.rank].sources.front().tier;
-          if (best == nullptr || tier < best_tier) best = &c, best_tier = tier;
+          if (c.rank >= w) continue;
+          if (c.rank == req_.rank) {
+            best = &c;
+            break;
+          }
+          const Tier tier = LocalTierOf(c.rank);
+          if (best == nullptr || FasterTier(tier, best_tier)) best = &c, best_tier = tier;
         }
         if (best != nullptr) need[best->rank] = true;
         continue;
@@ -336,7 +377,7 @@ Status ElasticRun::PlanTarget(std::size_t i) {
                                   gname + " is stored as chunks of shape " +
                                   ShapeText(c.layout->global_shape));
       }
-      if (best == nullptr || shards_[c.shard].src().tier < shards_[best->shard].src().tier) best = &c;
+      if (best == nullptr || FasterTier(shards_[c.shard].src().tier, shards_[best->shard].src().tier)) best = &c;
     }
     if (Status st = same_type(*best->item, shards_[best->shard].rank); !st.ok()) return st;
     if (best->item->shape != want.shape) {
@@ -506,7 +547,8 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
                   const std::size_t k = next.fetch_add(1);
                   if (k >= tasks.size()) break;
                   status[k] = RunTask(tasks[k], out, staging, buf, read);
-                  if (!status[k].ok() && status[k].code() != StatusCode::kDataLoss) stop.store(true);
+                  if (!status[k].ok() && !WorthNextCopy(status[k], shards_[pieces_[tasks[k].piece].shard].src().tier))
+                    stop.store(true);
                 }
                 read_total += read;
               });
@@ -516,7 +558,7 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     if (status[k].ok()) continue;
     const std::size_t shard = pieces_[tasks[k].piece].shard;
-    if (status[k].code() != StatusCode::kDataLoss || shards_[shard].src().tier == Tier::kPersistent) {
+    if (!WorthNextCopy(status[k], shards_[shard].src().tier)) {
       if (fatal.ok()) fatal = status[k];
     } else if (bad[shard].ok()) {
       bad[shard] = status[k];
@@ -566,7 +608,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
   }
   for (const Piece& p : run.pieces()) {
     const Tier tier = run.shards()[p.shard].src().tier;
-    out.slowest = std::max(out.slowest, tier);
+    out.slowest = SlowerTier(out.slowest, tier);
     if (p.target != SIZE_MAX) {
       const std::uint64_t bytes = p.sub.elements() * p.elem;
       out.tier_bytes[static_cast<int>(tier)] += bytes;
@@ -661,7 +703,6 @@ Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req) {
   ElasticRun run(*storage_, tiers_, errors_, req, readers_);
   LoadedShard s;
   s.rank = req.rank;
-  s.sources = tiers_.Sources(req.job, req.version, req.rank);
   if (Status st = run.Load(s); !st.ok()) return st;
   if (s.tensors.size() != req.targets.size()) return false;
   for (const ElasticTarget& t : req.targets) {

@@ -67,8 +67,8 @@ struct ElasticRestored {
   std::vector<RestoredBlob> blobs;
   std::uint64_t tensor_bytes = 0;
   std::uint64_t bytes_read = 0;  // from files
-  // Tensor bytes restored from each tier (memory, local, persistent).
-  std::uint64_t tier_bytes[3] = {0, 0, 0};
+  // Tensor bytes restored from each tier, indexed by Tier (memory, local, persistent, peer).
+  std::uint64_t tier_bytes[4] = {0, 0, 0, 0};
   Tier slowest = Tier::kMemory;  // the slowest tier read from
 };
 

@@ -131,10 +131,17 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
     if (restored.ok()) break;
     // Only a bad copy is worth another tier: a registration that does not match the shard
     // (FailedPrecondition) or an unreadable region fails on every tier alike.
-    if (restored.status().code() != StatusCode::kDataLoss || src.tier == Tier::kPersistent) break;
+    // A copy missing or unreadable on a faster tier (retention, a lost local disk) is worth
+    // the next one too.
+    const StatusCode code = restored.status().code();
+    if (src.tier == Tier::kPersistent ||
+        (code != StatusCode::kDataLoss && code != StatusCode::kNotFound && code != StatusCode::kIoError)) {
+      break;
+    }
     metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
     errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) +
-                   ": the " + TierName(src.tier) + " tier's copy failed verification (" +
+                   ": the " + TierName(src.tier) + " tier's copy " +
+                   (code == StatusCode::kDataLoss ? "failed verification" : "could not be read") + " (" +
                    restored.status().message() + "); dropped, restoring from the next tier");
     tiers_.DropCopy(src);
   }
@@ -191,13 +198,15 @@ Result<Restored> Restorer::RestoreElastic(Session& s, const ElasticRequest& req)
   counters_.from_memory += restored->tier_bytes[static_cast<int>(Tier::kMemory)];
   counters_.from_local += restored->tier_bytes[static_cast<int>(Tier::kLocal)];
   counters_.from_persistent += restored->tier_bytes[static_cast<int>(Tier::kPersistent)];
+  counters_.from_peer += restored->tier_bytes[static_cast<int>(Tier::kPeer)];
   ++counters_.resharded;
   spdlog::info(
       "job {} rank {} of {}: restored version {} written by {} ranks (resharded; {} bytes: {} from memory, "
-      "{} "
-      "local, {} persistent; {} read from disk)",
+      "{} local, {} from peers, {} persistent; {} read from disk)",
       s.job, s.rank, s.world_size, req.version, req.version_world_size, restored->tensor_bytes,
-      restored->tier_bytes[0], restored->tier_bytes[1], restored->tier_bytes[2], restored->bytes_read);
+      restored->tier_bytes[static_cast<int>(Tier::kMemory)], restored->tier_bytes[static_cast<int>(Tier::kLocal)],
+      restored->tier_bytes[static_cast<int>(Tier::kPeer)], restored->tier_bytes[static_cast<int>(Tier::kPersistent)],
+      restored->bytes_read);
   Restored out;
   out.version = req.version;
   out.tier = restored->slowest;

@@ -156,6 +156,8 @@ bool MemoryTier::DropOneReplicaLocked(const Key& prefer, std::uint64_t below) {
   const Key* victim = nullptr;
   std::uint64_t victim_used = 0;
   for (const auto& [key, versions] : images_) {
+    // `prefer`'s replicas are all as new as `below` or newer: never dropped for an older one.
+    if (below != 0 && key == prefer) continue;
     const bool has = std::any_of(versions.begin(), versions.end(),
                                  [](const auto& e) { return !e.second.origin.empty(); });
     if (!has) continue;
@@ -185,9 +187,10 @@ std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, s
     MutexLock lock(mu_);
     auto& versions = images_[key];
     if (auto it = versions.find(meta.version); it != versions.end()) {
-      // This daemon's own shard of that version is already here: a replica adds nothing.
-      if (it->second.origin.empty() && it->second.image->complete) return nullptr;
-      versions.erase(it);
+      // This daemon's own shard of that version is here (complete, or being captured): a
+      // replica adds nothing and must not take its place.
+      if (it->second.origin.empty()) return nullptr;
+      versions.erase(it);  // an older replica of it, replaced
     }
     PruneLocked(versions);
   }

@@ -112,7 +112,8 @@ class MemoryTier {
     std::string origin;  // a replica's sender; empty for this daemon's own shards
   };
   // Drops one replica to make room (least recently used rank first, its oldest version
-  // first; `prefer` first when it holds one older than `below`); false if there is none.
+  // first; `prefer` first when it holds one older than `below`, and never one of `prefer`'s
+  // as new as `below` or newer); false if there is none.
   bool DropOneReplicaLocked(const Key& prefer, std::uint64_t below) REQUIRES(mu_);
   std::shared_ptr<MemoryImage> MakeImage(const ShardMeta& meta, std::uint64_t file_bytes, char* data,
                                          std::uint64_t bytes, std::uint64_t capacity);

@@ -20,6 +20,24 @@ const char* TierName(Tier tier) {
   return "persistent";
 }
 
+namespace {
+int SpeedRank(Tier tier) {
+  switch (tier) {
+    case Tier::kMemory:
+      return 0;
+    case Tier::kLocal:
+      return 1;
+    case Tier::kPeer:
+      return 2;
+    case Tier::kPersistent:
+      return 3;
+  }
+  return 3;
+}
+}  // namespace
+
+bool FasterTier(Tier a, Tier b) { return SpeedRank(a) < SpeedRank(b); }
+
 VersionHold::VersionHold(Catalog& catalog, LocalTier* local, std::string job, std::uint64_t version)
     : catalog_(catalog), local_(local), job_(std::move(job)), version_(version) {
   catalog_.Pin(job_, version_);

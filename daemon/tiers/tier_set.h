@@ -26,6 +26,11 @@ namespace ckpt {
 // kPeer (issue 17): a replica in a peer daemon's memory, read over the network.
 enum class Tier { kMemory, kLocal, kPersistent, kPeer };
 const char* TierName(Tier tier);  // "memory", "local", "persistent", "peer"
+// The order of speed, which is not the enum's: memory, local, peer, persistent. True when
+// `a` is faster than `b`.
+bool FasterTier(Tier a, Tier b);
+// The slower of the two.
+inline Tier SlowerTier(Tier a, Tier b) { return FasterTier(a, b) ? b : a; }
 
 // Keeps a version from every tier's retention while it lives.
 class VersionHold {

@@ -1,0 +1,78 @@
+// MemoryTier's rules for replicas (issue 17), on the class itself: a replica never takes the
+// place of this daemon's own shard, complete or still being captured, and a replica short of
+// room drops older replicas only, never a newer one of its own rank.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "daemon/tiers/memory_tier.h"
+
+using namespace ckpt;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1 << 20;
+
+ShardMeta Meta(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  ShardMeta m;
+  m.job = job;
+  m.version = version;
+  m.rank = rank;
+  m.world_size = 8;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a replica does not replace this daemon's own shard of the same version", "[memory_tier]") {
+  MemoryTier tier(16 * kMiB, 2);
+  auto own = tier.Reserve(Meta("j", 3, 1), kMiB);
+  REQUIRE(own);
+  SECTION("while it is being captured") {
+    CHECK_FALSE(tier.ReserveReplica(Meta("j", 3, 1), kMiB, "10.0.0.2:7000"));
+    tier.Complete(own);
+    CHECK(tier.Find("j", 3, 1) == own);
+  }
+  SECTION("once it is complete") {
+    tier.Complete(own);
+    CHECK_FALSE(tier.ReserveReplica(Meta("j", 3, 1), kMiB, "10.0.0.2:7000"));
+    CHECK(tier.Find("j", 3, 1) == own);
+  }
+  CHECK(tier.ReplicaBytes().empty());
+}
+
+TEST_CASE("a replica short of room drops older replicas, never a newer one of its rank", "[memory_tier]") {
+  // Room for two 4 MiB images.
+  MemoryTier tier(8 * kMiB, 4);
+  auto r5 = tier.ReserveReplica(Meta("j", 5, 2), 4 * kMiB, "a");
+  REQUIRE(r5);
+  tier.Complete(r5);
+  auto other = tier.ReserveReplica(Meta("k", 1, 0), 4 * kMiB, "a");
+  REQUIRE(other);
+  tier.Complete(other);
+  r5.reset();
+  other.reset();
+  SECTION("an older version of the same rank is refused rather than dropping version 5") {
+    // Rank 2's only replica is newer: the other job's replica gives way.
+    auto r4 = tier.ReserveReplica(Meta("j", 4, 2), 4 * kMiB, "a");
+    REQUIRE(r4);
+    CHECK(tier.Find("j", 5, 2) != nullptr);
+    CHECK(tier.Find("k", 1, 0) == nullptr);
+  }
+  SECTION("a newer version of the same rank drops the older one first") {
+    auto r6 = tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a");
+    REQUIRE(r6);
+    tier.Complete(r6);
+    CHECK(tier.Find("j", 5, 2) == nullptr);
+    CHECK(tier.Find("k", 1, 0) != nullptr);
+  }
+}
+
+TEST_CASE("with nothing older to drop, a replica is refused and the newer ones stay", "[memory_tier]") {
+  MemoryTier tier(4 * kMiB, 4);
+  auto r5 = tier.ReserveReplica(Meta("j", 5, 2), 4 * kMiB, "a");
+  REQUIRE(r5);
+  tier.Complete(r5);
+  r5.reset();
+  CHECK_FALSE(tier.ReserveReplica(Meta("j", 4, 2), 4 * kMiB, "a"));
+  CHECK(tier.Find("j", 5, 2) != nullptr);
+}
