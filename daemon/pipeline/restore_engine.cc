@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/names.h"
+#include "common/run_parallel.h"
 #include "format/checksum.h"
 
 namespace ckpt {
@@ -245,21 +246,6 @@ class RestoreLanes {
   HostCopyLane host_;
   std::map<int, std::vector<std::unique_ptr<CopyLane>>> by_device_;
 };
-
-// Runs `body` on up to n-1 new threads, then on the calling one; the bodies claim their
-// work from shared counters, so it is all done even when fewer threads could be started.
-void RunParallel(unsigned n, const std::function<void()>& body) {
-  std::vector<std::thread> threads;
-  for (unsigned w = 1; w < n; ++w) {
-    try {
-      threads.emplace_back(body);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  body();
-  for (auto& t : threads) t.join();
-}
 
 // `s` with `note` (what the error left in the regions) appended.
 Status Noted(const Status& s, const std::string& note) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/names.h"
+#include "common/run_parallel.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "format/checksum.h"
 #include "format/dtype.h"
@@ -32,21 +33,6 @@ std::string ShapeText(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-// Runs `body` on up to n-1 new threads, then on the calling one; the bodies claim their
-// work from shared counters, so it is all done even when fewer threads could be started.
-void RunParallel(unsigned n, const std::function<void()>& body) {
-  std::vector<std::thread> threads;
-  for (unsigned w = 1; w < n; ++w) {
-    try {
-      threads.emplace_back(body);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  body();
-  for (auto& t : threads) t.join();
 }
 
 Status Noted(const Status& s, const std::string& note) {
