@@ -11,8 +11,8 @@
 #    replicated). Then node 1 is lost: kill -9 of its daemon and its local tier deleted. A
 #    replacement daemon starts in its place and a fresh trainer process for rank 1 restores
 #    the newest version (verifying every byte): from node 0's memory. "loss to restored"
-#    runs from the kill to the end of the restore call (daemon start, registration, the
-#    transfer and the checks included). The same again with a replacement daemon without
+#    runs from the node gone (its daemon reaped, its local tier deleted) to the end of the
+#    restore call (daemon start, registration, the transfer and the checks included). The same again with a replacement daemon without
 #    replication (--replicas 0): the restore reads the persistent tier (O_DIRECT where the
 #    directory takes it, so not from the page cache).
 # 2. Trainer stall and overhead under a flush-bound workload. Three daemons; one rank of
@@ -136,9 +136,12 @@ print(1 if vs and $2 in [int(r) for r in vs[0].get('memory_ranks', [])] else 0)"
   echo "   latest $(cat "$work/persistent/loss/latest"); replicated shards: $(status_json n0 | json_field replicated_shards) + $(status_json n1 | json_field replicated_shards)"
   for source in peer persistent; do
     echo "== node 1 lost; a replacement daemon ($([ $source = peer ] && echo "--replicas 1" || echo "--replicas 0")); rank 1 restores"
-    killed=$(date +%s%3N)
     stop n1 KILL
     rm -rf "$work/local1"
+    # The clock starts once the node is gone: the kill's exit and the removal of its local
+    # tier (GiBs of files in the peer run, none in the second) simulate the loss, they are
+    # not part of the recovery.
+    killed=$(date +%s%3N)
     if [ "$source" = peer ]; then node 1 1; else start n1 --local "$work/local1" --memory-mib $((mib * 4 + 512)); fi
     trainer n1 loss 1 2 "restored-$source" --iters "$iters" --resume
     end=$(python3 -c "import json; print(json.load(open('$work/restored-$source.json'))['restore_end_unix_ms'])")
