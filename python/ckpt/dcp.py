@@ -509,7 +509,11 @@ class Writer(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> _TorchFuture:
         fut: _TorchFuture = _TorchFuture()
-        staged, self._staged = self._staged, None
+        # The staged future stays in self._staged until it is done (wait_captured clears it):
+        # the trainer's pre-step hook must find it and wait, however early this upload thread
+        # gets here. Taking it out here let a step that came after this point run before the
+        # capture, and the version held the step's values.
+        staged = self._staged
         try:
             results, version = self._write(plan, planner, staged)
         except BaseException as e:
