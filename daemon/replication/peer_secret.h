@@ -24,6 +24,9 @@ namespace ckpt {
 class PeerSecret {
  public:
   static constexpr const char* kMetadataKey = "ckpt-peer-auth";
+  // PutShard's subject, sent in metadata too: the receiver authenticates it before it reads
+  // a byte of the stream, then holds the first piece to it.
+  static constexpr const char* kSubjectKey = "ckpt-peer-subject";
   static constexpr std::chrono::seconds kSkew{300};
 
   // Reads and checks the file (owner, mode, size); InvalidArgument saying what is wrong.

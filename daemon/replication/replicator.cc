@@ -210,14 +210,18 @@ class PeerServiceImpl final : public v1::Peer::Service {
 
   grpc::Status PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::ShardPiece>* reader,
                         v1::PutShardReply* reply) override {
-    // The token is bound to the shard and origin of the first piece: read it first.
+    // The token is bound to the shard and origin the sender names in metadata: checked
+    // before anything is read (an unauthenticated stream costs no buffer), then the first
+    // piece must be that shard from that origin.
+    const auto& md = ctx->client_metadata();
+    auto sub = md.find(PeerSecret::kSubjectKey);
+    const std::string subject = sub == md.end() ? std::string() : std::string(sub->second.data(), sub->second.size());
+    if (Status st = Auth(ctx, "PutShard", subject); !st.ok()) return Refuse(st);
     v1::ShardPiece head;
-    if (!reader->Read(&head)) return Refuse(DataLoss("PutShard: the stream ended before its first piece"));
-    if (Status st = Auth(ctx, "PutShard",
-                         PeerSecret::ShardSubject(head.key().job(), head.key().version(), head.key().rank(),
-                                                  head.origin()));
-        !st.ok()) {
-      return Refuse(st);
+    if (!reader->Read(&head)) return ToGrpc(DataLoss("PutShard: the stream ended before its first piece"));
+    if (PeerSecret::ShardSubject(head.key().job(), head.key().version(), head.key().rank(), head.origin()) != subject) {
+      return Refuse(PermissionDenied("PutShard: the first piece is not the shard its token was made for (" + subject +
+                                     ")"));
     }
     std::string origin;
     std::shared_ptr<MemoryImage> reserved;
@@ -490,15 +494,26 @@ Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std
   auto channel = ChannelTo(peer);
   // A channel whose last attempt failed (the peer was down: a DropJob or a send found it so)
   // fails calls at once until its next reconnect, up to the 1 s backoff later: a peer that has
-  // come back is given that long to be reached, rather than counted as failed.
+  // come back is given that long to be reached, rather than counted as failed. Once per
+  // failure, not per shard: a send that failed in the last 10 s fails at once again (the
+  // next daemon of the ring takes the shard), so a peer that stays down does not slow
+  // every send by the wait.
   if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
-    channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    const auto now = std::chrono::steady_clock::now();
+    bool wait = true;
+    {
+      MutexLock lock(mu_);
+      auto it = send_failed_at_.find(peer);
+      wait = it == send_failed_at_.end() || now - it->second > std::chrono::seconds(10);
+    }
+    if (wait) channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
   }
   auto stub = v1::Peer::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.AddMetadata(PeerSecret::kMetadataKey,
-                  secret_.Token("PutShard", PeerSecret::ShardSubject(image.meta.job, image.meta.version,
-                                                                     image.meta.rank, peers_.self_address())));
+  const std::string subject =
+      PeerSecret::ShardSubject(image.meta.job, image.meta.version, image.meta.rank, peers_.self_address());
+  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("PutShard", subject));
+  ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
   // At least 10 MB/s, and 30 s for anything.
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30) +
                    std::chrono::milliseconds(image.file_bytes / 10000));
@@ -512,6 +527,14 @@ Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std
   writer->WritesDone();
   grpc::Status st = writer->Finish();
   metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kSent, sent);
+  {
+    MutexLock lock(mu_);
+    if (st.ok()) {
+      send_failed_at_.erase(peer);
+    } else {
+      send_failed_at_[peer] = std::chrono::steady_clock::now();
+    }
+  }
   if (!st.ok()) return FromGrpc(st, "peer " + peer);
   *held = reply.bytes_held();
   return Status::Ok();

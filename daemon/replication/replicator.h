@@ -143,6 +143,8 @@ class Replicator : public PeerShards {
   // Per job, the peers that acknowledged a shard of it: those a job's end tells.
   std::map<std::string, std::set<std::string>> sent_to_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
+  // When a send to the peer last failed (erased by a success): see SendTo.
+  std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);
   std::thread sender_;
 };
 

@@ -190,6 +190,7 @@ class ElasticRun {
                    " of " + std::to_string(req_.world_size) + " (" + why.message() +
                    "); dropped, reading the next tier");
     tiers_.DropCopy(s.src());
+    if (s.src().tier == Tier::kPeer) s.sources[s.at].image.reset();  // fetched: outside the budget
     s.fd.reset();
     ++s.at;
   }

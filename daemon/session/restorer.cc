@@ -131,11 +131,11 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
     if (restored.ok()) break;
     // Only a bad copy is worth another tier: a registration that does not match the shard
     // (FailedPrecondition) or an unreadable region fails on every tier alike.
-    // A copy missing or unreadable on a faster tier (retention, a lost local disk) is worth
-    // the next one too.
+    // A copy missing on a faster tier (retention removed it after it was listed) is worth
+    // the next one too. IO_ERROR is not: the engine reports a failed write to the trainer's
+    // regions so, which every tier would meet again (and its copies are good).
     const StatusCode code = restored.status().code();
-    if (src.tier == Tier::kPersistent ||
-        (code != StatusCode::kDataLoss && code != StatusCode::kNotFound && code != StatusCode::kIoError)) {
+    if (src.tier == Tier::kPersistent || (code != StatusCode::kDataLoss && code != StatusCode::kNotFound)) {
       break;
     }
     metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
