@@ -23,7 +23,8 @@ if [ -d "$here/.git" ] && ! grep -qx '/.venv-bench/' "$exclude" 2>/dev/null; the
   mkdir -p "$(dirname "$exclude")"
   echo '/.venv-bench/' >> "$exclude"
 fi
-"$venv/bin/pip" install "torch==$torch_version" numpy
+# pytest and safetensors: the torch-2 tests (DCP, DTensor, FSDP2) and the export test run here.
+"$venv/bin/pip" install "torch==$torch_version" numpy pytest safetensors
 "$venv/bin/python" - <<'PY'
 import torch, torch.distributed as dist
 x = torch.randn(64, 64)
@@ -33,3 +34,6 @@ PY
 echo "venv ready: $venv ($(du -sh "$venv" | cut -f1)); build the ckpt module with"
 echo "  cmake -S $here -B $here/build -G Ninja -DCKPT_BUILD_PYTHON=ON -DPython3_EXECUTABLE=$venv/bin/python"
 echo "  ninja -C $here/build ckptd _ckpt"
+echo "and run the tests that need torch 2.x with"
+echo "  PYTHONPATH=$here/build/python CKPTD_BINARY=$here/build/ckptd CKPTCTL_BINARY=$here/build/ckptctl \\"
+echo "    $venv/bin/python -m pytest -q python/tests/test_dcp.py python/tests/test_torch_layouts.py"
