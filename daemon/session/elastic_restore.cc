@@ -39,14 +39,9 @@ Status Noted(const Status& s, const std::string& note) {
   return Status(s.code(), s.message() + " (" + note + ")");
 }
 
-// Whether a failure to read a copy on `tier` is worth the next copy: a bad or missing copy on
-// a faster tier (dropped by retention, a local disk gone, a peer that cannot serve). The
-// persistent tier's copy is the last one.
-bool WorthNextCopy(const Status& st, Tier tier) {
-  if (tier == Tier::kPersistent) return false;
-  return st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ||
-         st.code() == StatusCode::kIoError;
-}
+// Every failure here is a read of a copy (the regions are written after all reads), so an
+// IO_ERROR is the copy's.
+bool WorthNextCopy(const Status& st, Tier tier) { return ckpt::WorthNextCopy(st, tier, /*io_error_is_copy=*/true); }
 
 // One rank's shard of the version, read from its fastest good copy.
 struct LoadedShard {
@@ -174,9 +169,7 @@ class ElasticRun {
   // where this daemon holds it, else the persistent tier (a peer's replica is slower than
   // this daemon's own copies, and only worth asking for once the shard is needed).
   Tier LocalTierOf(std::uint32_t r) {
-    if (tiers_.memory().Find(req_.job, req_.version, r)) return Tier::kMemory;
-    if (tiers_.local() && tiers_.local()->Has(req_.job, req_.version, r)) return Tier::kLocal;
-    return Tier::kPersistent;
+    return tiers_.Sources(req_.job, req_.version, r, /*ask_peers=*/false).front().tier;
   }
 
   // A copy on a faster tier failed verification: report, drop, go on with the next.

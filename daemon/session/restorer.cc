@@ -129,15 +129,12 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
     tier = src.tier;
     restored = ReadCopy(s, v, src);
     if (restored.ok()) break;
-    // Only a bad copy is worth another tier: a registration that does not match the shard
-    // (FailedPrecondition) or an unreadable region fails on every tier alike.
-    // A copy missing on a faster tier (retention removed it after it was listed) is worth
-    // the next one too. IO_ERROR is not: the engine reports a failed write to the trainer's
-    // regions so, which every tier would meet again (and its copies are good).
+    // Only a bad or missing copy is worth another tier: a registration that does not match
+    // the shard (FailedPrecondition) or an unreadable region fails on every tier alike, and
+    // IO_ERROR is what the engine reports for a failed write to the trainer's regions (every
+    // tier would meet it again, and its copies are good).
+    if (!WorthNextCopy(restored.status(), src.tier, /*io_error_is_copy=*/false)) break;
     const StatusCode code = restored.status().code();
-    if (src.tier == Tier::kPersistent || (code != StatusCode::kDataLoss && code != StatusCode::kNotFound)) {
-      break;
-    }
     metrics::Metrics().Error(metrics::ErrorKind::kRestoreVerify);
     errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + " version " + std::to_string(v) +
                    ": the " + TierName(src.tier) + " tier's copy " +

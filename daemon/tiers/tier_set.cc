@@ -38,6 +38,12 @@ int SpeedRank(Tier tier) {
 
 bool FasterTier(Tier a, Tier b) { return SpeedRank(a) < SpeedRank(b); }
 
+bool WorthNextCopy(const Status& st, Tier tier, bool io_error_is_copy) {
+  if (tier == Tier::kPersistent) return false;
+  return st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ||
+         (io_error_is_copy && st.code() == StatusCode::kIoError);
+}
+
 VersionHold::VersionHold(Catalog& catalog, LocalTier* local, std::string job, std::uint64_t version)
     : catalog_(catalog), local_(local), job_(std::move(job)), version_(version) {
   catalog_.Pin(job_, version_);
@@ -66,7 +72,8 @@ Result<HeldVersion> TierSet::HoldCommitted(const std::string& job, std::uint64_t
   return held;
 }
 
-std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                          bool ask_peers) {
   std::vector<ShardSource> out;
   if (auto image = memory_.Find(job, version, rank)) {
     ShardSource src;
@@ -79,7 +86,7 @@ std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t 
     out.push_back(
         ShardSource{Tier::kLocal, nullptr, local_->ShardPath(job, version, rank), local_->direct_io(), ""});
   }
-  if (peers_ && !in_memory) {
+  if (ask_peers && peers_ && !in_memory) {
     for (std::string& peer : peers_->Holding(job, version, rank)) {
       ShardSource src;
       src.tier = Tier::kPeer;

@@ -31,6 +31,11 @@ const char* TierName(Tier tier);  // "memory", "local", "persistent", "peer"
 bool FasterTier(Tier a, Tier b);
 // The slower of the two.
 inline Tier SlowerTier(Tier a, Tier b) { return FasterTier(a, b) ? b : a; }
+// Whether a restore that failed to read a copy on `tier` with `st` goes on with the next copy:
+// a bad (DATA_LOSS) or missing (NOT_FOUND: retention removed it after it was listed) copy on
+// a faster tier, and an IO_ERROR where the caller knows it is the copy's (`io_error_is_copy`:
+// a read, not a write to the trainer's regions). The persistent tier's copy is the last one.
+bool WorthNextCopy(const Status& st, Tier tier, bool io_error_is_copy);
 
 // Keeps a version from every tier's retention while it lives.
 class VersionHold {
@@ -121,8 +126,10 @@ class TierSet {
   // The tiers holding (job, version, rank), fastest first; the persistent tier always comes
   // last (its file may be missing: the read says so). With peers (issue 17) and no image in
   // this daemon's memory, each peer holding one comes after the local tier, in the order
-  // PeerShards::Holding gives.
-  std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // PeerShards::Holding gives. `ask_peers` false: this daemon's own tiers only (no call to
+  // any peer).
+  std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                   bool ask_peers = true);
   // A copy on a faster tier failed verification: drops it, so that later reads go to the
   // next tier. The persistent tier's copy is never dropped here.
   void DropCopy(const ShardSource& copy);
