@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/v1/peer.grpc.pb.h"
 #include "daemon/replication/peer_list.h"
+#include "daemon/replication/peer_secret.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
 #include "support/test_dirs.h"
@@ -448,6 +451,61 @@ TEST_CASE("a peer without the shared secret is refused, and a secret others may 
   auto ran = RunProcess(argv);
   CHECK(ran.exit_code == 2);
   CHECK_THAT(ran.output, Catch::Contains("is mode 0640: others may read it"));
+}
+
+TEST_CASE("a PutShard whose token does not match its subject or its first piece, or comes again, is refused",
+          "[replication]") {
+  TempDir dir("replput");
+  Cluster c(dir, 2, 1);
+  c.Start(1);
+  // The cluster's secret, as a peer holds it.
+  PeerSecret secret("a shared secret of the test cluster");
+  auto stub = v1::Peer::NewStub(grpc::CreateChannel(c.addresses[1], grpc::InsecureChannelCredentials()));
+  const std::string origin = c.addresses[0];
+  // Streams one first piece of job `piece_job` with the given token and subject metadata.
+  auto put = [&](const std::string& token, const std::string& subject, const std::string& piece_job) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+    if (!subject.empty()) ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+    v1::PutShardReply reply;
+    auto writer = stub->PutShard(&ctx, &reply);
+    v1::ShardPiece piece;
+    piece.mutable_key()->set_job(piece_job);
+    piece.mutable_key()->set_version(1);
+    piece.mutable_key()->set_rank(0);
+    piece.set_origin(origin);
+    piece.set_file_bytes(16);
+    piece.set_data(std::string(16, '\0'));
+    writer->Write(piece);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  const std::string subject = PeerSecret::ShardSubject("replput", 1, 0, origin);
+  SECTION("the first piece is another shard than the token's") {
+    grpc::Status st = put(secret.Token("PutShard", subject), subject, "planted");
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("the first piece is not the shard its token was made for"));
+  }
+  SECTION("the subject in metadata is not the token's") {
+    grpc::Status st = put(secret.Token("PutShard", subject), PeerSecret::ShardSubject("planted", 1, 0, origin),
+                          "planted");
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("for this request"));
+  }
+  SECTION("no subject") {
+    grpc::Status st = put(secret.Token("PutShard", subject), "", "replput");
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  SECTION("a token used twice") {
+    const std::string token = secret.Token("PutShard", subject);
+    grpc::Status first = put(token, subject, "replput");  // accepted, then refused as a bad image
+    CHECK(first.error_code() != grpc::StatusCode::UNAUTHENTICATED);
+    grpc::Status again = put(token, subject, "replput");
+    CHECK(again.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(again.error_message(), Catch::Contains("used before (a replay)"));
+  }
+  // Nothing was kept, and the daemon goes on serving.
+  CHECK(c[1].Status().peers(0).held_bytes() == 0);
 }
 
 TEST_CASE("wait_durable(replicated) is reached with replicas, and with --replicas 0 is a clear error",
