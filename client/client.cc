@@ -1019,6 +1019,7 @@ RestoreResult Client::restore(std::optional<std::uint64_t> version) {
     out.tier = rep.tier();
     out.world_size = rep.world_size();
     out.resharded = rep.resharded();
+    out.uncommitted = rep.uncommitted();
     for (const auto& b : rep.blobs()) {
       out.blobs.push_back(Blob{b.name(), b.data(), std::nullopt, b.from_rank()});
       if (b.has_for_rank()) out.blobs.back().for_rank = b.for_rank();

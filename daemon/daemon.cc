@@ -102,10 +102,12 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   if (config_.replicas > 0) {
     // Issue 17: shards go to peers' memory, and restores read peers' memory.
     const HostPool* pool = pool_.get();
-    auto replicator = Replicator::Create(config_, *memory_,
-                                         Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); },
-                                                           [pool] { return pool->used_bytes(); },
-                                                           pool_->pool_bytes()});
+    replica_claims_ = std::make_unique<ReplicaClaims>(*catalog_);
+    auto replicator = Replicator::Create(
+        config_, *memory_,
+        Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); }, [pool] { return pool->used_bytes(); },
+                          pool_->pool_bytes(),
+                          [claims = replica_claims_.get()](const ShardMeta& m) { return claims->OnReplicated(m); }});
     if (!replicator.ok()) return replicator.status();
     replicator_ = std::move(replicator).value();
     tiers_->SetPeers(replicator_.get());

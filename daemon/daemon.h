@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "daemon/commit/catalog.h"
 #include "daemon/commit/commit_tracker.h"
+#include "daemon/commit/replica_claims.h"
 #include "daemon/config.h"
 #include "daemon/error_log.h"
 #include "daemon/io/storage.h"
@@ -123,6 +124,7 @@ class Daemon {
   std::unique_ptr<LocalTier> local_;
   std::unique_ptr<MemoryTier> memory_;
   std::unique_ptr<HostPool> pool_;
+  std::unique_ptr<ReplicaClaims> replica_claims_;  // with replicator_
   std::unique_ptr<Replicator> replicator_;  // null with --replicas 0
   ShardRegistry shards_;
   std::unique_ptr<ShardCopier> copier_;

@@ -104,6 +104,24 @@ std::optional<NodeClaims> ParseNodeMarker(std::string_view text) {
   return claims;
 }
 
+std::string RenderRestorable(const RestorableMarker& marker) {
+  return "world_size " + std::to_string(marker.world_size) + "\n" + RenderNodeMarker(marker.registrations);
+}
+
+std::optional<RestorableMarker> ParseRestorable(std::string_view text) {
+  constexpr std::string_view kPrefix = "world_size ";
+  if (!text.starts_with(kPrefix)) return std::nullopt;
+  text.remove_prefix(kPrefix.size());
+  const auto nl = text.find('\n');
+  if (nl == std::string_view::npos) return std::nullopt;
+  auto world = ParseCanonicalDecimal(text.substr(0, nl));
+  if (!world || *world == 0 || *world > kMaxNodeMarkerRanks) return std::nullopt;
+  auto claims = ParseNodeMarker(text.substr(nl + 1));
+  // Every rank once, in order (ParseNodeMarker holds them increasing): 0..W-1 exactly.
+  if (!claims || claims->size() != *world || claims->rbegin()->first != *world - 1) return std::nullopt;
+  return RestorableMarker{static_cast<std::uint32_t>(*world), std::move(*claims)};
+}
+
 std::string RenderRankRecord(const RankRecord& record) {
   return std::to_string(record.generation) + " " + record.registration;
 }

@@ -4,6 +4,8 @@
 //   ROOT/JOB/vNNNNNNNNNN/COMMITTED         {"job":"J","version":42,"world_size":8,"committed_at":T}\n
 //   ROOT/JOB/vNNNNNNNNNN/node-OWNER.K.done one line "RANK REGISTRATION" for each of the K ranks
 //                                          whose shard a daemon made durable
+//   ROOT/JOB/vNNNNNNNNNN/node-OWNER.K.repl the same lines, for the ranks whose shards peers hold
+//   ROOT/JOB/vNNNNNNNNNN/RESTORABLE        "world_size W" and a line per rank (issue 17)
 //   ROOT/JOB/ranks/rank-NNNNN              "GENERATION REGISTRATION": the rank's newest
 //   ROOT/JOB/ranks/rank-NNNNN.G.REG        the registration REG (generation G), its id again
 //
@@ -56,6 +58,19 @@ using NodeClaims = std::map<std::uint32_t, std::string>;
 inline constexpr std::size_t kMaxNodeMarkerRanks = 1 << 16;
 std::string RenderNodeMarker(const NodeClaims& claims);
 std::optional<NodeClaims> ParseNodeMarker(std::string_view text);
+
+// Issue 17: VERSION/RESTORABLE, written once the `.repl` markers of a version not committed
+// yet claim every rank 0..world_size-1 with its current registration: "world_size W\n", then
+// the node marker lines of every rank (each rank, in order, with the registration whose shard
+// peers hold). A restore takes it only with shards of exactly these registrations.
+struct RestorableMarker {
+  std::uint32_t world_size = 0;
+  NodeClaims registrations;  // every rank 0..world_size-1
+};
+std::string RenderRestorable(const RestorableMarker& marker);
+// Exactly what RenderRestorable writes, with W >= 1 and the ranks 0..W-1 each once; nullopt
+// for anything else.
+std::optional<RestorableMarker> ParseRestorable(std::string_view text);
 
 // ranks/rank-R: the rank's newest registration and its generation, "GENERATION REGISTRATION"
 // (generation in canonical decimal, >= 1). A file of an older tree holds a registration id

@@ -86,14 +86,19 @@ bool OwnerChars(std::string_view s) {
   return true;
 }
 
-}  // namespace
-
-std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks) {
-  return "node-" + std::string(owner) + "." + std::to_string(ranks) + ".done";
+std::string_view MarkerSuffix(NodeMarkerKind kind) {
+  return kind == NodeMarkerKind::kReplicated ? ".repl" : ".done";
 }
 
-std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name) {
-  constexpr std::string_view kPrefix = "node-", kSuffix = ".done";
+}  // namespace
+
+std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks, NodeMarkerKind kind) {
+  return "node-" + std::string(owner) + "." + std::to_string(ranks) + std::string(MarkerSuffix(kind));
+}
+
+std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name, NodeMarkerKind kind) {
+  constexpr std::string_view kPrefix = "node-";
+  const std::string_view kSuffix = MarkerSuffix(kind);
   if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
   name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
   const auto dot = name.find_last_of('.');
@@ -164,8 +169,12 @@ std::string CheckpointTree::ShardPath(const std::string& job, std::uint64_t vers
 }
 
 std::string CheckpointTree::NodeMarker(const std::string& job, std::uint64_t version, std::string_view owner,
-                                       std::uint64_t ranks) const {
-  return JoinPath(VersionDir(job, version), NodeMarkerName(owner, ranks));
+                                       std::uint64_t ranks, NodeMarkerKind kind) const {
+  return JoinPath(VersionDir(job, version), NodeMarkerName(owner, ranks, kind));
+}
+
+std::string CheckpointTree::RestorableMarker(const std::string& job, std::uint64_t version) const {
+  return JoinPath(VersionDir(job, version), kRestorableMarker);
 }
 
 std::string CheckpointTree::RegistrationPath(const std::string& job, const RegistrationId& id) const {

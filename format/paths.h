@@ -8,6 +8,10 @@
 //   ROOT/JOB/set-aside/v0000000050/               versions set aside by a rollback
 //   ROOT/JOB/v0000000042/node-OWNER.8.done        a daemon's 8 ranks of the version are durable
 //                                                 (holds each rank and the registration that wrote it)
+//   ROOT/JOB/v0000000042/node-OWNER.8.repl        issue 17: a daemon's 8 ranks of the version are
+//                                                 replicated to peers' memory (same contents)
+//   ROOT/JOB/v0000000042/RESTORABLE               issue 17: not committed yet, but every rank's
+//                                                 shard is replicated (restorable from memory)
 //   ROOT/JOB/ranks/rank-00003.5.REG               the rank's registration REG, its 5th (the highest
 //                                                 generation of a rank is its current one)
 //   ROOT/JOB/ranks/rank-00003                     the rank's newest generation and registration
@@ -36,6 +40,9 @@ inline constexpr std::string_view kSetAsideDir = "set-aside";
 inline constexpr std::string_view kTmpSuffix = ".tmp";
 inline constexpr std::string_view kRanksDir = "ranks";
 inline constexpr std::string_view kOwnerFile = "owner";
+// Issue 17: a version not committed yet whose every rank's shard was replicated to peers'
+// memory (format/markers.h, RestorableMarker).
+inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
 
 // The suffix of files this process writes before renaming them: ".tmp", or ".OWNER.tmp"
 // once SetTmpOwner(OWNER) was called (once, at daemon start, before any file is written).
@@ -49,13 +56,16 @@ std::string RankFileName(std::uint32_t rank);       // "rank-00003"
 // is 1 to kMaxMarkerOwnerBytes of [A-Za-z0-9_-]; RANKS (>= 1, decimal) is how many ranks the
 // marker holds, so that a listing of the directory tells how many ranks are claimed.
 inline constexpr std::size_t kMaxMarkerOwnerBytes = 160;
-std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks);
+// Issue 17: the same name with ".repl" is a daemon's marker of the ranks whose shards of the
+// version it replicated to its peers' memory ("node-OWNER.RANKS.repl"), the same contents.
+enum class NodeMarkerKind { kDone, kReplicated };
+std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks, NodeMarkerKind kind = NodeMarkerKind::kDone);
 struct NodeMarkerId {
   std::string owner;
   std::uint64_t ranks = 0;
 };
-// The canonical spelling only; nullopt for anything else.
-std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name);
+// The canonical spelling of `kind` only; nullopt for anything else.
+std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name, NodeMarkerKind kind = NodeMarkerKind::kDone);
 // A registration of a rank, as a name in JOB/ranks/: "rank-00003.GENERATION.REGISTRATION".
 std::string RegistrationName(std::uint32_t rank, std::uint64_t generation, std::string_view registration);
 struct RegistrationId {
@@ -90,7 +100,8 @@ class CheckpointTree {
   std::string VersionDir(const std::string& job, std::uint64_t version) const;
   std::string ShardPath(const std::string& job, std::uint64_t version, std::uint32_t rank) const;
   std::string NodeMarker(const std::string& job, std::uint64_t version, std::string_view owner,
-                         std::uint64_t ranks) const;
+                         std::uint64_t ranks, NodeMarkerKind kind = NodeMarkerKind::kDone) const;
+  std::string RestorableMarker(const std::string& job, std::uint64_t version) const;
   std::string RegistrationPath(const std::string& job, const RegistrationId& id) const;
   std::string CommittedMarker(const std::string& job, std::uint64_t version) const;
   std::string IndexFile(const std::string& job, std::uint64_t version) const;

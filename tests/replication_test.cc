@@ -257,6 +257,107 @@ TEST_CASE("R=2, nodes lost at once: restores from memory where a replica survive
 
 namespace {
 
+// Saves `v` on every rank and waits until every shard is replicated (not committed).
+void SaveReplicated(Job& job, std::uint64_t v) {
+  for (auto& r : job.ranks) {
+    r->state.Fill(v);
+    r->client->snapshot(v);
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(v, Level::kReplicated);
+}
+
+// A node whose writes of shard headers to the persistent tier (each shard's last write) hang
+// while `gate` exists: its versions are captured, local and replicated, but not persisted, so
+// they do not commit.
+std::vector<std::string> SlowPersistence(const Cluster& c, const std::string& gate) {
+  return {"CKPTD_TEST_FAULT=file=header,op=write,fault=slow,delay_ms=600000,under=" + c.root() + ",while=" + gate};
+}
+
+}  // namespace
+
+TEST_CASE("a version replicated but not committed yet is restored from memory after a node's loss",
+          "[replication]") {
+  TempDir dir("replnc");
+  Cluster c(dir, 3, 1);
+  const std::string gate = dir.path() + "/persistence-hangs";
+  c.env[1] = SlowPersistence(c, gate);
+  c.StartAll();
+  Job job("replnc", 6);
+  job.Launch(c);
+  job.Save(1);
+  { std::ofstream(gate) << "x"; }
+  // Version 2: node 1's shards never reach the persistent tier, every shard is replicated.
+  SaveReplicated(job, 2);
+  const std::string v2 = c.root() + "/replnc/v0000000002";
+  CHECK_FALSE(fs::exists(v2 + "/COMMITTED"));
+  REQUIRE(Eventually([&] { return fs::exists(v2 + "/RESTORABLE"); }));
+  std::string marker;
+  {
+    std::ifstream in(v2 + "/RESTORABLE");
+    marker.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK(marker.rfind("world_size 6\n0 ", 0) == 0);
+
+  SECTION("one node lost: every rank restores version 2 from memory, the lost node's from its peer") {
+    c.Lose(1);
+    c.env[1].clear();  // the replacement's disk is fine
+    c.Start(1);
+    job.Launch(c);
+    for (auto& r : job.ranks) {
+      r->state.Fill(999);
+      RestoreResult got = r->client->restore();
+      INFO("rank " << r->rank);
+      REQUIRE(got.version == 2);
+      CHECK(got.uncommitted);
+      CHECK(got.tier == (job.NodeOf(r->rank) == 1 ? "peer" : "memory"));
+      CHECK(r->state.FirstMismatch(2) == -1);  // byte-exact
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto s = c[i].Status();
+      INFO("node " << i);
+      CHECK(s.restores_uncommitted() == kRanksPerNode);
+      CHECK(s.restored_bytes_persistent() == 0);
+      CHECK(s.bytes_read_total() == 0);
+    }
+    // The job goes on from version 2: version 3 commits (node 1's disk is fine now).
+    job.Save(3);
+    CHECK(fs::exists(c.root() + "/replnc/v0000000003/COMMITTED"));
+    // A restore now takes the committed version 3.
+    for (auto& r : job.ranks) {
+      RestoreResult got = r->client->restore();
+      CHECK(got.version == 3);
+      CHECK_FALSE(got.uncommitted);
+    }
+  }
+  SECTION("the node and the holder of its replicas lost: no rank takes version 2, all restore version 1") {
+    // Node 1's shards of version 2 are replicated on node 2 only (R=1).
+    c.Lose(1);
+    c.Lose(2);
+    c.env[1].clear();
+    c.Start(1);
+    c.Start(2);
+    job.Launch(c);
+    for (auto& r : job.ranks) {
+      r->state.Fill(999);
+      RestoreResult got = r->client->restore();
+      INFO("rank " << r->rank);
+      REQUIRE(got.version == 1);
+      CHECK_FALSE(got.uncommitted);
+      CHECK(r->state.FirstMismatch(1) == -1);
+    }
+    CHECK_THAT(ErrorsOf(c[0].Status()),
+               Catch::Contains("version 2 is restorable from memory no more (rank 2's shard") &&
+                   Catch::Contains("is held by no live daemon and not persisted); trying an older version"));
+    // The timeline above version 1 is left: version 2 is not restorable any more, and the
+    // job's new version 2 commits.
+    CHECK_FALSE(fs::exists(v2 + "/RESTORABLE"));
+    job.Save(2);
+    CHECK(fs::exists(v2 + "/COMMITTED"));
+  }
+}
+
+namespace {
+
 // One rank of a job whose tensor "w" (64 x 8192 f32, 2 MiB) is a piece of a global tensor
 // cut `rows` x `cols`, with a replicated item "rep" and a blob for every rank.
 constexpr std::int64_t kRows = 64, kCols = 8192;

@@ -246,62 +246,11 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   }
   if (claimed != nullptr) *claimed = named;
   if (named < world_size) return Status::Ok();
-  // Two markers of one daemon may both be listed (a replacement not yet removed), and a
-  // rank may be claimed by an earlier run's marker too: every claim counts, the rank's
-  // current registration decides which one holds.
-  std::vector<std::vector<std::string>> claims(world_size);
-  std::uint32_t covered = 0;
-  for (const auto& m : markers) {
-    const std::string path = JoinPath(dir, m);
-    auto text = storage_->ReadSmallFile(path);
-    if (!text.ok()) continue;  // replaced by a larger one meanwhile: the next try reads that
-    auto parsed = ParseNodeMarker(text.value());
-    if (!parsed) {
-      spdlog::warn("job {} version {}: {} is not a node marker (ignored)", job, version, path);
-      continue;
-    }
-    for (auto& [rank, registration] : *parsed) {
-      if (rank >= world_size) continue;
-      if (claims[rank].empty()) ++covered;
-      claims[rank].push_back(std::move(registration));
-    }
-  }
-  if (covered < world_size) return Status::Ok();
-  auto registered = storage_->List(tree_.RanksDir(job));
-  if (!registered.ok()) return Status::Ok();
-  // A rank's current registration is its highest generation; two of one generation (two
-  // registrations of the rank at once) leave it without one until it registers again.
-  struct Current {
-    std::uint64_t generation = 0;
-    const std::string* registration = nullptr;
-    bool tied = false;
-  };
-  std::vector<Current> current(world_size);
-  std::vector<RegistrationId> ids;
-  ids.reserve(registered.value().size());
-  for (const auto& n : registered.value()) {
-    if (auto id = ParseRegistrationName(n); id && id->rank < world_size) ids.push_back(std::move(*id));
-  }
-  for (const auto& id : ids) {
-    Current& c = current[id.rank];
-    if (c.registration == nullptr || id.generation > c.generation) {
-      c = {id.generation, &id.registration, false};
-    } else if (id.generation == c.generation && id.registration != *c.registration) {
-      c.tied = true;
-    }
-  }
-  for (std::uint32_t r = 0; r < world_size; ++r) {
-    const Current& c = current[r];
-    if (c.registration == nullptr || c.tied ||
-        std::find(claims[r].begin(), claims[r].end(), *c.registration) == claims[r].end()) {
-      spdlog::debug("job {} version {}: rank {}'s shard is not from its current registration; not committed",
-                    job, version, r);
-      return Status::Ok();
-    }
-  }
+  auto current = CurrentRegistrationsIfClaimed(job, version, markers, NodeMarkerKind::kDone, world_size);
+  if (!current) return Status::Ok();
   if (index_writer_) {
     std::vector<std::string> registrations(world_size);
-    for (std::uint32_t r = 0; r < world_size; ++r) registrations[r] = *current[r].registration;
+    for (std::uint32_t r = 0; r < world_size; ++r) registrations[r] = current->at(r);
     if (Status s = index_writer_->Write(job, version, world_size, registrations); !s.ok()) return s;
   }
   std::string content = RenderCommitted({job, version, world_size, std::time(nullptr)});
@@ -328,6 +277,68 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
            " committed failed: " + s.message() + " (retried after the next commit)");
   }
   return Status::Ok();
+}
+
+std::optional<NodeClaims> Catalog::CurrentRegistrationsIfClaimed(const std::string& job, std::uint64_t version,
+                                                                 const std::vector<std::string>& markers,
+                                                                 NodeMarkerKind kind, std::uint32_t world_size) {
+  const std::string dir = VersionDir(job, version);
+  // Two markers of one daemon may both be listed (a replacement not yet removed), and a
+  // rank may be claimed by an earlier run's marker too: every claim counts, the rank's
+  // current registration decides which one holds.
+  std::vector<std::vector<std::string>> claims(world_size);
+  std::uint32_t covered = 0;
+  for (const auto& m : markers) {
+    const std::string path = JoinPath(dir, m);
+    auto text = storage_->ReadSmallFile(path);
+    if (!text.ok()) continue;  // replaced by a larger one meanwhile: the next try reads that
+    auto parsed = ParseNodeMarker(text.value());
+    if (!parsed) {
+      spdlog::warn("job {} version {}: {} is not a {} marker (ignored)", job, version, path,
+                   kind == NodeMarkerKind::kDone ? "node" : "replica");
+      continue;
+    }
+    for (auto& [rank, registration] : *parsed) {
+      if (rank >= world_size) continue;
+      if (claims[rank].empty()) ++covered;
+      claims[rank].push_back(std::move(registration));
+    }
+  }
+  if (covered < world_size) return std::nullopt;
+  auto registered = storage_->List(tree_.RanksDir(job));
+  if (!registered.ok()) return std::nullopt;
+  // A rank's current registration is its highest generation; two of one generation (two
+  // registrations of the rank at once) leave it without one until it registers again.
+  struct Current {
+    std::uint64_t generation = 0;
+    const std::string* registration = nullptr;
+    bool tied = false;
+  };
+  std::vector<Current> current(world_size);
+  std::vector<RegistrationId> ids;
+  ids.reserve(registered.value().size());
+  for (const auto& n : registered.value()) {
+    if (auto id = ParseRegistrationName(n); id && id->rank < world_size) ids.push_back(std::move(*id));
+  }
+  for (const auto& id : ids) {
+    Current& c = current[id.rank];
+    if (c.registration == nullptr || id.generation > c.generation) {
+      c = {id.generation, &id.registration, false};
+    } else if (id.generation == c.generation && id.registration != *c.registration) {
+      c.tied = true;
+    }
+  }
+  NodeClaims out;
+  for (std::uint32_t r = 0; r < world_size; ++r) {
+    const Current& c = current[r];
+    if (c.registration == nullptr || c.tied ||
+        std::find(claims[r].begin(), claims[r].end(), *c.registration) == claims[r].end()) {
+      spdlog::debug("job {} version {}: rank {}'s shard is not from its current registration", job, version, r);
+      return std::nullopt;
+    }
+    out.emplace_hint(out.end(), r, *c.registration);
+  }
+  return out;
 }
 
 Status Catalog::ApplyRetention(const std::string& job) {
@@ -414,8 +425,8 @@ Status Catalog::WriteRankRegistration(const std::string& job, std::uint32_t rank
 }
 
 Status Catalog::WriteNodeMarker(const std::string& job, std::uint64_t version, const NodeClaims& claims,
-                                std::uint64_t replaces) {
-  const std::string marker = tree_.NodeMarker(job, version, marker_owner_, claims.size());
+                                std::uint64_t replaces, NodeMarkerKind kind) {
+  const std::string marker = tree_.NodeMarker(job, version, marker_owner_, claims.size(), kind);
   Status s = storage_->WriteFileAtomic(marker, RenderNodeMarker(claims));
   if (!s.ok()) {
     // A marker that got its name before the failure (its directory's fsync failed) is not
@@ -429,12 +440,98 @@ Status Catalog::WriteNodeMarker(const std::string& job, std::uint64_t version, c
   }
   if (replaces != 0 && replaces != claims.size()) {
     // The replaced marker claims a subset of this one: if it stays, it only repeats claims.
-    const std::string old = tree_.NodeMarker(job, version, marker_owner_, replaces);
+    const std::string old = tree_.NodeMarker(job, version, marker_owner_, replaces, kind);
     if (Status removed = storage_->Remove(old); !removed.ok()) {
       spdlog::debug("job {} version {}: replaced marker {} stays: {}", job, version, old, removed.message());
     }
   }
   return Status::Ok();
+}
+
+Status Catalog::DecideRestorable(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                                 bool* restorable) {
+  *restorable = false;
+  if (world_size == 0) return InvalidArgument("a version of a job with world size 0 is never restorable");
+  auto names = storage_->List(VersionDir(job, version));
+  if (!names.ok()) return names.status().With("list version " + std::to_string(version));
+  std::uint64_t named = 0;
+  std::vector<std::string> markers;
+  for (const auto& n : names.value()) {
+    if (n == kCommittedMarker) return Status::Ok();  // the committed version is what restores read
+    if (auto id = ParseNodeMarkerName(n, NodeMarkerKind::kReplicated)) {
+      named += id->ranks;
+      markers.push_back(n);
+    }
+  }
+  if (named < world_size) return Status::Ok();
+  auto current = CurrentRegistrationsIfClaimed(job, version, markers, NodeMarkerKind::kReplicated, world_size);
+  if (!current) return Status::Ok();
+  const RestorableMarker marker{world_size, std::move(*current)};
+  const std::string path = tree_.RestorableMarker(job, version);
+  // Every daemon whose claim completes the version may write it, each the same contents (the
+  // registrations are the ranks' current ones); one of an earlier run with the same number
+  // (the job rolled back past it) is replaced.
+  if (auto text = storage_->ReadSmallFile(path); text.ok()) {
+    if (auto old = ParseRestorable(text.value()); old && old->world_size == marker.world_size &&
+                                                  old->registrations == marker.registrations) {
+      *restorable = true;
+      return Status::Ok();
+    }
+  }
+  if (Status s = storage_->WriteFileAtomic(path, RenderRestorable(marker)); !s.ok()) {
+    return s.With("write " + path);
+  }
+  *restorable = true;
+  return Status::Ok();
+}
+
+Result<RestorableMarker> Catalog::ReadRestorable(const std::string& job, std::uint64_t version) {
+  const std::string path = tree_.RestorableMarker(job, version);
+  auto text = storage_->ReadSmallFile(path);
+  if (!text.ok()) return text.status();
+  auto marker = ParseRestorable(text.value());
+  if (!marker) return DataLoss(path + " is not a RESTORABLE marker");
+  return std::move(*marker);
+}
+
+std::vector<std::uint64_t> Catalog::RestorableNewerThan(const std::string& job, std::uint64_t after) {
+  std::vector<std::uint64_t> out;
+  auto names = storage_->List(JobDir(job));
+  if (!names.ok()) return out;
+  for (const auto& n : names.value()) {
+    auto v = ParseVersionDirName(n);
+    if (v && *v > after && storage_->Exists(tree_.RestorableMarker(job, *v))) out.push_back(*v);
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+void Catalog::DropRestorableNewerThan(const std::string& job, std::uint64_t version) {
+  for (std::uint64_t v : RestorableNewerThan(job, version)) {
+    const std::string path = tree_.RestorableMarker(job, v);
+    if (Status s = storage_->Remove(path); !s.ok() && s.code() != StatusCode::kNotFound) {
+      Report("job " + job + ": " + path + " of the timeline left by a restore of version " + std::to_string(version) +
+             " could not be removed: " + s.message());
+    }
+  }
+}
+
+NodeClaims Catalog::DurableClaims(const std::string& job, std::uint64_t version, const NodeClaims& wanted) {
+  NodeClaims out;
+  const std::string dir = VersionDir(job, version);
+  auto names = storage_->List(dir);
+  if (!names.ok()) return out;
+  for (const auto& n : names.value()) {
+    if (!ParseNodeMarkerName(n)) continue;
+    auto text = storage_->ReadSmallFile(JoinPath(dir, n));
+    if (!text.ok()) continue;
+    auto claims = ParseNodeMarker(text.value());
+    if (!claims) continue;
+    for (const auto& [rank, registration] : *claims) {
+      if (auto it = wanted.find(rank); it != wanted.end() && it->second == registration) out[rank] = registration;
+    }
+  }
+  return out;
 }
 
 bool Catalog::HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,

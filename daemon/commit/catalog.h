@@ -108,7 +108,24 @@ class Catalog {
   // claim a subset. On failure the new marker is not left (one not known to be durable must
   // not count for a commit); the one it replaces stays.
   Status WriteNodeMarker(const std::string& job, std::uint64_t version, const NodeClaims& claims,
-                         std::uint64_t replaces);
+                         std::uint64_t replaces, NodeMarkerKind kind = NodeMarkerKind::kDone);
+  // Issue 17 (docs/DESIGN-NOTES.md, "Which version all ranks restore from memory"): the
+  // `.repl` markers (WriteNodeMarker with kReplicated) of a version not committed yet claim
+  // every rank with its current registration: writes VERSION/RESTORABLE naming them (the
+  // same rule as a commit's, so that a shard left by an earlier run never completes it);
+  // *restorable says whether the version is so now. Any daemon may decide it, each with the
+  // same contents.
+  Status DecideRestorable(const std::string& job, std::uint64_t version, std::uint32_t world_size,
+                          bool* restorable);
+  Result<RestorableMarker> ReadRestorable(const std::string& job, std::uint64_t version);
+  // The versions above `after` with a RESTORABLE marker, newest first (one listing of the job).
+  std::vector<std::uint64_t> RestorableNewerThan(const std::string& job, std::uint64_t after);
+  // A restore of `version` left the timeline above it: their RESTORABLE markers go (the
+  // numbers are used again), so that a later restore never takes one of them.
+  void DropRestorableNewerThan(const std::string& job, std::uint64_t version);
+  // Of `wanted` (rank -> registration), the claims that done markers of the version hold:
+  // those ranks' shards of those registrations are durable on the persistent tier.
+  NodeClaims DurableClaims(const std::string& job, std::uint64_t version, const NodeClaims& wanted);
   // Whether a marker of this node (any earlier life of the daemon included) claims rank's
   // shard of the version with `registration`. For restarts: one listing and this node's markers.
   bool HasDoneMarker(const std::string& job, std::uint64_t version, std::uint32_t rank,
@@ -144,6 +161,12 @@ class Catalog {
 
  private:
   Status RecoverJob(const std::string& job) REQUIRES(commit_mu_);
+  // The ranks' current registrations (rank -> registration, every rank 0..world_size-1) if
+  // `markers` (names of `kind` in the version's directory) claim each rank with it; nullopt
+  // if any is not so claimed, or ranks/ cannot be listed.
+  std::optional<NodeClaims> CurrentRegistrationsIfClaimed(const std::string& job, std::uint64_t version,
+                                                          const std::vector<std::string>& markers,
+                                                          NodeMarkerKind kind, std::uint32_t world_size);
   // The newest version with a COMMITTED marker (0: none). An error when the job directory
   // cannot be listed: a failed scan must never be taken for "nothing committed", or
   // `latest` and the cache would move backwards.

@@ -44,6 +44,9 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
              "Restores at another world size or decomposition, each item filled from the chunks of its global "
              "tensor.");
   out.Sample("ckptd_restores_resharded_total", {}, restored.resharded.load());
+  out.Header("ckptd_restores_uncommitted_total", "counter",
+             "Restores of a version not committed yet, whose every rank's shard was replicated to peers' memory.");
+  out.Sample("ckptd_restores_uncommitted_total", {}, restored.uncommitted.load());
   out.Header("ckptd_bytes_read_total", "counter", "Bytes read from shard files by restores and prefetches.");
   out.Sample("ckptd_bytes_read_total", {}, restored.bytes_read.load());
 

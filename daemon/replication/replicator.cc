@@ -287,7 +287,10 @@ class PeerServiceImpl final : public v1::Peer::Service {
     if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
     auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
     reply->set_held(image != nullptr);
-    if (image) reply->set_file_bytes(image->file_bytes);
+    if (image) {
+      reply->set_file_bytes(image->file_bytes);
+      reply->set_registration(image->meta.session);
+    }
     return grpc::Status::OK;
   }
 
@@ -598,6 +601,9 @@ void Replicator::SendLoop() {
     }
     if (acks == want) {
       ++replicated_;
+      if (hooks_.replicated) {
+        if (Status st = hooks_.replicated(m); !st.ok() && hooks_.error) hooks_.error("replication: " + st.message());
+      }
       Finish(key, Status::Ok(), acks);
     } else {
       ++failures_;
@@ -670,6 +676,40 @@ std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64
     }
   }
   return out;
+}
+
+bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                          const std::string& registration) {
+  for (std::size_t i : peers_.Ring()) {
+    const std::string& peer = peers_.addresses[i];
+    const auto now = std::chrono::steady_clock::now();
+    {
+      // A peer that did not answer a moment ago (a lost node) is not asked again for every
+      // rank of a version: each ask could cost the whole deadline.
+      MutexLock lock(mu_);
+      auto it = has_failed_at_.find(peer);
+      if (it != has_failed_at_.end() && now - it->second < std::chrono::seconds(5)) continue;
+    }
+    auto stub = v1::Peer::NewStub(ChannelTo(peer));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(PeerSecret::kMetadataKey,
+                    secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
+    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+    v1::HasShardRequest req;
+    req.mutable_key()->set_job(job);
+    req.mutable_key()->set_version(version);
+    req.mutable_key()->set_rank(rank);
+    v1::HasShardReply reply;
+    grpc::Status st = stub->HasShard(&ctx, req, &reply);
+    MutexLock lock(mu_);
+    if (!st.ok()) {
+      has_failed_at_[peer] = std::chrono::steady_clock::now();
+      continue;
+    }
+    has_failed_at_.erase(peer);
+    if (reply.held() && reply.registration() == registration) return true;
+  }
+  return false;
 }
 
 Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,

@@ -53,6 +53,9 @@ class Replicator : public PeerShards {
     std::function<void(const std::string&)> error;  // a failure worth the error log
     std::function<std::uint64_t()> pool_used;       // bytes the host pool holds now
     std::uint64_t pool_bytes = 0;
+    // R peers hold the shard: called before its `replicated` level is reported (the claim
+    // that may make its version restorable, ReplicaClaims); an error is logged, not fatal.
+    std::function<Status(const ShardMeta&)> replicated;
   };
   // Reads the secret, resolves the peers and starts the server and the sender.
   // InvalidArgument for a configuration error (exit 2).
@@ -79,6 +82,8 @@ class Replicator : public PeerShards {
 
   // PeerShards.
   std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) override;
+  bool AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                const std::string& registration) override;
   Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job, std::uint64_t version,
                                              std::uint32_t rank) override;
 
@@ -145,6 +150,8 @@ class Replicator : public PeerShards {
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   // When a send to the peer last failed (erased by a success): see SendTo.
   std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);
+  // When a HasShard to the peer last failed (erased by an answer): see AnyHolds.
+  std::map<std::string, std::chrono::steady_clock::time_point> has_failed_at_ GUARDED_BY(mu_);
   std::thread sender_;
 };
 

@@ -73,6 +73,7 @@ void ToProto(Restored r, v1::RestoreReply* reply) {
   }
   reply->set_world_size(r.world_size);
   reply->set_resharded(r.resharded);
+  reply->set_uncommitted(r.uncommitted);
 }
 
 void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* out) {

@@ -150,6 +150,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restored_bytes_persistent(restored.from_persistent);
   reply->set_restores_resharded(restored.resharded);
   reply->set_restored_bytes_peer(restored.from_peer);
+  reply->set_restores_uncommitted(restored.uncommitted);
   AddTiers(daemon, reply);
   if (Replicator* r = daemon.replicator()) {  // issue 17
     reply->set_replicas(r->replicas());

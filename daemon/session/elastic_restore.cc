@@ -67,8 +67,9 @@ struct LoadedShard {
 Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, LoadedShard& s) {
   if (s.src().tier == Tier::kPeer && !s.src().image) {
     auto image = tiers.FetchFromPeer(s.src(), req.job, req.version, s.rank);
-    // A peer that cannot give it is worth the next source, like a bad copy.
-    if (!image.ok()) return DataLoss(s.Where() + ": " + image.status().message());
+    // A peer that cannot give it is worth the next source, like a missing copy (NOT_FOUND:
+    // reported as "could not be read", not as a failed verification).
+    if (!image.ok()) return NotFound(s.Where() + ": " + image.status().message());
     s.sources[s.at].image = std::move(image).value();
   }
   const ShardSource& src = s.src();
@@ -679,11 +680,12 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
   return out;
 }
 
-Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req) {
+Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req, ShardSource* fetched) {
   ElasticRun run(*storage_, tiers_, errors_, req, readers_);
   LoadedShard s;
   s.rank = req.rank;
   if (Status st = run.Load(s); !st.ok()) return st;
+  if (fetched != nullptr && s.src().tier == Tier::kPeer && s.src().image) *fetched = s.src();
   if (s.tensors.size() != req.targets.size()) return false;
   for (const ElasticTarget& t : req.targets) {
     auto it = s.tensors.find(t.target.item.name);

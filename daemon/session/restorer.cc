@@ -38,7 +38,8 @@ Status Restorer::RollBack(Session& s, std::uint64_t v) {
   return Status::Ok();
 }
 
-Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) {
+Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src,
+                               const std::string* registration) {
   ShardMeta meta;
   if (src.image) {
     meta = src.image->meta;
@@ -62,19 +63,26 @@ Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const Sh
                     std::to_string(s.rank) + " of " + std::to_string(s.world_size) +
                     " (was written by another rank or copied into place)");
   }
+  if (registration != nullptr && meta.session != *registration) {
+    // Issue 17: a version not committed yet may have copies of two runs under one number.
+    return DataLoss(where + " of version " + std::to_string(version) + " was written by registration '" +
+                    meta.session + "', not by '" + *registration +
+                    "' that its RESTORABLE marker names (a shard of another run of the job)");
+  }
   return Status::Ok();
 }
 
-Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, const ShardSource& given) {
+Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, const ShardSource& given,
+                                         const std::string* registration) {
   ShardSource src = given;
   if (src.tier == Tier::kPeer && !src.image) {
     // Issue 17: a replica in a peer's memory, fetched now; a peer that cannot give it is
-    // worth the next source, like a bad copy.
+    // worth the next source, like a missing copy (NOT_FOUND: "could not be read").
     auto image = tiers_.FetchFromPeer(src, s.job, version, s.rank);
-    if (!image.ok()) return DataLoss("peer " + src.peer + ": " + image.status().message());
+    if (!image.ok()) return NotFound("peer " + src.peer + ": " + image.status().message());
     src.image = std::move(image).value();
   }
-  if (Status st = CheckIdentity(s, version, src); !st.ok()) return st;
+  if (Status st = CheckIdentity(s, version, src, registration); !st.ok()) return st;
   std::vector<RestoreTarget> targets;
   targets.reserve(s.items.size());
   for (std::size_t i = 0; i < s.items.size(); ++i) {
@@ -122,12 +130,14 @@ Result<std::uint32_t> Restorer::VersionWorldSize(const std::string& job, std::ui
   return marker->world_size;
 }
 
-Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v) {
+Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v, const std::string* registration,
+                                           const ShardSource* fetched) {
   Result<RestoredShard> restored = Status(Internal("no tier to restore from"));
   Tier tier = Tier::kPersistent;
-  for (const ShardSource& src : tiers_.Sources(s.job, v, s.rank)) {
+  for (ShardSource src : tiers_.Sources(s.job, v, s.rank)) {
+    if (fetched != nullptr && src.tier == Tier::kPeer && src.peer == fetched->peer) src.image = fetched->image;
     tier = src.tier;
-    restored = ReadCopy(s, v, src);
+    restored = ReadCopy(s, v, src, registration);
     if (restored.ok()) break;
     // Only a bad or missing copy is worth another tier: a registration that does not match
     // the shard (FailedPrecondition) or an unreadable region fails on every tier alike, and
@@ -214,6 +224,74 @@ Result<Restored> Restorer::RestoreElastic(Session& s, const ElasticRequest& req)
   return out;
 }
 
+bool Restorer::AllHeld(const std::string& job, std::uint64_t v, const RestorableMarker& marker,
+                       std::string* missing) {
+  const NodeClaims durable = tiers_.persistent().DurableClaims(job, v, marker.registrations);
+  for (const auto& [rank, registration] : marker.registrations) {
+    if (durable.count(rank) != 0) continue;
+    if (auto image = tiers_.memory().Find(job, v, rank); image && image->meta.session == registration) continue;
+    if (tiers_.peers() != nullptr && tiers_.peers()->AnyHolds(job, v, rank, registration)) continue;
+    *missing = "rank " + std::to_string(rank) + "'s shard (registration '" + registration +
+               "') is held by no live daemon and not persisted";
+    return false;
+  }
+  return true;
+}
+
+Result<Restorer::Chosen> Restorer::Choose(Session& s, std::uint64_t requested, bool uncommitted_ok) {
+  Catalog& catalog = tiers_.persistent();
+  auto held = tiers_.HoldCommitted(s.job, requested);
+  const std::uint64_t latest = held.ok() ? held->latest : catalog.Latest(s.job);
+  if (uncommitted_ok && tiers_.peers() != nullptr) {
+    // Issue 17: a version newer than the newest committed one (or the one asked for, if it is
+    // not committed) whose every rank's shard is still in some daemon's memory.
+    std::vector<std::uint64_t> candidates;
+    if (requested == 0) {
+      candidates = catalog.RestorableNewerThan(s.job, latest);
+    } else if (!held.ok() && held.status().code() == StatusCode::kNotFound) {
+      candidates.push_back(requested);
+    }
+    for (std::uint64_t v : candidates) {
+      auto marker = catalog.ReadRestorable(s.job, v);
+      if (!marker.ok()) {
+        if (marker.status().code() != StatusCode::kNotFound) {
+          errors_.Record("job " + s.job + " version " + std::to_string(v) + ": " + marker.status().message());
+        }
+        continue;
+      }
+      if (marker->world_size != s.world_size) {
+        spdlog::info("job {} rank {}: version {} (not committed) was written by {} ranks, not {}: only a committed "
+                     "version is restored at another world size",
+                     s.job, s.rank, v, marker->world_size, s.world_size);
+        continue;
+      }
+      auto hold = std::make_unique<VersionHold>(catalog, tiers_.local(), s.job, v);
+      std::string missing;
+      if (!AllHeld(s.job, v, marker.value(), &missing)) {
+        errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + ": version " + std::to_string(v) +
+                       " is restorable from memory no more (" + missing + "); trying an older version");
+        continue;
+      }
+      Chosen out;
+      out.version = v;
+      out.latest = latest;
+      out.hold = std::move(hold);
+      out.world_size = marker->world_size;
+      out.registrations = std::move(marker->registrations);
+      return out;
+    }
+  }
+  if (!held.ok()) return held.status();
+  auto world = VersionWorldSize(s.job, held->version);
+  if (!world.ok()) return world.status();
+  Chosen out;
+  out.version = held->version;
+  out.latest = held->latest;
+  out.hold = std::move(held->hold);
+  out.world_size = world.value();
+  return out;
+}
+
 Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
                                             const CancelCheck& cancelled) {
   for (const auto& [v, shard] : s.shards) {
@@ -226,25 +304,52 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
   if (restart_waits_newest_) {
     if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
   }
-  auto held = tiers_.HoldCommitted(s.job, requested);
-  if (!held.ok()) return held.status();
-  const std::uint64_t v = held->version;
-  auto version_world = VersionWorldSize(s.job, v);
-  if (!version_world.ok()) return version_world.status();
+  auto chosen = Choose(s, requested, /*uncommitted_ok=*/true);
+  if (!chosen.ok()) return chosen.status();
   // The fast path serves a registration that is this rank's shard, item for item.
-  bool elastic = version_world.value() != s.world_size;
-  ElasticRequest req = ElasticRequestOf(s, v, version_world.value());
+  bool elastic = chosen->world_size != s.world_size;
+  ShardSource fetched;  // a peer's replica MatchesOwnShard fetched, if any
+  ElasticRequest req = ElasticRequestOf(s, chosen->version, chosen->world_size);
   if (!elastic && std::any_of(req.targets.begin(), req.targets.end(),
                               [](const ElasticTarget& t) { return t.layout.has_value(); })) {
-    auto same = elastic_.MatchesOwnShard(req);
-    if (!same.ok()) return same.status().With("restore version " + std::to_string(v));
+    auto same = elastic_.MatchesOwnShard(req, &fetched);
+    if (!same.ok()) return same.status().With("restore version " + std::to_string(chosen->version));
     elastic = !same.value();
+    if (elastic && !chosen->registrations.empty()) {
+      // Resharding reads the version's index.json, which is written at commit.
+      spdlog::info("job {} rank {}: version {} (not committed) does not match this registration's layouts; "
+                   "restoring a committed version instead",
+                   s.job, s.rank, chosen->version);
+      chosen = Choose(s, requested, /*uncommitted_ok=*/false);
+      if (!chosen.ok()) return chosen.status();
+      req = ElasticRequestOf(s, chosen->version, chosen->world_size);
+      elastic = chosen->world_size != s.world_size;
+      if (!elastic) {
+        fetched = ShardSource{};
+        auto again = elastic_.MatchesOwnShard(req, &fetched);
+        if (!again.ok()) return again.status().With("restore version " + std::to_string(chosen->version));
+        elastic = !again.value();
+      }
+    }
   }
-  Result<Restored> restored = elastic ? RestoreElastic(s, req) : RestoreOwnShard(s, v);
+  const std::uint64_t v = chosen->version;
+  const bool uncommitted = !chosen->registrations.empty();
+  const std::string* registration = uncommitted ? &chosen->registrations.at(s.rank) : nullptr;
+  Result<Restored> restored = elastic ? RestoreElastic(s, req) : RestoreOwnShard(s, v, registration, fetched.image ? &fetched : nullptr);
   if (!restored.ok()) return restored.status();
-  if (v < held->latest) {
+  if (uncommitted) {
+    restored->uncommitted = true;
+    ++counters_.uncommitted;
+    spdlog::info("job {} rank {}: restored version {}, not committed yet (newest committed: {}), from memory", s.job,
+                 s.rank, v, chosen->latest);
+    // The versions above it belong to the timeline left (nothing committed is above it).
+    tiers_.memory().DropNewerThan(s.job, s.rank, v);
+    commits_.RolledBack(s.job, v);
+  } else if (v < chosen->latest) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
+  // Issue 17: versions above v not committed but restorable belong to the timeline left too.
+  if (tiers_.peers() != nullptr) tiers_.persistent().DropRestorableNewerThan(s.job, v);
   // This rank's own versions above v belong to the timeline it left: their failure (set
   // aside) is not news to report on its next snapshot.
   for (auto it = s.shards.upper_bound(v); it != s.shards.end();) {

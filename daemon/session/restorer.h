@@ -40,6 +40,9 @@ struct Restored {
   std::vector<RestoredBlob> blobs;
   std::uint32_t world_size = 0;  // that wrote the version
   bool resharded = false;        // restored by ElasticRestore
+  // Issue 17: not committed yet; restored because its RESTORABLE marker names a shard of
+  // every rank that a live daemon holds.
+  bool uncommitted = false;
 };
 
 // Bytes restored, by tier read, and read from files, since the daemon started.
@@ -49,6 +52,8 @@ struct RestoreCounters {
   std::atomic<std::uint64_t> bytes_read{0};
   // Restores by ElasticRestore (another world size or decomposition).
   std::atomic<std::uint64_t> resharded{0};
+  // Issue 17: restores of a version not committed yet (restorable from peers' memory).
+  std::atomic<std::uint64_t> uncommitted{0};
 };
 
 class Restorer {
@@ -73,14 +78,37 @@ class Restorer {
   Result<Restored> RestoreUncounted(Session& s, std::uint64_t requested, const CancelCheck& cancelled)
       REQUIRES(s.mu);
   Status RollBack(Session& s, std::uint64_t version) REQUIRES(s.mu);
-  // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size.
-  Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
+  // The version a restore reads, held against retention.
+  struct Chosen {
+    std::uint64_t version = 0;
+    std::uint64_t latest = 0;  // the job's newest committed version
+    std::unique_ptr<VersionHold> hold;
+    std::uint32_t world_size = 0;  // that wrote it
+    // Issue 17: a version not committed yet, restorable from memory: each rank's shard is
+    // the one of this registration (empty: committed, any copy is the committed one).
+    NodeClaims registrations;
+  };
+  // `requested` (0: the newest) committed, or with peers (issue 17) and `uncommitted_ok`, a
+  // newer (or the requested) version not committed yet whose RESTORABLE marker names, for
+  // every rank, a shard that some live daemon holds or that is durable.
+  Result<Chosen> Choose(Session& s, std::uint64_t requested, bool uncommitted_ok) REQUIRES(s.mu);
+  // Whether every rank's shard of `marker` is held by a live daemon (memory, peers) or durable
+  // (a done marker); else false, and *missing says which is not.
+  bool AllHeld(const std::string& job, std::uint64_t version, const RestorableMarker& marker, std::string* missing);
+  // Whether `src` holds the shard of (s.job, version, s.rank) of s.world_size, written by
+  // `registration` if given.
+  Status CheckIdentity(const Session& s, std::uint64_t version, const ShardSource& src,
+                       const std::string* registration) REQUIRES(s.mu);
   // Reads one copy into the regions.
-  Result<RestoredShard> ReadCopy(Session& s, std::uint64_t version, const ShardSource& src) REQUIRES(s.mu);
+  Result<RestoredShard> ReadCopy(Session& s, std::uint64_t version, const ShardSource& src,
+                                 const std::string* registration) REQUIRES(s.mu);
   // The world size that wrote committed `version` (its COMMITTED marker).
   Result<std::uint32_t> VersionWorldSize(const std::string& job, std::uint64_t version);
-  // The fast path: the rank's own shard, from the fastest good copy.
-  Result<Restored> RestoreOwnShard(Session& s, std::uint64_t v) REQUIRES(s.mu);
+  // The fast path: the rank's own shard, from the fastest good copy (of `registration`, if given).
+  // `fetched`: a peer's replica already fetched (by MatchesOwnShard), read instead of that
+  // peer's source.
+  Result<Restored> RestoreOwnShard(Session& s, std::uint64_t v, const std::string* registration,
+                                   const ShardSource* fetched) REQUIRES(s.mu);
   // Another world size or decomposition.
   Result<Restored> RestoreElastic(Session& s, const ElasticRequest& req) REQUIRES(s.mu);
   ElasticRequest ElasticRequestOf(const Session& s, std::uint64_t v, std::uint32_t version_world)

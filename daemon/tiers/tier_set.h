@@ -63,6 +63,10 @@ class PeerShards {
   // restore); an error saying why if it cannot be had.
   virtual Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job,
                                                      std::uint64_t version, std::uint32_t rank) = 0;
+  // Whether some peer holds (job, version, rank) as written by `registration` (the ring in
+  // order, stopping at the first; nothing reported).
+  virtual bool AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                        const std::string& registration) = 0;
 };
 
 // A committed version, held.
@@ -120,6 +124,7 @@ class TierSet {
   Result<HeldVersion> HoldCommitted(const std::string& job, std::uint64_t requested);
   // Issue 17: peers' memory as a source of restores (null: none). Set once, before serving.
   void SetPeers(PeerShards* peers) { peers_ = peers; }
+  PeerShards* peers() { return peers_; }
   // Reads a kPeer source's image from its peer.
   Result<std::shared_ptr<MemoryImage>> FetchFromPeer(const ShardSource& src, const std::string& job,
                                                      std::uint64_t version, std::uint32_t rank);

@@ -398,10 +398,12 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_readonly("world_size", &ckpt::RestoreResult::world_size, "the world size that wrote the version")
       .def_readonly("resharded", &ckpt::RestoreResult::resharded,
                     "True if filled from other ranks' pieces or another world size")
+      .def_readonly("uncommitted", &ckpt::RestoreResult::uncommitted,
+                    "True if the version was not committed yet, restored from replicas in daemons' memory")
       .def("__repr__", [](const ckpt::RestoreResult& r) {
         return "<ckpt.RestoreResult version=" + std::to_string(r.version) + " tier=" + r.tier +
                " blobs=" + std::to_string(r.blobs.size()) + " world_size=" + std::to_string(r.world_size) +
-               " resharded=" + (r.resharded ? "True" : "False") + ">";
+               " resharded=" + (r.resharded ? "True" : "False") + (r.uncommitted ? " uncommitted=True" : "") + ">";
       });
 
   py::class_<ckpt::Registration>(m, "Registration", "What register_items returns")

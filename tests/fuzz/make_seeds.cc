@@ -210,6 +210,12 @@ int main(int argc, char** argv) {
     Write(committed / "rendered", ckpt::RenderCommitted({"job-1", 42, 8, 1764612000}));
     Write(committed / "rendered-limits",
           ckpt::RenderCommitted({"a", 18446744073709551615ull, 4294967295u, -9223372036854775807 - 1}));
+
+    const fs::path markers = dir / "markers";
+    Write(markers / "node-marker", ckpt::RenderNodeMarker({{0, "reg-a"}, {3, "reg.b_c-9"}, {70000, "r"}}));
+    Write(markers / "node-marker-one", ckpt::RenderNodeMarker({{4294967295u, std::string(128, 'x')}}));
+    Write(markers / "restorable", ckpt::RenderRestorable({3, {{0, "reg-a"}, {1, "reg-b"}, {2, "reg-a"}}}));
+    Write(markers / "restorable-one", ckpt::RenderRestorable({1, {{0, "z"}}}));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ckpt-fuzz-seeds: %s\n", e.what());
     return 1;

@@ -82,9 +82,9 @@ int Status(const std::string& socket, bool json) {
   }
   if (r.replicas() > 0) {  // issue 17: peer replication
     std::printf("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
-                " failed; %s restored from peers\n",
+                " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
                 r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),
-                Human(r.restored_bytes_peer()).c_str());
+                Human(r.restored_bytes_peer()).c_str(), r.restores_uncommitted());
     for (const auto& p : r.peers()) {
       std::printf("  peer %-22s %-7s holds %s of this daemon's shards; %s of its replicas held here%s%s\n",
                   p.address().c_str(), p.holder() ? "holder" : "", Human(p.sent_bytes_held()).c_str(),

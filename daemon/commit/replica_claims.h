@@ -1,0 +1,72 @@
+// ReplicaClaims (issue 17): from shards replicated to peers' memory to versions restorable
+// before they are committed. Each shard of this daemon that R peers acknowledged is claimed
+// in this daemon's `.repl` marker of its version (node-OWNER.K.repl: every rank of the
+// version replicated from here so far, with the registration that wrote it; the marker of K
+// ranks replaces the one of K-1). Then, once the markers of all daemons claim every rank with
+// its current registration, VERSION/RESTORABLE is written (Catalog::DecideRestorable), by
+// whichever daemon sees it first. The claim is written before the shard's `replicated` level
+// is reported. Two daemons writing their last claims at once may each list the directory
+// before the other's marker is there, so a version claimed here and not restorable yet is
+// looked at again by a thread, kRecheckFirst later and then with a doubling backoff up to
+// kRecheckMax, until it is restorable, committed, or kRecheckFor has passed (a rank never
+// replicated it). docs/DESIGN-NOTES.md, "Which version all ranks restore from memory".
+// Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "daemon/commit/catalog.h"
+#include "format/markers.h"
+#include "format/shard_format.h"
+
+namespace ckpt {
+
+class ReplicaClaims {
+ public:
+  static constexpr std::chrono::milliseconds kRecheckFirst{10};
+  static constexpr std::chrono::milliseconds kRecheckMax{1000};
+  static constexpr std::chrono::seconds kRecheckFor{60};
+
+  explicit ReplicaClaims(Catalog& catalog);
+  ~ReplicaClaims() { Stop(); }
+  void Stop() EXCLUDES(mu_);
+
+  // `meta`'s shard is held by R peers: claims it, and decides whether its version is
+  // restorable (now, or later: see the top). An error if the claim could not be written (the
+  // shard is replicated all the same, but its version does not become restorable).
+  Status OnReplicated(const ShardMeta& meta) EXCLUDES(mu_);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using Key = std::pair<std::string, std::uint64_t>;  // (job, version)
+  static constexpr std::size_t kVersionsKept = 1024;  // versions whose claims are remembered
+  struct Pending {
+    std::uint32_t world_size = 0;
+    Clock::time_point since, next;
+    Clock::duration interval{};
+  };
+  // Whether the version is done with: restorable or committed (logged once restorable).
+  bool Decide(const Key& key, std::uint32_t world_size);
+  void RecheckLoop() EXCLUDES(mu_);
+
+  Catalog& catalog_;
+  Mutex mu_;
+  CondVar wake_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  // What this daemon's marker of each version claims on storage.
+  std::map<Key, NodeClaims> durable_ GUARDED_BY(mu_);
+  std::deque<Key> order_ GUARDED_BY(mu_);  // oldest first, to bound durable_
+  // Claimed here, not restorable yet.
+  std::map<Key, Pending> pending_ GUARDED_BY(mu_);
+  std::thread rechecker_;
+};
+
+}  // namespace ckpt
