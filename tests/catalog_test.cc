@@ -596,3 +596,60 @@ TEST_CASE("Recover reports a latest it cannot rewrite and goes on", "[catalog][f
   catalog.RepairLatest();
   CHECK(LatestText(catalog, "job") == "2\n");
 }
+
+// Issue 17: a version not committed yet whose every rank's shard is replicated.
+TEST_CASE("RESTORABLE is written once the .repl markers claim every rank with its current registration",
+          "[catalog][replication]") {
+  TempDir dir("catrepl");
+  Catalog a(Posix(), dir.path(), 0, 0, nullptr, "a");
+  Catalog b(Posix(), dir.path(), 0, 0, nullptr, "b");
+  REQUIRE(a.Recover().ok());
+  for (std::uint32_t r = 0; r < 3; ++r) REQUIRE(a.WriteRankRegistration("job", r, "run-1").ok());
+  REQUIRE(a.PrepareVersionDir("job", 7).ok());
+  auto replicated = [](Catalog& c, std::uint64_t v, const NodeClaims& claims, std::uint64_t replaces) {
+    return c.WriteNodeMarker("job", v, claims, replaces, NodeMarkerKind::kReplicated);
+  };
+  bool restorable = true;
+  REQUIRE(a.DecideRestorable("job", 7, 3, &restorable).ok());
+  CHECK_FALSE(restorable);
+  REQUIRE(replicated(a, 7, {{0, "run-1"}, {1, "run-1"}}, 0).ok());
+  REQUIRE(a.DecideRestorable("job", 7, 3, &restorable).ok());
+  CHECK_FALSE(restorable);  // rank 2 is missing
+  // Done markers are not replica claims, and an earlier run's claim of rank 2 does not count.
+  REQUIRE(b.WriteNodeMarker("job", 7, {{2, "run-1"}}, 0).ok());
+  REQUIRE(replicated(b, 7, {{2, "run-0"}}, 0).ok());
+  REQUIRE(b.DecideRestorable("job", 7, 3, &restorable).ok());
+  CHECK_FALSE(restorable);
+  CHECK_FALSE(fs::exists(a.VersionDir("job", 7) + "/RESTORABLE"));
+  CHECK(a.RestorableNewerThan("job", 0).empty());
+
+  REQUIRE(replicated(b, 7, {{2, "run-1"}}, 1).ok());  // the same count: rewritten in place
+  REQUIRE(b.DecideRestorable("job", 7, 3, &restorable).ok());
+  CHECK(restorable);
+  CHECK(ReadFile(a.VersionDir("job", 7) + "/RESTORABLE") == "world_size 3\n0 run-1\n1 run-1\n2 run-1\n");
+  auto marker = a.ReadRestorable("job", 7);
+  REQUIRE(marker.ok());
+  CHECK(marker->world_size == 3);
+  CHECK(marker->registrations == NodeClaims{{0, "run-1"}, {1, "run-1"}, {2, "run-1"}});
+  CHECK(a.RestorableNewerThan("job", 0) == std::vector<std::uint64_t>{7});
+  CHECK(a.RestorableNewerThan("job", 7).empty());
+  // Which of a RESTORABLE's shards are durable: those the done markers claim.
+  CHECK(a.DurableClaims("job", 7, marker->registrations) == NodeClaims{{2, "run-1"}});
+  CHECK_FALSE(a.IsCommitted("job", 7));
+  CHECK(a.Latest("job") == 0);  // a RESTORABLE is no commit
+
+  // A restore of an older version leaves the timeline above it.
+  a.DropRestorableNewerThan("job", 6);
+  CHECK_FALSE(fs::exists(a.VersionDir("job", 7) + "/RESTORABLE"));
+  CHECK(a.RestorableNewerThan("job", 0).empty());
+
+  // A stray or torn RESTORABLE is not taken.
+  Touch(a.VersionDir("job", 7) + "/RESTORABLE", "world_size 3\n0 run-1\n");
+  CHECK(a.ReadRestorable("job", 7).status().code() == StatusCode::kDataLoss);
+  // A committed version is never decided restorable.
+  Committed(a, "job", 8);
+  REQUIRE(replicated(a, 8, {{0, "run-1"}}, 0).ok());
+  REQUIRE(a.DecideRestorable("job", 8, 1, &restorable).ok());
+  CHECK_FALSE(restorable);
+  CHECK_FALSE(fs::exists(a.VersionDir("job", 8) + "/RESTORABLE"));
+}

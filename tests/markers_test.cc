@@ -75,6 +75,29 @@ TEST_CASE("markers: a registration id is the file's bytes, and nothing else") {
   }
 }
 
+TEST_CASE("markers: RESTORABLE names every rank once, in order, and nothing else") {
+  const RestorableMarker m{3, {{0, "r-a"}, {1, "r-b"}, {2, "r-a"}}};
+  const std::string text = RenderRestorable(m);
+  CHECK(text == "world_size 3\n0 r-a\n1 r-b\n2 r-a\n");
+  auto back = ParseRestorable(text);
+  REQUIRE(back.has_value());
+  CHECK(back->world_size == 3);
+  CHECK(back->registrations == m.registrations);
+  for (const std::string& bad :
+       {std::string(), std::string("world_size 3\n"), std::string("world_size 2\n0 a\n"),
+        std::string("world_size 2\n0 a\n2 b\n"), std::string("world_size 1\n0 a\n1 b\n"),
+        std::string("world_size 0\n"), std::string("world_size 01\n0 a\n"), std::string("world_size 1\n0 a"),
+        std::string("world_size 1\n1 a\n"), std::string("world_size 1 \n0 a\n"), std::string("0 a\n")}) {
+    INFO(bad);
+    CHECK_FALSE(ParseRestorable(bad).has_value());
+  }
+  // The replica markers' names: the done markers' with ".repl", never taken for each other.
+  CHECK(NodeMarkerName("n1-abcd", 8, NodeMarkerKind::kReplicated) == "node-n1-abcd.8.repl");
+  CHECK(ParseNodeMarkerName("node-n1-abcd.8.repl", NodeMarkerKind::kReplicated)->ranks == 8);
+  CHECK_FALSE(ParseNodeMarkerName("node-n1-abcd.8.repl").has_value());
+  CHECK_FALSE(ParseNodeMarkerName("node-n1-abcd.8.done", NodeMarkerKind::kReplicated).has_value());
+}
+
 TEST_CASE("markers: recovery repairs a latest that holds no version number") {
   TempDir dir("markers");
   auto storage = std::make_shared<PosixStorage>();
