@@ -297,6 +297,12 @@ TEST_CASE("a version replicated but not committed yet is restored from memory af
     marker.assign(std::istreambuf_iterator<char>(in), {});
   }
   CHECK(marker.rfind("world_size 6\n0 ", 0) == 0);
+  // ckptctl ls tells it apart from an incomplete version.
+  ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "replnc"});
+  INFO(ls.output);
+  REQUIRE(ls.exit_code == 0);
+  CHECK(ls.output.find("latest committed 1") != std::string::npos);
+  CHECK(ls.output.find("v2          replicated") != std::string::npos);
 
   SECTION("one node lost: every rank restores version 2 from memory, the lost node's from its peer") {
     c.Lose(1);

@@ -606,6 +606,7 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
     if (!files.ok()) continue;
     for (const auto& f : files.value()) {
       if (f == kCommittedMarker) e.committed = true;
+      if (f == kRestorableMarker) e.restorable = true;
       if (auto r = ParseShardFileName(f)) e.ranks.push_back(*r);
     }
     std::sort(e.ranks.begin(), e.ranks.end());

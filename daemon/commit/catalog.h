@@ -55,6 +55,7 @@ namespace ckpt {
 struct VersionEntry {
   std::uint64_t version = 0;
   bool committed = false;
+  bool restorable = false;           // issue 17: a RESTORABLE marker (replicated, not committed)
   std::vector<std::uint32_t> ranks;  // ranks with a durable shard
 };
 

@@ -79,6 +79,7 @@ void ToProto(Restored r, v1::RestoreReply* reply) {
 void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* out) {
   out->set_version(version);
   out->set_committed(v.committed);
+  out->set_restorable(v.restorable);
   for (auto r : v.persistent_ranks) out->add_durable_ranks(r);
   for (auto r : v.local_ranks) out->add_local_ranks(r);
   for (auto r : v.memory_ranks) out->add_memory_ranks(r);

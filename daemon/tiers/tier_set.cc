@@ -126,6 +126,7 @@ Result<std::map<std::uint64_t, VersionOnTiers>> TierSet::List(const std::string&
   for (const auto& e : versions.value()) {
     auto& v = out[e.version];
     v.committed = e.committed;
+    v.restorable = e.restorable && !e.committed;
     v.persistent_ranks = e.ranks;
   }
   auto note = [&](std::uint64_t version) -> VersionOnTiers& {

@@ -146,7 +146,8 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
               "memory ranks");
   for (const auto& v : r.versions()) {
     std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(),
-                v.committed() ? "committed" : "incomplete", join(v.durable_ranks()).c_str(),
+                v.committed() ? "committed" : v.restorable() ? "replicated" : "incomplete",
+                join(v.durable_ranks()).c_str(),
                 join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
   }
   return kOk;
