@@ -643,22 +643,26 @@ void Replicator::OnJobEnded(const std::string& job) {
   }
 }
 
+grpc::Status Replicator::AskHasShard(const std::string& peer, const std::string& job, std::uint64_t version,
+                                     std::uint32_t rank, v1::HasShardReply* reply) {
+  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
+  ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+  v1::HasShardRequest req;
+  req.mutable_key()->set_job(job);
+  req.mutable_key()->set_version(version);
+  req.mutable_key()->set_rank(rank);
+  return stub->HasShard(&ctx, req, reply);
+}
+
 std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) {
   std::vector<std::string> out;
   const auto rule = peers_.Holders();
   for (std::size_t i : peers_.Ring()) {
     const std::string& peer = peers_.addresses[i];
-    auto stub = v1::Peer::NewStub(ChannelTo(peer));
-    grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey,
-                    secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
-    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
-    v1::HasShardRequest req;
-    req.mutable_key()->set_job(job);
-    req.mutable_key()->set_version(version);
-    req.mutable_key()->set_rank(rank);
     v1::HasShardReply reply;
-    grpc::Status st = stub->HasShard(&ctx, req, &reply);
+    grpc::Status st = AskHasShard(peer, job, version, rank, &reply);
     const bool by_rule = std::find(rule.begin(), rule.end(), i) != rule.end();
     if (st.ok() && reply.held()) {
       out.push_back(peer);
@@ -690,17 +694,8 @@ bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::ui
       auto it = has_failed_at_.find(peer);
       if (it != has_failed_at_.end() && now - it->second < std::chrono::seconds(5)) continue;
     }
-    auto stub = v1::Peer::NewStub(ChannelTo(peer));
-    grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey,
-                    secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
-    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
-    v1::HasShardRequest req;
-    req.mutable_key()->set_job(job);
-    req.mutable_key()->set_version(version);
-    req.mutable_key()->set_rank(rank);
     v1::HasShardReply reply;
-    grpc::Status st = stub->HasShard(&ctx, req, &reply);
+    grpc::Status st = AskHasShard(peer, job, version, rank, &reply);
     MutexLock lock(mu_);
     if (!st.ok()) {
       has_failed_at_[peer] = std::chrono::steady_clock::now();

@@ -43,7 +43,12 @@
 namespace grpc {
 class Channel;
 class Server;
+class Status;
 }  // namespace grpc
+
+namespace ckpt::v1 {
+class HasShardReply;
+}  // namespace ckpt::v1
 
 namespace ckpt {
 
@@ -116,6 +121,9 @@ class Replicator : public PeerShards {
   // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it.
   Status SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held);
   void Pace();
+  // One HasShard call to `peer` (kHasDeadline).
+  grpc::Status AskHasShard(const std::string& peer, const std::string& job, std::uint64_t version,
+                           std::uint32_t rank, v1::HasShardReply* reply);
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& peer) EXCLUDES(mu_);
   void Finish(const Key& key, Status st, std::uint32_t acks) EXCLUDES(mu_);
   void NoteError(const std::string& peer, const std::string& error) EXCLUDES(mu_);
