@@ -107,7 +107,11 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
         config_, *memory_,
         Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); }, [pool] { return pool->used_bytes(); },
                           pool_->pool_bytes(),
-                          [claims = replica_claims_.get()](const ShardMeta& m) { return claims->OnReplicated(m); }});
+                          [this, claims = replica_claims_.get()](const ShardMeta& m) {
+                            claims->Submit(m, [this](const Status& st) {
+                              if (!st.ok()) errors_.Record("replication: " + st.message());
+                            });
+                          }});
     if (!replicator.ok()) return replicator.status();
     replicator_ = std::move(replicator).value();
     tiers_->SetPeers(replicator_.get());
@@ -242,6 +246,9 @@ void Daemon::Shutdown() {
   // commit watcher stops. A part that Build did not reach is null.
   if (sessions_) sessions_->Stop();
   if (replicator_) replicator_->Stop();
+  // Its callbacks reach the replicator: stopped while both are alive (the destructors run
+  // in the reverse order of the members).
+  if (replica_claims_) replica_claims_->Stop();
   if (snapshot_) snapshot_->Stop();
   if (flush_) flush_->Stop();
   if (promoter_) promoter_->Stop();

@@ -352,7 +352,7 @@ TEST_CASE("a version replicated but not committed yet is restored from memory af
       CHECK(r->state.FirstMismatch(1) == -1);
     }
     CHECK_THAT(ErrorsOf(c[0].Status()),
-               Catch::Contains("version 2 is restorable from memory no more (rank 2's shard") &&
+               Catch::Contains("version 2 is not committed yet and is restorable from memory no more (rank 2's shard") &&
                    Catch::Contains("is held by no live daemon and not persisted); trying an older version"));
     // The timeline above version 1 is left: version 2 is not restorable any more, and the
     // job's new version 2 commits.
@@ -360,6 +360,85 @@ TEST_CASE("a version replicated but not committed yet is restored from memory af
     job.Save(2);
     CHECK(fs::exists(v2 + "/COMMITTED"));
   }
+}
+
+// Found by review: replicas of a timeline a restore left stayed at the peers, and a later
+// restore of the new timeline's version of the same number read one of them.
+TEST_CASE("a replica of a timeline left by a restore is never read for the new timeline's version", "[replication]") {
+  TempDir dir("replstale");
+  Cluster c(dir, 3, 1);
+  c.StartAll();
+  Job job("replstale", 6);
+  job.Launch(c);
+  job.Save(1);
+  // Node 1 is lost; nodes 0 and 2 snapshot version 2 (node 0's shards go to node 2, the next
+  // daemon of the ring up), which cannot commit.
+  c.Lose(1);
+  for (std::uint32_t r : {0u, 1u, 4u, 5u}) {
+    job.ranks[r]->state.Fill(2);
+    job.ranks[r]->client->snapshot(2);
+  }
+  for (std::uint32_t r : {0u, 1u, 4u, 5u}) job.ranks[r]->client->wait_durable(2, Level::kReplicated);
+  c.Start(1);
+  // The job restarts (a rank at a time, so no daemon sees it end and drops its replicas),
+  // restores version 1, and its new version 2 (other contents) commits.
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    job.ranks[r].reset();
+    job.ranks[r] = std::make_unique<Rank>(r);
+    job.ranks[r]->Connect(c.socket(job.NodeOf(r)), job.name, job.world);
+  }
+  for (auto& r : job.ranks) REQUIRE(r->client->restore().version == 1);
+  for (auto& r : job.ranks) {
+    r->state.Fill(22);
+    r->client->snapshot(2);
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kCommitted);
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kReplicated);
+  // Nodes 0 and 1 lost: ranks 0 and 1 read the committed version 2 from a peer or the
+  // persistent tier, never the left timeline's.
+  c.Lose(0);
+  c.Lose(1);
+  c.Start(0);
+  c.Start(1);
+  job.Launch(c);
+  for (std::uint32_t r : {0u, 1u}) {
+    auto& rk = job.ranks[r];
+    rk->state.Fill(999);
+    RestoreResult got = rk->client->restore();
+    INFO("rank " << r << " restored version " << got.version << " from " << got.tier);
+    REQUIRE(got.version == 2);
+    CHECK(rk->state.FirstMismatch(22) == -1);  // the committed contents
+  }
+}
+
+TEST_CASE("a hung persistent tier holds up neither `replicated` nor a restore from memory", "[replication]") {
+  TempDir dir("replhung");
+  Cluster c(dir, 2, 1);
+  const std::string gate = dir.path() + "/pfs-hangs";
+  // Node 0's every file create on the persistent tier (shards, markers, claims) hangs.
+  c.env[0] = {"CKPTD_TEST_FAULT=file=any,op=create,fault=slow,delay_ms=600000,under=" + c.root() + ",while=" + gate};
+  c.StartAll();
+  Job job("replhung", 4);
+  job.Launch(c);
+  job.Save(1);
+  { std::ofstream(gate) << "x"; }
+  for (auto& r : job.ranks) {
+    r->state.Fill(2);
+    r->client->snapshot(2);
+  }
+  // Both of node 0's shards reach `replicated` (the claims wait behind the file system, the
+  // level does not): a wait that needed a file would run into its 60 s timeout.
+  for (std::uint32_t r : {0u, 1u}) {
+    job.ranks[r]->client->wait_durable(2, Level::kReplicated, std::chrono::milliseconds(60000));
+  }
+  CHECK_FALSE(fs::exists(c.root() + "/replhung/v0000000002/COMMITTED"));
+  CHECK_FALSE(fs::exists(c.root() + "/replhung/v0000000002/RESTORABLE"));
+  // Without its claims version 2 is not restorable: a restart takes the committed version 1.
+  c.Lose(0);
+  c.Start(0);
+  fs::remove(gate);
+  job.Launch(c);
+  CHECK(job.RestoreAll(1) == std::vector<std::string>{"peer", "peer", "memory", "memory"});
 }
 
 namespace {

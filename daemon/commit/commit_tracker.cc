@@ -186,6 +186,26 @@ void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
   }
 }
 
+void CommitTracker::Forget(const std::string& job, std::uint64_t version) {
+  std::vector<std::shared_ptr<ShardJob>> shards;
+  {
+    MutexLock decide(decide_mu_);
+    if (catalog_.IsCommitted(job, version)) return;
+    given_up_.insert({job, version});
+    MutexLock lock(mu_);
+    deciding_.erase({job, version});
+    watching_.erase({job, version});
+    markers_.erase({job, version});
+    shards = shards_.TakeVersion(job, version);
+  }
+  for (const auto& p : shards) {
+    p->ClaimErrorReport();  // restored from memory: not news to any trainer
+    p->Fail(FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
+                               "' will not commit: it was restored before it was committed, and the job goes on "
+                               "from it"));
+  }
+}
+
 void CommitTracker::SupersedeLocked(const std::string& job, std::uint64_t version) {
   const auto now = std::chrono::steady_clock::now();
   for (auto* m : {&deciding_, &watching_}) {

@@ -35,6 +35,15 @@ bool ReplicaClaims::Decide(const Key& key, std::uint32_t world_size) {
   return catalog_.IsCommitted(key.first, key.second);
 }
 
+void ReplicaClaims::Submit(const ShardMeta& meta, std::function<void(const Status&)> done) {
+  {
+    MutexLock lock(mu_);
+    if (stop_) return;
+    submitted_.push_back(Submitted{meta, std::move(done)});
+  }
+  wake_.SignalAll();
+}
+
 Status ReplicaClaims::OnReplicated(const ShardMeta& m) {
   if (!ParseRegistration(m.session)) {
     // A shard without a registration id (a client of an older protocol) cannot be matched
@@ -91,6 +100,14 @@ void ReplicaClaims::RecheckLoop() {
     {
       MutexLock lock(mu_);
       if (stop_) return;
+      if (!submitted_.empty()) {
+        Submitted next = std::move(submitted_.front());
+        submitted_.pop_front();
+        lock.Unlock();
+        const Status st = OnReplicated(next.meta);
+        if (next.done) next.done(st);
+        continue;
+      }
       if (pending_.empty()) {
         wake_.Wait(mu_);
         continue;

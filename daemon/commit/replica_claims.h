@@ -4,8 +4,10 @@
 // version replicated from here so far, with the registration that wrote it; the marker of K
 // ranks replaces the one of K-1). Then, once the markers of all daemons claim every rank with
 // its current registration, VERSION/RESTORABLE is written (Catalog::DecideRestorable), by
-// whichever daemon sees it first. The claim is written before the shard's `replicated` level
-// is reported. Two daemons writing their last claims at once may each list the directory
+// whichever daemon sees it first. The claims are written by this class's own thread, in
+// order (Submit), so that a slow persistent tier never holds up replication: a shard's
+// `replicated` level is reported when its peers acknowledge it, and its claim follows.
+// Two daemons writing their last claims at once may each list the directory
 // before the other's marker is there, so a version claimed here and not restorable yet is
 // looked at again by a thread, kRecheckFirst later and then with a doubling backoff up to
 // kRecheckMax, until it is restorable, committed, or kRecheckFor has passed (a rank never
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -39,9 +42,13 @@ class ReplicaClaims {
   ~ReplicaClaims() { Stop(); }
   void Stop() EXCLUDES(mu_);
 
-  // `meta`'s shard is held by R peers: claims it, and decides whether its version is
-  // restorable (now, or later: see the top). An error if the claim could not be written (the
-  // shard is replicated all the same, but its version does not become restorable).
+  // `meta`'s shard is held by R peers: queues its claim, and calls `done` (on this class's
+  // thread) once the claim is written or failed, with that outcome (an error: the shard is
+  // replicated all the same, but its version does not become restorable). After Stop(),
+  // nothing is claimed and `done` is not called.
+  void Submit(const ShardMeta& meta, std::function<void(const Status&)> done) EXCLUDES(mu_);
+  // Claims it now, on the caller's thread, and decides whether its version is restorable
+  // (now, or later: see the top).
   Status OnReplicated(const ShardMeta& meta) EXCLUDES(mu_);
 
  private:
@@ -61,6 +68,11 @@ class ReplicaClaims {
   Mutex mu_;
   CondVar wake_;
   bool stop_ GUARDED_BY(mu_) = false;
+  struct Submitted {
+    ShardMeta meta;
+    std::function<void(const Status&)> done;
+  };
+  std::deque<Submitted> submitted_ GUARDED_BY(mu_);
   // What this daemon's marker of each version claims on storage.
   std::map<Key, NodeClaims> durable_ GUARDED_BY(mu_);
   std::deque<Key> order_ GUARDED_BY(mu_);  // oldest first, to bound durable_

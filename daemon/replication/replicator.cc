@@ -294,6 +294,19 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status DropNewer(grpc::ServerContext* ctx, const v1::DropNewerRequest* req,
+                         v1::DropJobReply* reply) override {
+    if (Status st = Auth(ctx, "DropNewer", KeySubject(req->key())); !st.ok()) return Refuse(st);
+    if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
+    const auto& k = req->key();
+    reply->set_dropped(r_.memory().DropNewerThan(k.job(), k.rank(), k.version()));
+    if (reply->dropped() > 0) {
+      spdlog::info("peer: job {} rank {} restored version {}: dropped {} image(s) of the versions above it", k.job(),
+                   k.rank(), k.version(), reply->dropped());
+    }
+    return grpc::Status::OK;
+  }
+
   grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* req, v1::DropJobReply* reply) override {
     if (Status st = Auth(ctx, "DropJob", PeerSecret::JobSubject(req->job(), req->origin())); !st.ok())
       return Refuse(st);
@@ -601,9 +614,9 @@ void Replicator::SendLoop() {
     }
     if (acks == want) {
       ++replicated_;
-      if (hooks_.replicated) {
-        if (Status st = hooks_.replicated(m); !st.ok() && hooks_.error) hooks_.error("replication: " + st.message());
-      }
+      // The claim that may make the version restorable is written by its own thread: a
+      // slow persistent tier delays neither this shard's level nor the next shard's sending.
+      if (hooks_.replicated) hooks_.replicated(m);
       Finish(key, Status::Ok(), acks);
     } else {
       ++failures_;
@@ -705,6 +718,36 @@ bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::ui
     if (reply.held() && reply.registration() == registration) return true;
   }
   return false;
+}
+
+void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  for (std::size_t i : peers_.Ring()) {
+    const std::string& peer = peers_.addresses[i];
+    {
+      MutexLock lock(mu_);
+      auto it = has_failed_at_.find(peer);
+      if (it != has_failed_at_.end() && std::chrono::steady_clock::now() - it->second < std::chrono::seconds(5)) {
+        continue;  // a lost node: its memory is gone with it
+      }
+    }
+    auto stub = v1::Peer::NewStub(ChannelTo(peer));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(PeerSecret::kMetadataKey,
+                    secret_.Token("DropNewer", PeerSecret::ShardSubject(job, version, rank, "")));
+    ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+    v1::DropNewerRequest req;
+    req.mutable_key()->set_job(job);
+    req.mutable_key()->set_version(version);
+    req.mutable_key()->set_rank(rank);
+    v1::DropJobReply reply;
+    grpc::Status st = stub->DropNewer(&ctx, req, &reply);
+    if (!st.ok()) {
+      MutexLock lock(mu_);
+      has_failed_at_[peer] = std::chrono::steady_clock::now();
+      spdlog::info("replication: peer {} did not drop rank {} of job {} above version {}: {}", peer, rank, job,
+                   version, st.error_message());
+    }
+  }
 }
 
 Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,

@@ -58,9 +58,10 @@ class Replicator : public PeerShards {
     std::function<void(const std::string&)> error;  // a failure worth the error log
     std::function<std::uint64_t()> pool_used;       // bytes the host pool holds now
     std::uint64_t pool_bytes = 0;
-    // R peers hold the shard: called before its `replicated` level is reported (the claim
-    // that may make its version restorable, ReplicaClaims); an error is logged, not fatal.
-    std::function<Status(const ShardMeta&)> replicated;
+    // R peers hold the shard: hands it to the claim that may make its version restorable
+    // (ReplicaClaims::Submit, written on its own thread); the shard's `replicated` level is
+    // reported at once, whatever the claim's fate.
+    std::function<void(const ShardMeta&)> replicated;
   };
   // Reads the secret, resolves the peers and starts the server and the sender.
   // InvalidArgument for a configuration error (exit 2).
@@ -89,6 +90,7 @@ class Replicator : public PeerShards {
   std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) override;
   bool AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
                 const std::string& registration) override;
+  void DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) override;
   Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job, std::uint64_t version,
                                              std::uint32_t rank) override;
 

@@ -242,14 +242,17 @@ Result<Restorer::Chosen> Restorer::Choose(Session& s, std::uint64_t requested, b
   Catalog& catalog = tiers_.persistent();
   auto held = tiers_.HoldCommitted(s.job, requested);
   const std::uint64_t latest = held.ok() ? held->latest : catalog.Latest(s.job);
+  std::string why_not;  // for a version asked for by number that is not taken
   if (uncommitted_ok && tiers_.peers() != nullptr) {
     // Issue 17: a version newer than the newest committed one (or the one asked for, if it is
     // not committed) whose every rank's shard is still in some daemon's memory.
+    // Only above the newest committed version: one below it belongs to a timeline a commit
+    // already left (or retention is deleting it).
     std::vector<std::uint64_t> candidates;
     if (requested == 0) {
       candidates = catalog.RestorableNewerThan(s.job, latest);
-    } else if (!held.ok() && held.status().code() == StatusCode::kNotFound) {
-      candidates.push_back(requested);
+    } else if (!held.ok() && held.status().code() == StatusCode::kNotFound && requested > latest) {
+      candidates.push_back(requested);  // read below; a version without RESTORABLE is skipped
     }
     for (std::uint64_t v : candidates) {
       auto marker = catalog.ReadRestorable(s.job, v);
@@ -260,16 +263,19 @@ Result<Restorer::Chosen> Restorer::Choose(Session& s, std::uint64_t requested, b
         continue;
       }
       if (marker->world_size != s.world_size) {
-        spdlog::info("job {} rank {}: version {} (not committed) was written by {} ranks, not {}: only a committed "
-                     "version is restored at another world size",
-                     s.job, s.rank, v, marker->world_size, s.world_size);
+        why_not = "version " + std::to_string(v) + " is not committed yet and was written by " +
+                  std::to_string(marker->world_size) + " ranks, not " + std::to_string(s.world_size) +
+                  ": only a committed version is restored at another world size";
+        spdlog::info("job {} rank {}: {}", s.job, s.rank, why_not);
         continue;
       }
       auto hold = std::make_unique<VersionHold>(catalog, tiers_.local(), s.job, v);
       std::string missing;
       if (!AllHeld(s.job, v, marker.value(), &missing)) {
-        errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + ": version " + std::to_string(v) +
-                       " is restorable from memory no more (" + missing + "); trying an older version");
+        why_not = "version " + std::to_string(v) + " is not committed yet and is restorable from memory no more (" +
+                  missing + ")";
+        errors_.Record("job " + s.job + " rank " + std::to_string(s.rank) + ": " + why_not +
+                       (requested == 0 ? "; trying an older version" : ""));
         continue;
       }
       Chosen out;
@@ -281,7 +287,10 @@ Result<Restorer::Chosen> Restorer::Choose(Session& s, std::uint64_t requested, b
       return out;
     }
   }
-  if (!held.ok()) return held.status();
+  if (!held.ok()) {
+    if (requested != 0 && !why_not.empty()) return FailedPrecondition(why_not);
+    return held.status();
+  }
   auto world = VersionWorldSize(s.job, held->version);
   if (!world.ok()) return world.status();
   Chosen out;
@@ -316,20 +325,15 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     if (!same.ok()) return same.status().With("restore version " + std::to_string(chosen->version));
     elastic = !same.value();
     if (elastic && !chosen->registrations.empty()) {
-      // Resharding reads the version's index.json, which is written at commit.
-      spdlog::info("job {} rank {}: version {} (not committed) does not match this registration's layouts; "
-                   "restoring a committed version instead",
-                   s.job, s.rank, chosen->version);
-      chosen = Choose(s, requested, /*uncommitted_ok=*/false);
-      if (!chosen.ok()) return chosen.status();
-      req = ElasticRequestOf(s, chosen->version, chosen->world_size);
-      elastic = chosen->world_size != s.world_size;
-      if (!elastic) {
-        fetched = ShardSource{};
-        auto again = elastic_.MatchesOwnShard(req, &fetched);
-        if (!again.ok()) return again.status().With("restore version " + std::to_string(chosen->version));
-        elastic = !again.value();
-      }
+      // Resharding reads the version's index.json, which is written at commit. Falling back
+      // to a committed version here, on this rank alone, would split the job's ranks between
+      // two versions: the trainer is told, and chooses for all of them.
+      return FailedPrecondition(
+          "version " + std::to_string(chosen->version) + " of job '" + s.job +
+          "' is not committed yet, and this rank's registration has other layouts than its shard of it "
+          "(restoring into other layouts reads the index.json a commit writes): restore the newest committed "
+          "version (" + std::to_string(chosen->latest) + ") by number on every rank, or register this rank's "
+          "items as they were");
     }
   }
   const std::uint64_t v = chosen->version;
@@ -345,14 +349,15 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     // The versions above it belong to the timeline left (nothing committed is above it).
     tiers_.memory().DropNewerThan(s.job, s.rank, v);
     commits_.RolledBack(s.job, v);
+    // v itself never commits now (the ranks register again): it is not awaited, and this
+    // rank's shard of it, if this session wrote it, has no failure to report later.
+    commits_.Forget(s.job, v);
   } else if (v < chosen->latest) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
-  // Issue 17: versions above v not committed but restorable belong to the timeline left too.
-  if (tiers_.peers() != nullptr) tiers_.persistent().DropRestorableNewerThan(s.job, v);
   // This rank's own versions above v belong to the timeline it left: their failure (set
   // aside) is not news to report on its next snapshot.
-  for (auto it = s.shards.upper_bound(v); it != s.shards.end();) {
+  for (auto it = uncommitted ? s.shards.lower_bound(v) : s.shards.upper_bound(v); it != s.shards.end();) {
     it->second->ClaimErrorReport();
     it = s.shards.erase(it);
   }
@@ -361,6 +366,14 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     return st.With("after restoring version " + std::to_string(v));
   }
   s.last_version = v;
+  if (PeerShards* peers = tiers_.peers()) {
+    // Issue 17: the timeline above v is left on every daemon too: peers drop this rank's
+    // images above v (a replica of an old version v+1 must never be read for the new v+1),
+    // and no version above v is taken as restorable. After the new registration, so that a
+    // claim deciding one meanwhile sees that this rank's registration changed.
+    peers->DropNewer(s.job, s.rank, v);
+    tiers_.persistent().DropRestorableNewerThan(s.job, v);
+  }
   return restored;
 }
 

@@ -393,11 +393,14 @@ void MemoryTier::OnCommitted(const std::string& job, std::uint64_t version) {
   }
 }
 
-void MemoryTier::DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+std::uint32_t MemoryTier::DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version) {
   MutexLock lock(mu_);
   auto it = images_.find(Key{job, rank});
-  if (it == images_.end()) return;
-  it->second.erase(it->second.upper_bound(version), it->second.end());
+  if (it == images_.end()) return 0;
+  const auto from = it->second.upper_bound(version);
+  const auto n = static_cast<std::uint32_t>(std::distance(from, it->second.end()));
+  it->second.erase(from, it->second.end());
+  return n;
 }
 
 std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint64_t version,

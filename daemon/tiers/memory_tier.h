@@ -88,8 +88,9 @@ class MemoryTier {
   // `version` of `job` committed: per rank, keep the newest `versions` committed images
   // and drop older ones, committed or not (an older version never commits after a newer).
   void OnCommitted(const std::string& job, std::uint64_t version);
-  // A rank restored an older version (rollback): its images of newer versions are dropped.
-  void DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version);
+  // A rank restored an older version (rollback): its images of newer versions are dropped
+  // (own and replicas); how many.
+  std::uint32_t DropNewerThan(const std::string& job, std::uint32_t rank, std::uint64_t version);
 
   // The complete image of (job, version, rank), or null.
   std::shared_ptr<MemoryImage> Find(const std::string& job, std::uint64_t version, std::uint32_t rank);

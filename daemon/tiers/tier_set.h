@@ -67,6 +67,10 @@ class PeerShards {
   // order, stopping at the first; nothing reported).
   virtual bool AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
                         const std::string& registration) = 0;
+  // A restore of `version` of (job, rank) left the timeline above it: every peer drops its
+  // images of that rank above it (replicas left by the old timeline would otherwise be
+  // read for the new one's versions of the same numbers). Peers that do not answer are logged.
+  virtual void DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) = 0;
 };
 
 // A committed version, held.
