@@ -21,9 +21,12 @@
 namespace ckpt {
 namespace {
 
-// Bytes per streamed piece. 4 MiB rather than 1: a quarter of the per-piece work (a gRPC
-// message, a flow-control round, a checksum state) for the same bytes.
+// Bytes per streamed piece. A restore's fetch (GetShard) takes 4 MiB: a quarter of the
+// per-piece work (a gRPC message, a flow-control round) for the same bytes. Replication
+// (PutShard) keeps 1 MiB: the sender checks the trainer's pool before every piece, and
+// gives way sooner between small ones.
 constexpr std::uint64_t kPiece = std::uint64_t{4} << 20;
+constexpr std::uint64_t kReplicaPiece = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMaxHeader = 64ull << 20;    // largest shard header accepted
 constexpr std::size_t kStatesKept = 8192;            // replication states remembered
 // The largest piece is the first, which holds the whole header (up to kMaxHeader + 8) or
@@ -202,17 +205,17 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next n
   return image;
 }
 
-// Streams `image` through `write` in pieces of kPiece (the first holding the whole header),
+// Streams `image` through `write` in pieces of `piece` bytes (the first holding the whole header),
 // each referencing the image's memory (EncodePiece: no copy, and the image stays alive until
 // gRPC has sent it), with its xxh3-64 when `sums` is kChecked.
 template <typename Write>
-bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& origin, PieceSums sums, Write write,
-               const std::function<void()>& pace) {
+bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& origin, std::uint64_t piece,
+               PieceSums sums, Write write, const std::function<void()>& pace) {
   const std::uint64_t file_bytes = image->file_bytes;
   const std::uint64_t header_end = HeaderEnd(image->data(), file_bytes);
   std::uint64_t off = 0;
   do {
-    std::uint64_t n = std::min<std::uint64_t>(kPiece, file_bytes - off);
+    std::uint64_t n = std::min<std::uint64_t>(piece, file_bytes - off);
     if (off == 0) n = std::max<std::uint64_t>(n, header_end);
     if (pace) pace();
     v1::ShardPiece fields;
@@ -322,7 +325,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
                              " in this daemon's memory"));
     }
     std::uint64_t sent = 0;
-    bool ok = SendImage(image, r_.peers().self_address(), PieceSums::kNone,
+    bool ok = SendImage(image, r_.peers().self_address(), kPiece, PieceSums::kNone,
                         [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
                           sent += n;
                           return stream->Write(piece);
@@ -535,9 +538,13 @@ void Replicator::Pace() {
   // Yield to the trainer's data path: while the pool is busy with copies and flushes, wait
   // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
   if (!hooks_.pool_used || hooks_.pool_bytes == 0) return;
-  // 1 ms per MiB of a piece caps the sender at about 1 GB/s while the pool is busy, and never
-  // stops it (a flush-bound trainer keeps the pool busy all the time).
-  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(kPiece >> 20));
+  // 3 ms per 1 MiB piece caps the sender at about 350 MB/s while the pool is busy, and never
+  // stops it (a flush-bound trainer keeps the pool busy all the time). It was 1 ms while
+  // every piece cost the sender two copies at nice 19, which throttled it as much again;
+  // without them (piece_wire.h) 1 ms let replication double the flush-bound trainer's
+  // stall p50 on the 2-core VM, 3 ms keeps it at R=0's (DESIGN-NOTES, issue 17, measured).
+  static_assert(kReplicaPiece == 1 << 20, "the wait is per MiB");
+  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
 }
 
 Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& shard, std::uint64_t* held) {
@@ -572,7 +579,7 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx, &reply));
   std::uint64_t sent = 0;
-  SendImage(shard, peers_.self_address(), PieceSums::kChecked,
+  SendImage(shard, peers_.self_address(), kReplicaPiece, PieceSums::kChecked,
             [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
               sent += n;
               return writer->Write(piece);

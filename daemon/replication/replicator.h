@@ -7,7 +7,7 @@
 // lowest CPU priority (nice 19), one piece in flight per stream (gRPC's flow control bounds
 // the bytes in flight to the window), and it yields to the trainer's data path: while the
 // host pool holds more than a quarter of its bytes (copies and flushes in flight) it waits
-// 4 ms between pieces of 4 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
+// 3 ms between pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
 // that refuses or cannot be reached is replaced by the next daemon of the ring that does
 // not hold the shard yet, so R copies exist whenever R peers can take them.
 //
