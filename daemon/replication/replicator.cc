@@ -14,16 +14,30 @@
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "common/names.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/replication/piece_wire.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
 
 namespace ckpt {
 namespace {
 
-constexpr std::uint64_t kPiece = 1 << 20;            // bytes per streamed piece
+// Bytes per streamed piece. A restore's fetch (GetShard) takes 4 MiB: a quarter of the
+// per-piece work (a gRPC message, a flow-control round) for the same bytes. Replication
+// (PutShard) keeps 1 MiB: the sender checks the trainer's pool before every piece, and
+// gives way sooner between small ones.
+constexpr std::uint64_t kPiece = std::uint64_t{4} << 20;
+constexpr std::uint64_t kReplicaPiece = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMaxHeader = 64ull << 20;    // largest shard header accepted
 constexpr std::size_t kStatesKept = 8192;            // replication states remembered
-constexpr int kMaxMessage = static_cast<int>(kMaxHeader + (1 << 20));
+// The largest piece is the first, which holds the whole header (up to kMaxHeader + 8) or
+// kPiece bytes; 1 MiB above that leaves room for the other fields.
+constexpr int kMaxMessage = static_cast<int>(std::max(kMaxHeader + 8, kPiece) + (1 << 20));
+// PutShard and GetShard by hand (their pieces are raw ByteBuffers, piece_wire.h): their
+// full names and their indexes in the generated Service, as peer.proto declares them.
+constexpr char kPutShardMethod[] = "/ckpt.v1.Peer/PutShard";
+constexpr char kGetShardMethod[] = "/ckpt.v1.Peer/GetShard";
+constexpr int kPutShardMethodIndex = 0;
+constexpr int kGetShardMethodIndex = 1;
 constexpr std::chrono::seconds kHasDeadline{3};
 
 // A peer that could not be reached or failed otherwise.
@@ -46,6 +60,9 @@ std::uint64_t HeaderEnd(const char* data, std::uint64_t file_bytes) {
 // A buffer outside the memory tier's budget, for a fetched image that is only restored.
 std::shared_ptr<MemoryImage> StandaloneImage(const ShardMeta& meta, std::uint64_t file_bytes) {
   const std::uint64_t cap = AlignUp(std::max<std::uint64_t>(file_bytes, 1), 4096);
+  // Plain 4 KiB pages, faulted in by the copy. Measured on the 2-core VM (DESIGN-NOTES,
+  // issue 17, "Measured"): MAP_POPULATE, a thread faulting the pages in ahead of the copy,
+  // and transparent huge pages were all slower (huge pages by seconds, in compaction).
   void* p = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   return std::shared_ptr<MemoryImage>(new MemoryImage(meta, file_bytes, static_cast<char*>(p), cap),
@@ -107,28 +124,47 @@ Status CheckKey(const v1::ShardKey& key) {
   return Status::Ok();
 }
 
-// Reads a shard image piece by piece from `next` into an image made once the first piece
-// (with the whole header) is there: `make` gives it (null: refused, *refusal says why).
-// Verifies every piece, the header (against `key`) and the whole image.
+// How the pieces of a transfer are checked on arrival. A replica (PutShard) is kept, and
+// counts, only once every piece matched the xxh3-64 the sender took of it. An image fetched
+// for a restore (GetShard) carries no piece checksums: its header is parsed and checked here
+// (ParseShardHeader verifies ckpt.header_xxh3), and the restore then verifies every item it
+// reads against the header's item (or block) checksums before any byte reaches a region,
+// which covers every byte of the data section; a third pass over the same bytes would only
+// repeat it.
+enum class PieceSums { kChecked, kNone };
+
+// The received pieces from `next` as a shard image, made once the first piece (with the
+// whole header) is there: `make` gives it (null: refused, *refusal says why). `first` is the
+// first piece, already read. Checks the pieces' order and sizes, the header (against
+// `want` when it names a shard) and, with PieceSums::kChecked, every piece's checksum.
 template <typename Next, typename Make>
-Result<std::shared_ptr<MemoryImage>> ReceiveImage(Next next, Make make, const v1::ShardKey& want, std::string* origin,
+Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next next, Make make,
+                                                  const v1::ShardKey& want, PieceSums sums,
                                                   std::uint64_t* received) {
-  v1::ShardPiece piece;
-  if (!next(&piece)) return DataLoss("the stream ended before its first piece");
-  const v1::ShardKey key = piece.has_key() ? piece.key() : want;
+  const v1::ShardPiece& head = first.fields();
+  const v1::ShardKey key = head.has_key() ? head.key() : want;
   if (Status st = CheckKey(key); !st.ok()) return st;
   if (want.job() != "" && (key.job() != want.job() || key.version() != want.version() || key.rank() != want.rank())) {
     return DataLoss("the peer sent " + Describe(key.job(), key.version(), key.rank()) + ", not the shard asked for");
   }
-  if (origin) *origin = piece.origin();
-  const std::uint64_t file_bytes = piece.file_bytes();
-  const std::string& first = piece.data();
-  if (piece.offset() != 0 || first.size() < 8) return DataLoss("the first piece does not start the file");
-  const std::uint64_t header_end = HeaderEnd(first.data(), file_bytes);
-  if (header_end - 8 > kMaxHeader || first.size() < header_end) {
+  const std::uint64_t file_bytes = head.file_bytes();
+  if (head.offset() != 0 || first.data_bytes() < 8 || first.data_bytes() > file_bytes) {
+    return DataLoss("the first piece does not start the file");
+  }
+  // The first piece is read into a buffer of its own: the image is made from its header.
+  std::string data(first.data_bytes(), '\0');
+  {
+    Checksum sum;
+    first.CopyData(data.data(), sums == PieceSums::kChecked ? &sum : nullptr);
+    if (sums == PieceSums::kChecked && sum.Digest() != head.piece_xxh3()) {
+      return DataLoss("the piece at offset 0 failed its checksum on arrival");
+    }
+  }
+  const std::uint64_t header_end = HeaderEnd(data.data(), file_bytes);
+  if (header_end - 8 > kMaxHeader || data.size() < header_end) {
     return DataLoss("the first piece does not hold the whole shard header");
   }
-  auto info = ParseShardHeader(std::string_view(first.data() + 8, header_end - 8), file_bytes);
+  auto info = ParseShardHeader(std::string_view(data.data() + 8, header_end - 8), file_bytes);
   if (!info.ok()) return info.status().With("the replica's header");
   const ShardMeta& meta = info->meta;
   if (meta.job != key.job() || meta.version != key.version() || meta.rank != key.rank()) {
@@ -138,28 +174,30 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(Next next, Make make, const v1
   std::string refusal;
   std::shared_ptr<MemoryImage> image = make(meta, file_bytes, &refusal);
   if (!image) return ResourceExhausted(refusal);
-  Checksum whole;
-  std::uint64_t done = 0;
-  bool last = false;
-  for (;;) {
-    const std::string& data = piece.data();
-    if (piece.offset() != done || data.size() > file_bytes - done) {
-      return DataLoss("piece at offset " + std::to_string(piece.offset()) + " (" + std::to_string(data.size()) +
+  std::memcpy(image->data(), data.data(), data.size());
+  std::uint64_t done = data.size();
+  if (received) *received += done;
+  bool last = head.last();
+  while (!last) {
+    grpc::ByteBuffer buffer;
+    if (!next(&buffer)) break;
+    auto parsed = WirePiece::Parse(buffer);
+    if (!parsed.ok()) return parsed.status();
+    const WirePiece& piece = parsed.value();
+    const std::uint64_t n = piece.data_bytes();
+    if (piece.fields().offset() != done || n > file_bytes - done) {
+      return DataLoss("piece at offset " + std::to_string(piece.fields().offset()) + " (" + std::to_string(n) +
                       " bytes) does not follow byte " + std::to_string(done) + " of " + std::to_string(file_bytes));
     }
-    if (Checksum::Of(data.data(), data.size()) != piece.piece_xxh3()) {
+    // Straight into the image: the one copy of these bytes on this side.
+    Checksum sum;
+    piece.CopyData(image->data() + done, sums == PieceSums::kChecked ? &sum : nullptr);
+    if (sums == PieceSums::kChecked && sum.Digest() != piece.fields().piece_xxh3()) {
       return DataLoss("the piece at offset " + std::to_string(done) + " failed its checksum on arrival");
     }
-    std::memcpy(image->data() + done, data.data(), data.size());
-    whole.Update(data.data(), data.size());
-    done += data.size();
-    if (received) *received += data.size();
-    if (piece.last()) {
-      last = true;
-      if (whole.Digest() != piece.image_xxh3()) return DataLoss("the whole image failed its checksum on arrival");
-      break;
-    }
-    if (!next(&piece)) break;
+    done += n;
+    if (received) *received += n;
+    last = piece.fields().last();
   }
   if (!last || done != file_bytes) {
     return DataLoss("the stream ended after " + std::to_string(done) + " of " + std::to_string(file_bytes) + " bytes");
@@ -167,36 +205,34 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(Next next, Make make, const v1
   return image;
 }
 
-// Streams `image` through `write` in pieces (the first holding the whole header).
+// Streams `image` through `write` in pieces of `piece` bytes (the first holding the whole header),
+// each referencing the image's memory (EncodePiece: no copy, and the image stays alive until
+// gRPC has sent it), with its xxh3-64 when `sums` is kChecked.
 template <typename Write>
-bool SendImage(const MemoryImage& image, const std::string& origin, Write write, const std::function<void()>& pace) {
-  const std::uint64_t file_bytes = image.file_bytes;
-  const std::uint64_t header_end = HeaderEnd(image.data(), file_bytes);
-  Checksum whole;
+bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& origin, std::uint64_t piece,
+               PieceSums sums, Write write, const std::function<void()>& pace) {
+  const std::uint64_t file_bytes = image->file_bytes;
+  const std::uint64_t header_end = HeaderEnd(image->data(), file_bytes);
   std::uint64_t off = 0;
   do {
-    std::uint64_t n = std::min<std::uint64_t>(kPiece, file_bytes - off);
+    std::uint64_t n = std::min<std::uint64_t>(piece, file_bytes - off);
     if (off == 0) n = std::max<std::uint64_t>(n, header_end);
     if (pace) pace();
-    v1::ShardPiece piece;
+    v1::ShardPiece fields;
     if (off == 0) {
-      auto* k = piece.mutable_key();
-      k->set_job(image.meta.job);
-      k->set_version(image.meta.version);
-      k->set_rank(image.meta.rank);
-      piece.set_file_bytes(file_bytes);
-      piece.set_origin(origin);
+      auto* k = fields.mutable_key();
+      k->set_job(image->meta.job);
+      k->set_version(image->meta.version);
+      k->set_rank(image->meta.rank);
+      fields.set_file_bytes(file_bytes);
+      fields.set_origin(origin);
     }
-    piece.set_offset(off);
-    piece.set_data(image.data() + off, n);
-    piece.set_piece_xxh3(Checksum::Of(image.data() + off, n));
-    whole.Update(image.data() + off, n);
+    fields.set_offset(off);
+    if (sums == PieceSums::kChecked) fields.set_piece_xxh3(Checksum::Of(image->data() + off, n));
+    const char* data = image->data() + off;
     off += n;
-    if (off == file_bytes) {
-      piece.set_last(true);
-      piece.set_image_xxh3(whole.Digest());
-    }
-    if (!write(piece)) return false;
+    if (off == file_bytes) fields.set_last(true);
+    if (!write(EncodePiece(fields, image, data, n), n)) return false;
   } while (off < file_bytes);
   return true;
 }
@@ -206,10 +242,27 @@ bool SendImage(const MemoryImage& image, const std::string& origin, Write write,
 // The Peer service: every call is checked against the shared secret first.
 class PeerServiceImpl final : public v1::Peer::Service {
  public:
-  explicit PeerServiceImpl(Replicator& r) : r_(r) {}
+  explicit PeerServiceImpl(Replicator& r) : r_(r) {
+    // The two calls that carry shard bytes read and write their pieces as raw ByteBuffers
+    // (piece_wire.h), through handlers of the same sync API as the generated ones; the
+    // Service owns them. The indexes are the methods' order in peer.proto.
+    MarkMethodStreamed(kPutShardMethodIndex,
+                       new grpc::internal::ClientStreamingHandler<PeerServiceImpl, grpc::ByteBuffer, v1::PutShardReply>(
+                           [](PeerServiceImpl* self, grpc::ServerContext* ctx,
+                              grpc::ServerReader<grpc::ByteBuffer>* reader,
+                              v1::PutShardReply* reply) { return self->ReceiveShard(ctx, reader, reply); },
+                           this));
+    MarkMethodStreamed(kGetShardMethodIndex,
+                       new grpc::internal::SplitServerStreamingHandler<v1::GetShardRequest, grpc::ByteBuffer>(
+                           [this](grpc::ServerContext* ctx,
+                                  grpc::ServerSplitStreamer<v1::GetShardRequest, grpc::ByteBuffer>* stream) {
+                             return ServeShard(ctx, stream);
+                           }));
+  }
 
-  grpc::Status PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::ShardPiece>* reader,
-                        v1::PutShardReply* reply) override {
+  // PutShard.
+  grpc::Status ReceiveShard(grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
+                            v1::PutShardReply* reply) {
     // The token is bound to the shard and origin the sender names in metadata: checked
     // before anything is read (an unauthenticated stream costs no buffer), then the first
     // piece must be that shard from that origin.
@@ -217,13 +270,17 @@ class PeerServiceImpl final : public v1::Peer::Service {
     auto sub = md.find(PeerSecret::kSubjectKey);
     const std::string subject = sub == md.end() ? std::string() : std::string(sub->second.data(), sub->second.size());
     if (Status st = Auth(ctx, "PutShard", subject); !st.ok()) return Refuse(st);
-    v1::ShardPiece head;
-    if (!reader->Read(&head)) return ToGrpc(DataLoss("PutShard: the stream ended before its first piece"));
-    if (PeerSecret::ShardSubject(head.key().job(), head.key().version(), head.key().rank(), head.origin()) != subject) {
+    grpc::ByteBuffer buffer;
+    if (!reader->Read(&buffer)) return ToGrpc(DataLoss("PutShard: the stream ended before its first piece"));
+    auto parsed = WirePiece::Parse(buffer);
+    if (!parsed.ok()) return Refuse(parsed.status());
+    const WirePiece head = std::move(parsed).value();
+    const v1::ShardPiece& f = head.fields();
+    if (PeerSecret::ShardSubject(f.key().job(), f.key().version(), f.key().rank(), f.origin()) != subject) {
       return Refuse(PermissionDenied("PutShard: the first piece is not the shard its token was made for (" + subject +
                                      ")"));
     }
-    std::string origin;
+    const std::string origin = f.origin();
     std::shared_ptr<MemoryImage> reserved;
     auto make = [&](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
       reserved = r_.memory().ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin);
@@ -234,19 +291,10 @@ class PeerServiceImpl final : public v1::Peer::Service {
       }
       return reserved;
     };
-    // The origin is in the first piece, before the image is made.
-    bool first = true;
-    auto next = [&](v1::ShardPiece* p) {
-      if (first) {
-        first = false;
-        origin = head.origin();
-        *p = std::move(head);
-        return true;
-      }
-      return reader->Read(p);
-    };
     std::uint64_t received = 0;
-    auto image = ReceiveImage(next, make, v1::ShardKey(), nullptr, &received);
+    auto image = ReceiveImage(
+        head, [&](grpc::ByteBuffer* b) { return reader->Read(b); }, make, v1::ShardKey(), PieceSums::kChecked,
+        &received);
     metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kReceived, received);
     if (!image.ok()) {
       if (reserved) r_.memory().Drop(reserved);
@@ -264,20 +312,25 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetShard(grpc::ServerContext* ctx, const v1::GetShardRequest* req,
-                        grpc::ServerWriter<v1::ShardPiece>* writer) override {
-    if (Status st = Auth(ctx, "GetShard", KeySubject(req->key())); !st.ok()) return Refuse(st);
-    if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
-    auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
+  // GetShard.
+  grpc::Status ServeShard(grpc::ServerContext* ctx,
+                          grpc::ServerSplitStreamer<v1::GetShardRequest, grpc::ByteBuffer>* stream) {
+    v1::GetShardRequest req;
+    if (!stream->Read(&req)) return ToGrpc(InvalidArgument("GetShard: no request"));
+    if (Status st = Auth(ctx, "GetShard", KeySubject(req.key())); !st.ok()) return Refuse(st);
+    if (Status st = CheckKey(req.key()); !st.ok()) return ToGrpc(st);
+    auto image = r_.memory().Find(req.key().job(), req.key().version(), req.key().rank());
     if (!image) {
-      return ToGrpc(NotFound("no image of " + Describe(req->key().job(), req->key().version(), req->key().rank()) +
+      return ToGrpc(NotFound("no image of " + Describe(req.key().job(), req.key().version(), req.key().rank()) +
                              " in this daemon's memory"));
     }
     std::uint64_t sent = 0;
-    bool ok = SendImage(*image, r_.peers().self_address(), [&](const v1::ShardPiece& p) {
-      sent += p.data().size();
-      return writer->Write(p);
-    }, nullptr);
+    bool ok = SendImage(image, r_.peers().self_address(), kPiece, PieceSums::kNone,
+                        [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
+                          sent += n;
+                          return stream->Write(piece);
+                        },
+                        nullptr);
     metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kServed, sent);
     return ok ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
   }
@@ -501,12 +554,17 @@ void Replicator::Pace() {
   // Yield to the trainer's data path: while the pool is busy with copies and flushes, wait
   // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
   if (!hooks_.pool_used || hooks_.pool_bytes == 0) return;
-  // 1 ms per 1 MiB piece caps the sender at about 1 GB/s while the pool is busy, and never
-  // stops it (a flush-bound trainer keeps the pool busy all the time).
-  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // 3 ms per 1 MiB piece caps the sender at about 350 MB/s while the pool is busy, and never
+  // stops it (a flush-bound trainer keeps the pool busy all the time). It was 1 ms while
+  // every piece cost the sender two copies at nice 19, which throttled it as much again;
+  // without them (piece_wire.h) 1 ms let replication double the flush-bound trainer's
+  // stall p50 on the 2-core VM, 3 ms keeps it at R=0's (DESIGN-NOTES, issue 17, measured).
+  static_assert(kReplicaPiece == 1 << 20, "the wait is per MiB");
+  if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
 }
 
-Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held) {
+Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& shard, std::uint64_t* held) {
+  const MemoryImage& image = *shard;
   auto channel = ChannelTo(peer);
   // A channel whose last attempt failed (the peer was down: a DropJob or a send found it so)
   // fails calls at once until its next reconnect, up to the 1 s backoff later: a peer that has
@@ -524,7 +582,6 @@ Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std
     }
     if (wait) channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
   }
-  auto stub = v1::Peer::NewStub(channel);
   grpc::ClientContext ctx;
   const std::string subject =
       PeerSecret::ShardSubject(image.meta.job, image.meta.version, image.meta.rank, peers_.self_address());
@@ -534,12 +591,16 @@ Status Replicator::SendTo(const std::string& peer, const MemoryImage& image, std
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30) +
                    std::chrono::milliseconds(image.file_bytes / 10000));
   v1::PutShardReply reply;
-  auto writer = stub->PutShard(&ctx, &reply);
+  const grpc::internal::RpcMethod method(kPutShardMethod, grpc::internal::RpcMethod::CLIENT_STREAMING);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx, &reply));
   std::uint64_t sent = 0;
-  SendImage(image, peers_.self_address(), [&](const v1::ShardPiece& p) {
-    sent += p.data().size();
-    return writer->Write(p);
-  }, [this] { Pace(); });
+  SendImage(shard, peers_.self_address(), kReplicaPiece, PieceSums::kChecked,
+            [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
+              sent += n;
+              return writer->Write(piece);
+            },
+            [this] { Pace(); });
   writer->WritesDone();
   grpc::Status st = writer->Finish();
   metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kSent, sent);
@@ -594,7 +655,7 @@ void Replicator::SendLoop() {
       }
       const std::string& peer = peers_.addresses[i];
       std::uint64_t held = 0;
-      Status st = SendTo(peer, *image, &held);
+      Status st = SendTo(peer, image, &held);
       if (st.ok()) {
         ++acks;
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
@@ -752,7 +813,8 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
 
 Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,
                                                        std::uint64_t version, std::uint32_t rank) {
-  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  const auto start = std::chrono::steady_clock::now();
+  auto channel = ChannelTo(peer);
   grpc::ClientContext ctx;
   ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("GetShard", PeerSecret::ShardSubject(job, version, rank, "")));
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
@@ -760,15 +822,36 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   req.mutable_key()->set_job(job);
   req.mutable_key()->set_version(version);
   req.mutable_key()->set_rank(rank);
-  auto reader = stub->GetShard(&ctx, req);
+  const grpc::internal::RpcMethod method(kGetShardMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx, req));
   auto make = [](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
     auto img = StandaloneImage(meta, file_bytes);
     if (!img) *why = "cannot map " + std::to_string(file_bytes) + " bytes for the fetched shard";
     return img;
   };
   std::uint64_t received = 0;
-  auto image = ReceiveImage([&](v1::ShardPiece* p) { return reader->Read(p); }, make, req.key(), nullptr, &received);
+  bool ended = false;  // the stream ended (the server's status is what to report)
+  auto next = [&](grpc::ByteBuffer* b) {
+    ended = ended || !reader->Read(b);
+    return !ended;
+  };
+  Result<std::shared_ptr<MemoryImage>> image = DataLoss("the stream ended before its first piece");
+  if (grpc::ByteBuffer buffer; next(&buffer)) {
+    auto first = WirePiece::Parse(buffer);
+    image = first.ok() ? ReceiveImage(first.value(), next, make, req.key(), PieceSums::kNone, &received)
+                       : Result<std::shared_ptr<MemoryImage>>(first.status());
+  }
   metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kFetched, received);
+  if (!image.ok() && !ended) {
+    // A bad piece: the rest is not read, and a call with pieces left unread would not finish
+    // (the server waits for flow control) before its deadline. Cancelled; the piece's error
+    // is the reason.
+    ctx.TryCancel();
+    reader->Finish();
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
+    return image.status();
+  }
   grpc::Status st = reader->Finish();
   if (!st.ok()) {
     metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
@@ -779,6 +862,9 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
     return image.status();
   }
   image.value()->complete = true;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("replication: fetched {} from peer {}: {} bytes in {:.0f} ms", Describe(job, version, rank), peer,
+               received, ms);
   return image;
 }
 

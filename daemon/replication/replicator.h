@@ -2,18 +2,20 @@
 //
 // Sender: each shard this daemon captured and published with a memory image is sent, whole,
 // to the peer rule's R holders (PeerList: the next R daemons of --peers), over the Peer
-// service (proto/ckpt/v1/peer.proto) in pieces with checksums. One thread sends, at the
+// service (proto/ckpt/v1/peer.proto) in pieces with checksums, which reference the image's
+// memory rather than copy it (piece_wire.h). One thread sends, at the
 // lowest CPU priority (nice 19), one piece in flight per stream (gRPC's flow control bounds
 // the bytes in flight to the window), and it yields to the trainer's data path: while the
 // host pool holds more than a quarter of its bytes (copies and flushes in flight) it waits
-// 1 ms between pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
+// 3 ms between pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
 // that refuses or cannot be reached is replaced by the next daemon of the ring that does
 // not hold the shard yet, so R copies exist whenever R peers can take them.
 //
 // Receiver: a gRPC server on TCP (--peer-listen) whose calls must carry a token of the
-// shared secret (PeerSecret); a replica is verified (pieces, whole image, header) and kept
-// in the memory tier under its budget (MemoryTier::ReserveReplica: replicas give way before
-// own shards). Restores on other daemons read images back (GetShard), own or replica.
+// shared secret (PeerSecret); a replica is verified (every piece's checksum, the header) and
+// kept in the memory tier under its budget (MemoryTier::ReserveReplica: replicas give way
+// before own shards). Restores on other daemons read images back (GetShard), own or replica,
+// without piece checksums: the restore verifies the header and every item it reads.
 //
 // Level `replicated` (WaitReplicated): reached when R peers acknowledged the shard, after
 // verifying it. Thread-safe.
@@ -120,8 +122,9 @@ class Replicator : public PeerShards {
   Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks);
   Status StartServer(const std::string& listen);
   void SendLoop() EXCLUDES(mu_);
-  // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it.
-  Status SendTo(const std::string& peer, const MemoryImage& image, std::uint64_t* held);
+  // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it. The
+  // pieces in flight reference the image's memory, so they hold a reference to it.
+  Status SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& image, std::uint64_t* held);
   void Pace();
   // One HasShard call to `peer` (kHasDeadline).
   grpc::Status AskHasShard(const std::string& peer, const std::string& job, std::uint64_t version,
