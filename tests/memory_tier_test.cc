@@ -34,10 +34,22 @@ TEST_CASE("a replica does not replace this daemon's own shard of the same versio
   }
   SECTION("once it is complete") {
     tier.Complete(own);
-    CHECK_FALSE(tier.ReserveReplica(Meta("j", 3, 1), kMiB, "10.0.0.2:7000"));
+    bool own_shard = false;
+    CHECK_FALSE(tier.ReserveReplica(Meta("j", 3, 1), kMiB, "10.0.0.2:7000", &own_shard));
+    CHECK(own_shard);  // the reason is told apart from a lack of room
     CHECK(tier.Find("j", 3, 1) == own);
   }
   CHECK(tier.ReplicaBytes().empty());
+}
+
+TEST_CASE("a replica refused for lack of room is told apart from one refused for an own shard", "[memory_tier]") {
+  MemoryTier tier(4 * kMiB, 2);
+  auto own = tier.Reserve(Meta("j", 1, 0), 3 * kMiB);
+  REQUIRE(own);
+  tier.Complete(own);
+  bool own_shard = true;
+  CHECK_FALSE(tier.ReserveReplica(Meta("j", 1, 1), 3 * kMiB, "a", &own_shard));
+  CHECK_FALSE(own_shard);
 }
 
 TEST_CASE("a replica short of room drops older replicas, never a newer one of its rank", "[memory_tier]") {

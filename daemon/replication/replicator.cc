@@ -283,8 +283,12 @@ class PeerServiceImpl final : public v1::Peer::Service {
     const std::string origin = f.origin();
     std::shared_ptr<MemoryImage> reserved;
     auto make = [&](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
-      reserved = r_.memory().ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin);
-      if (!reserved) {
+      bool own = false;
+      reserved = r_.memory().ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin, &own);
+      if (!reserved && own) {
+        *why = "this daemon holds its own shard of " + Describe(meta.job, meta.version, meta.rank) +
+               " (the rank ran here): a replica of it adds nothing";
+      } else if (!reserved) {
         *why = "no room for " + Describe(meta.job, meta.version, meta.rank) + " (" + std::to_string(file_bytes >> 20) +
                " MiB) in this daemon's memory tier without dropping its own shards (--memory-mib " +
                std::to_string(r_.memory().GetStats().budget >> 20) + ")";

@@ -179,7 +179,8 @@ bool MemoryTier::DropOneReplicaLocked(const Key& prefer, std::uint64_t below) {
 }
 
 std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
-                                                        const std::string& origin) {
+                                                        const std::string& origin, bool* own_shard) {
+  if (own_shard != nullptr) *own_shard = false;
   if (!enabled()) return nullptr;
   const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
   const Key key{meta.job, meta.rank};
@@ -189,7 +190,10 @@ std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, s
     if (auto it = versions.find(meta.version); it != versions.end()) {
       // This daemon's own shard of that version is here (complete, or being captured): a
       // replica adds nothing and must not take its place.
-      if (it->second.origin.empty()) return nullptr;
+      if (it->second.origin.empty()) {
+        if (own_shard != nullptr) *own_shard = true;
+        return nullptr;
+      }
       versions.erase(it);  // an older replica of it, replaced
     }
     PruneLocked(versions);
