@@ -134,7 +134,7 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v, const st
                                            const ShardSource* fetched) {
   Result<RestoredShard> restored = Status(Internal("no tier to restore from"));
   Tier tier = Tier::kPersistent;
-  for (ShardSource src : tiers_.Sources(s.job, v, s.rank)) {
+  for (ShardSource src : tiers_.Sources(s.job, v, s.rank, /*ask_peers=*/true, registration)) {
     if (fetched != nullptr && src.tier == Tier::kPeer && src.peer == fetched->peer) src.image = fetched->image;
     tier = src.tier;
     restored = ReadCopy(s, v, src, registration);

@@ -73,9 +73,10 @@ Result<HeldVersion> TierSet::HoldCommitted(const std::string& job, std::uint64_t
 }
 
 std::vector<ShardSource> TierSet::Sources(const std::string& job, std::uint64_t version, std::uint32_t rank,
-                                          bool ask_peers) {
+                                          bool ask_peers, const std::string* registration) {
   std::vector<ShardSource> out;
-  if (auto image = memory_.Find(job, version, rank)) {
+  if (auto image = memory_.Find(job, version, rank);
+      image && (registration == nullptr || image->meta.session == *registration)) {
     ShardSource src;
     src.tier = Tier::kMemory;
     src.image = std::move(image);

@@ -137,9 +137,10 @@ class TierSet {
   // last (its file may be missing: the read says so). With peers (issue 17) and no image in
   // this daemon's memory, each peer holding one comes after the local tier, in the order
   // PeerShards::Holding gives. `ask_peers` false: this daemon's own tiers only (no call to
-  // any peer).
+  // any peer). `registration` (issue 17, a version not committed yet): a memory image of
+  // another registration is no source, and does not stop the peers being asked.
   std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank,
-                                   bool ask_peers = true);
+                                   bool ask_peers = true, const std::string* registration = nullptr);
   // A copy on a faster tier failed verification: drops it, so that later reads go to the
   // next tier. The persistent tier's copy is never dropped here.
   void DropCopy(const ShardSource& copy);
