@@ -102,16 +102,12 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   if (config_.replicas > 0) {
     // Issue 17: shards go to peers' memory, and restores read peers' memory.
     const HostPool* pool = pool_.get();
-    replica_claims_ = std::make_unique<ReplicaClaims>(*catalog_);
+    replica_claims_ = std::make_unique<ReplicaClaims>(*catalog_, [this](const std::string& m) { errors_.Record(m); });
     auto replicator = Replicator::Create(
         config_, *memory_,
         Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); }, [pool] { return pool->used_bytes(); },
                           pool_->pool_bytes(),
-                          [this, claims = replica_claims_.get()](const ShardMeta& m) {
-                            claims->Submit(m, [this](const Status& st) {
-                              if (!st.ok()) errors_.Record("replication: " + st.message());
-                            });
-                          }});
+                          [claims = replica_claims_.get()](const ShardMeta& m) { claims->Submit(m); }});
     if (!replicator.ok()) return replicator.status();
     replicator_ = std::move(replicator).value();
     tiers_->SetPeers(replicator_.get());
@@ -246,8 +242,8 @@ void Daemon::Shutdown() {
   // commit watcher stops. A part that Build did not reach is null.
   if (sessions_) sessions_->Stop();
   if (replicator_) replicator_->Stop();
-  // Its callbacks reach the replicator: stopped while both are alive (the destructors run
-  // in the reverse order of the members).
+  // The replicator (stopped above) hands it claims; its thread writes on the catalog and
+  // reports to the error log: stopped before any of them goes.
   if (replica_claims_) replica_claims_->Stop();
   if (snapshot_) snapshot_->Stop();
   if (flush_) flush_->Stop();

@@ -3,10 +3,7 @@
 // sharing one persistent directory, stand for the nodes of a job (as in tiers_test.cc). A
 // node's loss is kill -9 of its daemon and the removal of its local tier; its replacement
 // is a fresh daemon in its place (same --peer-listen address, empty memory and local tier).
-#include <arpa/inet.h>
 #include <ckpt/client.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +21,7 @@
 #include "daemon/replication/peer_secret.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
+#include "support/free_ports.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
 
@@ -36,25 +34,6 @@ namespace {
 constexpr std::size_t kTensors = 2;
 constexpr std::size_t kTensorBytes = 1 << 20;
 constexpr std::uint32_t kRanksPerNode = 2;
-
-// `n` free TCP ports on 127.0.0.1 (bound together, so they differ, then released).
-std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ports.push_back(ntohs(a.sin_port));
-    fds.push_back(fd);
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
 
 std::string WriteSecret(const std::string& path, const std::string& secret, mode_t mode = 0600) {
   { std::ofstream(path) << secret << "\n"; }

@@ -1,11 +1,8 @@
 // A ShardPiece without protobuf's copies (issue 17, daemon/replication/piece_wire.*): what
 // EncodePiece writes is a ShardPiece to protobuf, what protobuf writes WirePiece reads, in
 // however many slices the bytes arrive, and a piece that is not well formed is refused.
-#include <arpa/inet.h>
 #include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +17,7 @@
 #include "daemon/replication/replicator.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
+#include "support/free_ports.h"
 #include "support/test_dirs.h"
 
 using namespace ckpt;
@@ -59,18 +57,6 @@ v1::ShardPiece FirstFields() {
   f.set_offset(0);
   f.set_piece_xxh3(0x0123456789abcdefull);
   return f;
-}
-
-int FreePort() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(s);
-  return ntohs(a.sin_port);
 }
 
 // A complete shard image of `items` tensors of `item_bytes` (a valid header, item checksums).
@@ -186,8 +172,9 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
   const std::string secret_path = dir.path() + "/secret";
   std::ofstream(secret_path) << "a secret of at least sixteen bytes";
   ::chmod(secret_path.c_str(), 0600);
-  const std::string self = "127.0.0.1:" + std::to_string(FreePort());
-  const std::string other = "127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<int> ports = test::FreePorts(2);
+  const std::string self = "127.0.0.1:" + std::to_string(ports[0]);
+  const std::string other = "127.0.0.1:" + std::to_string(ports[1]);
   MemoryTier memory(256 << 20, 2);
   Config config;
   config.replicas = 1;

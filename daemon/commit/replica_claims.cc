@@ -7,7 +7,8 @@
 
 namespace ckpt {
 
-ReplicaClaims::ReplicaClaims(Catalog& catalog) : catalog_(catalog) {
+ReplicaClaims::ReplicaClaims(Catalog& catalog, std::function<void(const std::string&)> report)
+    : catalog_(catalog), report_(std::move(report)) {
   rechecker_ = std::thread([this] { RecheckLoop(); });
 }
 
@@ -35,11 +36,11 @@ bool ReplicaClaims::Decide(const Key& key, std::uint32_t world_size) {
   return catalog_.IsCommitted(key.first, key.second);
 }
 
-void ReplicaClaims::Submit(const ShardMeta& meta, std::function<void(const Status&)> done) {
+void ReplicaClaims::Submit(const ShardMeta& meta) {
   {
     MutexLock lock(mu_);
     if (stop_) return;
-    submitted_.push_back(Submitted{meta, std::move(done)});
+    submitted_.push_back(meta);
   }
   wake_.SignalAll();
 }
@@ -101,11 +102,10 @@ void ReplicaClaims::RecheckLoop() {
       MutexLock lock(mu_);
       if (stop_) return;
       if (!submitted_.empty()) {
-        Submitted next = std::move(submitted_.front());
+        const ShardMeta next = std::move(submitted_.front());
         submitted_.pop_front();
         lock.Unlock();
-        const Status st = OnReplicated(next.meta);
-        if (next.done) next.done(st);
+        if (Status st = OnReplicated(next); !st.ok() && report_) report_("replication: " + st.message());
         continue;
       }
       if (pending_.empty()) {

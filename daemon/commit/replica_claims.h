@@ -38,15 +38,15 @@ class ReplicaClaims {
   static constexpr std::chrono::milliseconds kRecheckMax{1000};
   static constexpr std::chrono::seconds kRecheckFor{60};
 
-  explicit ReplicaClaims(Catalog& catalog);
+  // `report` takes the claims that could not be written (the daemon's error log).
+  ReplicaClaims(Catalog& catalog, std::function<void(const std::string&)> report);
   ~ReplicaClaims() { Stop(); }
   void Stop() EXCLUDES(mu_);
 
-  // `meta`'s shard is held by R peers: queues its claim, and calls `done` (on this class's
-  // thread) once the claim is written or failed, with that outcome (an error: the shard is
-  // replicated all the same, but its version does not become restorable). After Stop(),
-  // nothing is claimed and `done` is not called.
-  void Submit(const ShardMeta& meta, std::function<void(const Status&)> done) EXCLUDES(mu_);
+  // `meta`'s shard is held by R peers: queues its claim, written by this class's thread (a
+  // claim that fails is reported: the shard is replicated all the same, but its version does
+  // not become restorable). After Stop(), nothing is claimed.
+  void Submit(const ShardMeta& meta) EXCLUDES(mu_);
   // Claims it now, on the caller's thread, and decides whether its version is restorable
   // (now, or later: see the top).
   Status OnReplicated(const ShardMeta& meta) EXCLUDES(mu_);
@@ -65,14 +65,11 @@ class ReplicaClaims {
   void RecheckLoop() EXCLUDES(mu_);
 
   Catalog& catalog_;
+  const std::function<void(const std::string&)> report_;
   Mutex mu_;
   CondVar wake_;
   bool stop_ GUARDED_BY(mu_) = false;
-  struct Submitted {
-    ShardMeta meta;
-    std::function<void(const Status&)> done;
-  };
-  std::deque<Submitted> submitted_ GUARDED_BY(mu_);
+  std::deque<ShardMeta> submitted_ GUARDED_BY(mu_);
   // What this daemon's marker of each version claims on storage.
   std::map<Key, NodeClaims> durable_ GUARDED_BY(mu_);
   std::deque<Key> order_ GUARDED_BY(mu_);  // oldest first, to bound durable_

@@ -760,27 +760,32 @@ std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64
   return out;
 }
 
+bool Replicator::RecentlySilent(const std::string& peer) {
+  // A peer that did not answer a moment ago (a lost node) is not asked again for every rank
+  // of a version: each ask could cost the whole deadline.
+  MutexLock lock(mu_);
+  auto it = has_failed_at_.find(peer);
+  return it != has_failed_at_.end() && std::chrono::steady_clock::now() - it->second < kSilentFor;
+}
+
+void Replicator::NoteAnswer(const std::string& peer, bool answered) {
+  MutexLock lock(mu_);
+  if (answered) {
+    has_failed_at_.erase(peer);
+  } else {
+    has_failed_at_[peer] = std::chrono::steady_clock::now();
+  }
+}
+
 bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::uint32_t rank,
                           const std::string& registration) {
   for (std::size_t i : peers_.Ring()) {
     const std::string& peer = peers_.addresses[i];
-    const auto now = std::chrono::steady_clock::now();
-    {
-      // A peer that did not answer a moment ago (a lost node) is not asked again for every
-      // rank of a version: each ask could cost the whole deadline.
-      MutexLock lock(mu_);
-      auto it = has_failed_at_.find(peer);
-      if (it != has_failed_at_.end() && now - it->second < std::chrono::seconds(5)) continue;
-    }
+    if (RecentlySilent(peer)) continue;
     v1::HasShardReply reply;
     grpc::Status st = AskHasShard(peer, job, version, rank, &reply);
-    MutexLock lock(mu_);
-    if (!st.ok()) {
-      has_failed_at_[peer] = std::chrono::steady_clock::now();
-      continue;
-    }
-    has_failed_at_.erase(peer);
-    if (reply.held() && reply.registration() == registration) return true;
+    NoteAnswer(peer, st.ok());
+    if (st.ok() && reply.held() && reply.registration() == registration) return true;
   }
   return false;
 }
@@ -788,13 +793,7 @@ bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::ui
 void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) {
   for (std::size_t i : peers_.Ring()) {
     const std::string& peer = peers_.addresses[i];
-    {
-      MutexLock lock(mu_);
-      auto it = has_failed_at_.find(peer);
-      if (it != has_failed_at_.end() && std::chrono::steady_clock::now() - it->second < std::chrono::seconds(5)) {
-        continue;  // a lost node: its memory is gone with it
-      }
-    }
+    if (RecentlySilent(peer)) continue;  // a lost node: its memory is gone with it
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
     ctx.AddMetadata(PeerSecret::kMetadataKey,
@@ -806,9 +805,8 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
     req.mutable_key()->set_rank(rank);
     v1::DropJobReply reply;
     grpc::Status st = stub->DropNewer(&ctx, req, &reply);
+    NoteAnswer(peer, st.ok());
     if (!st.ok()) {
-      MutexLock lock(mu_);
-      has_failed_at_[peer] = std::chrono::steady_clock::now();
       spdlog::info("replication: peer {} did not drop rank {} of job {} above version {}: {}", peer, rank, job,
                    version, st.error_message());
     }

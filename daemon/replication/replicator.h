@@ -126,6 +126,11 @@ class Replicator : public PeerShards {
   // pieces in flight reference the image's memory, so they hold a reference to it.
   Status SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& image, std::uint64_t* held);
   void Pace();
+  // Whether `peer` failed to answer a HasShard or DropNewer within the last kSilentFor, and
+  // noting whether it answered (AnyHolds, DropNewer).
+  static constexpr std::chrono::seconds kSilentFor{5};
+  bool RecentlySilent(const std::string& peer) EXCLUDES(mu_);
+  void NoteAnswer(const std::string& peer, bool answered) EXCLUDES(mu_);
   // One HasShard call to `peer` (kHasDeadline).
   grpc::Status AskHasShard(const std::string& peer, const std::string& job, std::uint64_t version,
                            std::uint32_t rank, v1::HasShardReply* reply);
@@ -163,7 +168,7 @@ class Replicator : public PeerShards {
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   // When a send to the peer last failed (erased by a success): see SendTo.
   std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);
-  // When a HasShard to the peer last failed (erased by an answer): see AnyHolds.
+  // When a HasShard or DropNewer to the peer last failed (erased by an answer): RecentlySilent.
   std::map<std::string, std::chrono::steady_clock::time_point> has_failed_at_ GUARDED_BY(mu_);
   std::thread sender_;
 };
