@@ -322,6 +322,15 @@ TEST_CASE("a version replicated but not committed yet is restored from memory af
     c.Start(1);
     c.Start(2);
     job.Launch(c);
+    // Asked for by number, version 2 is refused saying why.
+    try {
+      job.ranks[0]->client->restore(2);
+      FAIL("restored version 2 without every rank's shard");
+    } catch (const Error& e) {
+      CHECK(e.code() == 9);  // FAILED_PRECONDITION
+      CHECK_THAT(e.what(), Catch::Contains("version 2 is not committed yet and is restorable from memory no more "
+                                           "(rank 2's shard"));
+    }
     for (auto& r : job.ranks) {
       r->state.Fill(999);
       RestoreResult got = r->client->restore();
@@ -540,6 +549,51 @@ TEST_CASE("a restore at another world size reads a lost node's shards from a pee
     r->client->snapshot(3);
   }
   for (auto& r : now) r->client->wait_durable(3, Level::kReplicated);
+}
+
+TEST_CASE("a version not committed yet is not restored into other layouts, and the error names what to do",
+          "[replication]") {
+  TempDir dir("repllayout");
+  Cluster c(dir, 2, 1);
+  const std::string gate = dir.path() + "/persistence-slow";
+  // Node 1's shard headers take 15 s to land (not forever: a restart on a live node first
+  // waits for its rank's newest version in flight, --restart-waits newest). Version 2 is
+  // replicated first, and cannot commit once rank 1 registers again.
+  c.env[1] = {"CKPTD_TEST_FAULT=file=header,op=write,fault=slow,delay_ms=15000,under=" + c.root() + ",while=" + gate};
+  c.StartAll();
+  std::vector<std::unique_ptr<LaidOutRank>> ranks;  // "w" cut 2 x 1, a rank per node
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<LaidOutRank>(c.socket(static_cast<int>(r)), "repllayout", r, 2, 2, 1));
+  }
+  auto save = [&](std::uint64_t v, Level level) {
+    for (auto& r : ranks) {
+      r->Fill(v);
+      r->client->snapshot(v);
+    }
+    for (auto& r : ranks) r->client->wait_durable(v, level);
+  };
+  save(1, Level::kCommitted);
+  { std::ofstream(gate) << "x"; }
+  save(2, Level::kReplicated);
+  const std::string v2 = c.root() + "/repllayout/v0000000002";
+  REQUIRE(Eventually([&] { return fs::exists(v2 + "/RESTORABLE"); }));
+  // Rank 1 comes back with another cut (1 x 2): its box is no chunk of version 2's shards.
+  ranks[1].reset();
+  ranks[1] = std::make_unique<LaidOutRank>(c.socket(1), "repllayout", 1, 2, 1, 2);
+  try {
+    ranks[1]->client->restore();
+    FAIL("restored version 2 into other layouts");
+  } catch (const Error& e) {
+    CHECK(e.code() == 9);  // FAILED_PRECONDITION
+    CHECK_THAT(e.what(), Catch::Contains("version 2 of job 'repllayout' is not committed yet, and this rank's "
+                                         "registration has other layouts than its shard of it") &&
+                             Catch::Contains("restore the newest committed version (1) by number on every rank"));
+  }
+  // What it says works: version 1, resharded into the new cut.
+  RestoreResult got = ranks[1]->client->restore(1);
+  CHECK(got.version == 1);
+  CHECK(got.resharded);
+  CHECK(ranks[1]->FirstMismatch(1).empty());
 }
 
 TEST_CASE("a corrupted replica falls back to the next replica, then to the persistent tier", "[replication]") {
