@@ -194,6 +194,9 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "the newest committed version at once (none)")
       ->transform(CLI::CheckedTransformer(restart_waits, CLI::ignore_case))
       ->default_str("newest");
+  app.add_flag("--verify-snapshots", c.verify_snapshots,
+               "Verify every version at its trainer's wait: host memory that changed since the snapshot "
+               "aborts the version (costs one more read of the state per checkpoint)");
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
   std::int64_t job_group = -1;
   app.add_option(

@@ -88,6 +88,9 @@ struct Config {
   // ("newest"), or restores the newest version committed by then at once, giving up the
   // versions in flight ("none"). See docs/DESIGN-NOTES.md, "Persist queue and recovery".
   bool restart_waits_newest = true;
+  // Verify mode for every registration: each version is checked, at the trainer's wait,
+  // against the checksums of its copy, and aborted if its memory changed (see Session).
+  bool verify_snapshots = false;
   // Largest total of blob bytes one snapshot may carry.
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.

@@ -74,6 +74,7 @@ class DaemonMetrics {
     restore_seconds_[static_cast<int>(tier)]->Observe(seconds);
   }
   void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
+  void ShardAborted(const std::string& job) { aborted_.With({{"job", job}}).Add(); }
   // Counts a version once, however many of its shards fail.
   void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
   void Error(ErrorKind kind) { errors_[static_cast<std::size_t>(kind)]->Add(); }
@@ -110,6 +111,9 @@ class DaemonMetrics {
                              "Versions whose commit this daemon wrote or saw, by job."};
   Family<Counter> failed_{"ckptd_versions_failed_total",
                           "Versions of which a shard served by this daemon failed, by job."};
+  Family<Counter> aborted_{"ckptd_versions_aborted_total",
+                           "Shards served by this daemon that were aborted (a torn snapshot: memory changed "
+                           "during the copy, or never sealed), by job; such a version never commits."};
   Family<Counter> errors_family_{
       "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};

@@ -180,6 +180,17 @@ v1::StatusReply DaemonProcess::Status() const {
   return reply;
 }
 
+v1::ListReply DaemonProcess::List(const std::string& job) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ListRequest req;
+  req.set_job(job);
+  v1::ListReply reply;
+  grpc::Status s = Stub()->List(&ctx, req, &reply);
+  if (!s.ok()) throw std::runtime_error("List failed: " + s.error_message());
+  return reply;
+}
+
 int DaemonProcess::WaitExit(std::chrono::milliseconds limit) {
   if (pid_ <= 0) return -1;
   const auto until = std::chrono::steady_clock::now() + limit;

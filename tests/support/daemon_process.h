@@ -58,6 +58,8 @@ class DaemonProcess {
 
   std::unique_ptr<v1::Checkpoint::Stub> Stub() const;
   v1::StatusReply Status() const;
+  // The daemon's List of `job` (throws on an error).
+  v1::ListReply List(const std::string& job) const;
 
  private:
   DaemonOptions options_;
