@@ -11,14 +11,16 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/safe_file.h"
+
 namespace ckpt {
 namespace {
 
 constexpr char kTimestampedPattern[] = "%Y-%m-%d %H:%M:%S.%e ckptd[%P] %l: %v";
 
 Result<UniqueFd> OpenLogFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640));
-  if (!fd.valid()) return IoError("open log file " + path, errno);
+  auto fd = OpenRegularForWrite(path, ExistingFile::kAppend, 0, 0640);
+  if (!fd.ok()) return fd.status().With("open log file");
   return fd;
 }
 

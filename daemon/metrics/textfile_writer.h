@@ -2,7 +2,9 @@
 // `interval`, and once more when stopped, for node_exporter's textfile collector. Each
 // write is atomic (Storage::WriteFileAtomic: a temporary file in the same directory,
 // fdatasync, rename), so the collector never reads half a file; the temporary's name does
-// not end in .prom, so the collector skips it. A failed write is logged and retried at the
+// not end in .prom, so the collector skips it. The directory may be one other users can
+// write: the temporary file has a random name and is always created new (O_EXCL), so a file
+// planted at a name it could have is never written through nor renamed into place. A failed write is logged and retried at the
 // next interval (the daemon keeps serving). Thread-safe.
 #pragma once
 
