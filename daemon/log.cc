@@ -20,8 +20,10 @@ constexpr char kTimestampedPattern[] = "%Y-%m-%d %H:%M:%S.%e ckptd[%P] %l: %v";
 
 Result<UniqueFd> OpenLogFile(const std::string& path) {
   auto fd = OpenRegularForWrite(path, ExistingFile::kAppend, 0, 0640);
-  if (!fd.ok()) return fd.status().With("open log file");
-  return fd;
+  if (fd.ok()) return fd;
+  // The system's error as it was (errno is kept); a refusal says what is at the path.
+  if (fd.status().code() == StatusCode::kIoError) return IoError("open log file " + path, errno);
+  return fd.status().With("open log file");
 }
 
 char SyslogPriority(spdlog::level::level_enum level) {
