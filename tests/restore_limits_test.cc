@@ -95,13 +95,14 @@ std::vector<TensorItem> Replicated(std::vector<TensorItem> items) {
 }
 
 struct Setup {
-  Setup() : daemon(Options(dir)) {}
-  static DaemonOptions Options(const TempDir& d) {
+  explicit Setup(std::vector<std::string> extra = {}) : daemon(Options(dir, std::move(extra))) {}
+  static DaemonOptions Options(const TempDir& d, std::vector<std::string> extra) {
     DaemonOptions o;
     o.root = d.path() + "/root";
     o.socket = d.path() + "/sock/ckptd.sock";
     // No memory tier: restores read the (crafted) files.
     o.extra_args = {"--memory-mib", "0", "--node-id", "node"};
+    o.extra_args.insert(o.extra_args.end(), extra.begin(), extra.end());
     return o;
   }
   std::string VersionDir(std::uint64_t v, const std::string& job = "job") const {
@@ -217,5 +218,36 @@ TEST_CASE("a COMMITTED marker naming world size 2^22 is refused before it is all
   const std::uint64_t after = s.daemon.PeakRssBytes();
   INFO("peak RSS " << (before >> 20) << " MiB -> " << (after >> 20) << " MiB");
   CHECK(after < before + kMargin);
+  s.CheckStillServing("other");
+}
+
+TEST_CASE("the blobs of all the shards a rank restores at another world size are bounded together",
+          "[limits][restore][elastic]") {
+  // Each rank's blob is within --max-blob-mib 1, the two together are not.
+  Setup s({"--max-blob-mib", "1"});
+  const std::string blob(600 << 10, 'b');
+  {
+    TrainerState r0(kTensors, kTensorBytes, 7), r1(kTensors, kTensorBytes, 7);
+    Client c0 = Client::connect(s.daemon.socket()), c1 = Client::connect(s.daemon.socket());
+    c0.register_items("job", 0, 2, Replicated(r0.Items()));
+    c1.register_items("job", 1, 2, Replicated(r1.Items()));
+    r0.Fill(1);
+    r1.Fill(1);
+    c0.snapshot(1, {Blob{"state", blob}});
+    c1.snapshot(1, {Blob{"state", blob}});
+    c0.wait_durable(1, Level::kCommitted);
+    c1.wait_durable(1, Level::kCommitted);
+    c0.unregister();
+    c1.unregister();
+  }
+  // At the same world size a rank gets its own blob: within the limit.
+  auto [same_code, same_message] = s.Restore("job", /*world=*/2, /*replicated=*/true);
+  INFO(same_message);
+  CHECK(same_code == 0);
+  auto [code, message] = s.Restore("job", /*world=*/1, /*replicated=*/true);
+  INFO(message);
+  CHECK(code == static_cast<int>(grpc::StatusCode::DATA_LOSS));
+  CHECK(Contains(message, "total " + std::to_string(2 * blob.size()) + " bytes over its shards"));
+  CHECK(Contains(message, "--max-blob-mib 1"));
   s.CheckStillServing("other");
 }
