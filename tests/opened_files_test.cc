@@ -142,6 +142,9 @@ TEST_CASE("a file planted at the textfile's temporary name is neither written th
   REQUIRE(::write(fd, "planted 1\n", 10) == 10);
   struct stat planted_st {};
   REQUIRE(::fstat(fd, &planted_st) == 0);
+  // What a daemon of this node that died between a write and its rename leaves.
+  const std::string leftover = prom + ".0123456789abcdef.node.tmp";
+  std::ofstream(leftover) << "stale 1\n";
 
   DaemonOptions o;
   o.root = dir.path() + "/root";
@@ -154,6 +157,7 @@ TEST_CASE("a file planted at the textfile's temporary name is neither written th
   CHECK(prom_st.st_ino != planted_st.st_ino);
   CHECK(prom_st.st_uid == ::geteuid());
   CHECK(ReadOr(planted) == "planted 1\n");
+  CHECK_FALSE(fs::exists(leftover));
   // Whoever holds the planted file open does not control what the collector reads.
   REQUIRE(::pwrite(fd, "evil_metric 1\n", 14, 0) == 14);
   const std::string text = ReadFile(prom);
