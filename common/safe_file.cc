@@ -91,8 +91,9 @@ Status CheckOwnRegularFile(int fd, const std::string& path) {
     return FailedPrecondition(NotA(path, st.st_mode, "a regular file") + ": not written through it");
   }
   if (st.st_uid != ::geteuid()) {
-    return FailedPrecondition(path + " is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " +
-                              std::to_string(::geteuid()) + ": not written through it");
+    return FailedPrecondition(path + " is owned by uid " + std::to_string(st.st_uid) +
+                              ", not by this process's uid " + std::to_string(::geteuid()) +
+                              ": not written through it");
   }
   if (st.st_nlink != 1) {
     return FailedPrecondition(path + " has " + std::to_string(st.st_nlink) +
@@ -141,7 +142,8 @@ Result<UniqueFd> OpenRegularForWrite(const std::string& path, ExistingFile exist
   }
   if (Status s = CheckOwnRegularFile(fd.get(), path); !s.ok()) return s;
   if (Status s = ClearNonBlock(fd.get(), path); !s.ok()) return s;
-  if (existing == ExistingFile::kTruncate && ::ftruncate(fd.get(), 0) != 0) return IoError("truncate " + path, errno);
+  if (existing == ExistingFile::kTruncate && ::ftruncate(fd.get(), 0) != 0)
+    return IoError("truncate " + path, errno);
   return fd;
 }
 

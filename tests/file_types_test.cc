@@ -288,7 +288,8 @@ TEST_CASE("Storage reads no FIFO or link and writes none: a temporary path is cr
   {
     auto fd = storage.CreateFile(tmp, /*direct=*/false);
     REQUIRE(fd.ok());
-    struct stat created {}, held {};
+    struct stat created {
+    }, held{};
     REQUIRE(::fstat(fd->get(), &created) == 0);
     REQUIRE(::fstat(planted, &held) == 0);
     CHECK(created.st_ino != held.st_ino);

@@ -122,7 +122,8 @@ struct Setup {
     c.unregister();
   }
   // Restores `job` as rank 0 of `world`; the error (code, message), or code 0.
-  std::pair<int, std::string> Restore(const std::string& job, std::uint32_t world = 1, bool replicated = false) {
+  std::pair<int, std::string> Restore(const std::string& job, std::uint32_t world = 1,
+                                      bool replicated = false) {
     TrainerState state(kTensors, kTensorBytes, 7);
     Client c = Client::connect(daemon.socket());
     c.register_items(job, 0, world, replicated ? Replicated(state.Items()) : state.Items());
@@ -146,7 +147,9 @@ struct Setup {
   DaemonProcess daemon;
 };
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -202,7 +205,8 @@ TEST_CASE("a blob claim too large to allocate is a clear error, not UNKNOWN", "[
   s.CheckStillServing("other");
 }
 
-TEST_CASE("a COMMITTED marker naming world size 2^22 is refused before it is allocated", "[limits][restore]") {
+TEST_CASE("a COMMITTED marker naming world size 2^22 is refused before it is allocated",
+          "[limits][restore]") {
   Setup s;
   s.Save("job");
   const std::string marker = s.VersionDir(1) + "/" + std::string(kCommittedMarker);

@@ -47,10 +47,11 @@ Status TextfileWriter::Start() {
   // collector reads, or the temporary file before its rename: nothing the daemon does helps.
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
-    spdlog::warn("metrics textfile {}: its directory {} is writable by every user and not sticky, so any of "
-                 "them can replace what node_exporter reads; chmod +t {} (or make it writable by the daemon "
-                 "only)",
-                 path_, dir, dir);
+    spdlog::warn(
+        "metrics textfile {}: its directory {} is writable by every user and not sticky, so any of "
+        "them can replace what node_exporter reads; chmod +t {} (or make it writable by the daemon "
+        "only)",
+        path_, dir, dir);
   }
   if (Status s = WriteNow(); !s.ok()) return s;
   thread_ = std::thread([this] { Loop(); });

@@ -6,8 +6,8 @@
 // write: the temporary file has a random name and is always created new (O_EXCL), so a file
 // planted at a name it could have is never written through nor renamed into place. Start()
 // removes the temporary files of this node's daemon (PATH.RANDOM.NODE.tmp) that a crash left,
-// and warns if the directory is writable by every user without being sticky. A failed write is logged and retried at the
-// next interval (the daemon keeps serving). Thread-safe.
+// and warns if the directory is writable by every user without being sticky. A failed
+// write is logged and retried at the next interval (the daemon keeps serving). Thread-safe.
 #pragma once
 
 #include <chrono>

@@ -86,8 +86,8 @@ Status CheckBlobBytes(const std::string& what, const ShardInfo& info, const Rest
     if (item.kind == ItemKind::kBlob) blob_bytes += item.length;
   }
   if (blob_bytes > limits.max_blob_bytes) {
-    return DataLoss(what + ": its blobs total " + std::to_string(blob_bytes) + " bytes, over --max-blob-mib " +
-                    std::to_string(limits.max_blob_bytes >> 20) +
+    return DataLoss(what + ": its blobs total " + std::to_string(blob_bytes) +
+                    " bytes, over --max-blob-mib " + std::to_string(limits.max_blob_bytes >> 20) +
                     " (what a restore hands back; not read, nothing allocated for them)");
   }
   return Status::Ok();

@@ -377,7 +377,8 @@ Status ElasticRun::PlanTarget(std::size_t i) {
                                   gname + " is stored as chunks of shape " +
                                   ShapeText(c.layout->global_shape));
       }
-      if (best == nullptr || FasterTier(shards_[c.shard]->src().tier, shards_[best->shard]->src().tier)) best = &c;
+      if (best == nullptr || FasterTier(shards_[c.shard]->src().tier, shards_[best->shard]->src().tier))
+        best = &c;
     }
     if (Status st = same_type(*best->item, shards_[best->shard]->rank); !st.ok()) return st;
     if (best->item->shape != want.shape) {
@@ -457,8 +458,8 @@ Status ElasticRun::Plan(ElasticRestored& out) {
   if (blob_bytes > limits_.max_blob_bytes) {
     return DataLoss("the blobs of version " + std::to_string(req_.version) + " for rank " +
                     std::to_string(req_.rank) + " total " + std::to_string(blob_bytes) +
-                    " bytes over its shards, over --max-blob-mib " + std::to_string(limits_.max_blob_bytes >> 20) +
-                    " (what a restore hands back)");
+                    " bytes over its shards, over --max-blob-mib " +
+                    std::to_string(limits_.max_blob_bytes >> 20) + " (what a restore hands back)");
   }
   for (std::size_t r = 0; r < shards_.size(); ++r) {
     if (!shards_[r] || !shards_[r]->loaded) continue;
@@ -526,8 +527,8 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
   }
   if (p.blocks == nullptr && whole.Digest() != item.checksum) {
     return DataLoss(p.global + ": checksum mismatch in item " + QuoteName(item.name) + " of " + s.Where() +
-                    " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) + ", read " +
-                    ChecksumHex(whole.Digest()) + ")");
+                    " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) +
+                    ", read " + ChecksumHex(whole.Digest()) + ")");
   }
   return Status::Ok();
 }
@@ -568,7 +569,8 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
                   const std::size_t k = next.fetch_add(1);
                   if (k >= tasks.size()) break;
                   status[k] = RunTask(tasks[k], out, staging, buf, read);
-                  if (!status[k].ok() && !WorthNextCopy(status[k], shards_[pieces_[tasks[k].piece].shard]->src().tier))
+                  if (!status[k].ok() &&
+                      !WorthNextCopy(status[k], shards_[pieces_[tasks[k].piece].shard]->src().tier))
                     stop.store(true);
                 }
                 read_total += read;
