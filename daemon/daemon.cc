@@ -145,7 +145,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, config_.copiers, backend_.get(),
                                                config_.copy_streams);
   restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers, backend_.get(),
-                                             config_.copy_streams);
+                                             config_.copy_streams, RestoreLimits{config_.max_blob_mib << 20});
 
   // The sessions: import, admission, restore.
   owners_ = std::make_unique<JobOwners>(storage_, config_.root, config_.job_group);

@@ -16,13 +16,14 @@
 #include "daemon/daemon.h"
 #include "daemon/rpc/call_gate.h"
 #include "daemon/rpc/peer_auth.h"
+#include "format/limits.h"
 
 namespace ckpt {
 
 class CheckpointService final : public v1::Checkpoint::Service {
  public:
-  // The largest world size a registration may declare.
-  static constexpr std::uint32_t kMaxWorldSize = 1u << 20;
+  // The largest world size a registration may declare: the largest readers of the tree take.
+  static constexpr std::uint32_t kMaxWorldSize = ckpt::kMaxWorldSize;
 
   // `peers` null: in-process use (every caller is this process).
   CheckpointService(Daemon& daemon, const PeerRegistry* peers)
