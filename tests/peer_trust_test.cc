@@ -8,8 +8,11 @@
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -240,4 +243,72 @@ TEST_CASE("many idle connections to a peer port do not stop the daemon serving i
   auto tiers = job.RestoreAll(1);
   CHECK(tiers[0] == "memory");
   CHECK(Eventually([&] { return c[0].Log().find("--peer-max-connections-per-address") != std::string::npos; }));
+}
+
+namespace {
+
+int ThreadsOf(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("GetShard streams without a token that never send their request are refused at once, holding no thread",
+          "[replication][peer_trust]") {
+  TempDir dir("trustthreads");
+  Cluster c(dir, 2, 1);
+  c.Start(0);
+  const int before = ThreadsOf(c[0].pid());
+  // Someone opens GetShard calls to node 0's peer port: metadata only, no token, and never
+  // the request.
+  grpc::GenericStub stub(grpc::CreateChannel(c.addresses[0], grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  struct Call {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream;
+    grpc::Status status;
+    bool finished = false;
+  };
+  constexpr int kCalls = 100;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call& call = *calls.back();
+    call.stream = stub.PrepareCall(&call.ctx, "/ckpt.v1.Peer/GetShard", &cq);
+    call.stream->StartCall(reinterpret_cast<void*>(2 * i));
+    call.stream->Finish(&call.status, reinterpret_cast<void*>(2 * i + 1));
+  }
+  // Every call ends on its own, refused, within seconds.
+  int finished = 0;
+  const auto until = std::chrono::system_clock::now() + std::chrono::seconds(10);
+  void* tag = nullptr;
+  bool ok = false;
+  int events = 0;
+  while (events < 2 * kCalls && cq.AsyncNext(&tag, &ok, until) == grpc::CompletionQueue::GOT_EVENT) {
+    ++events;
+    const auto t = reinterpret_cast<std::uintptr_t>(tag);
+    if (t % 2 == 1) {
+      calls[t / 2]->finished = true;
+      ++finished;
+    }
+  }
+  const int during = ThreadsOf(c[0].pid());
+  CHECK(finished == kCalls);
+  for (const auto& call : calls) {
+    if (call->finished) CHECK(call->status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  CHECK(during < before + 20);
+  // The calls left (none, once refused at once) are cancelled and drained.
+  for (const auto& call : calls) {
+    if (!call->finished) call->ctx.TryCancel();
+  }
+  while (events < 2 * kCalls && cq.Next(&tag, &ok)) ++events;
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
