@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,6 +31,23 @@
 
 using namespace ckpt;
 using namespace ckpt::test;
+
+namespace {
+
+// The value of one series of the daemon's metrics (GetMetrics), 0 if it is not there.
+double Metric(const DaemonProcess& d, const std::string& series) {
+  grpc::ClientContext ctx;
+  v1::GetMetricsReply reply;
+  if (!d.Stub()->GetMetrics(&ctx, v1::GetMetricsRequest(), &reply).ok()) return -1;
+  std::istringstream in(reply.text());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return 0;
+}
+
+}  // namespace
 
 TEST_CASE("an impostor on a peer's address does not acknowledge replicas: wait_durable(replicated) fails",
           "[replication][peer_trust]") {
@@ -57,6 +75,7 @@ TEST_CASE("an impostor on a peer's address does not acknowledge replicas: wait_d
   CHECK(s.replicated_shards() == 0);
   CHECK(s.replication_failures() >= 2);
   CHECK_THAT(c[0].Log(), Catch::Contains("did not prove it knows --peer-secret"));
+  CHECK(Metric(c[0], "ckptd_replication_events_total{event=\"unproven\"}") >= 2);
 }
 
 TEST_CASE("a restore does not take an impostor's forged shard: the persistent copy serves, and the error says why",
@@ -94,6 +113,7 @@ TEST_CASE("a restore does not take an impostor's forged shard: the persistent co
   CHECK_THAT(ErrorsOf(s), Catch::Contains("peer " + c.addresses[1]) &&
                               Catch::Contains("did not prove it knows --peer-secret"));
   CHECK(impostor.get_calls() == 0);  // its claim to hold the shard was not believed
+  CHECK(Metric(c[0], "ckptd_replication_events_total{event=\"unproven\"}") >= 2);
 }
 
 namespace {
@@ -214,6 +234,7 @@ TEST_CASE("a peer that sends a shard's header and stalls is given up within the 
   // Two ranks, each given up after 2 s without a byte (not the call's 5-minute deadline).
   CHECK(took < std::chrono::seconds(20));
   CHECK_THAT(ErrorsOf(c[0].Status()), Catch::Contains("peer " + c.addresses[1] + " moved no byte for 2 s"));
+  CHECK(Metric(c[0], "ckptd_replication_events_total{event=\"peer_stalled\"}") == 2);
 }
 
 TEST_CASE("many idle connections to a peer port do not stop the daemon serving its trainers",
