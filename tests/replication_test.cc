@@ -587,22 +587,22 @@ TEST_CASE("a PutShard whose token does not match its subject or its first piece,
   };
   const std::string subject = PeerSecret::ShardSubject("replput", 1, 0, origin);
   SECTION("the first piece is another shard than the token's") {
-    grpc::Status st = put(secret.Token("PutShard", subject), subject, "planted");
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), subject, "planted");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
     CHECK_THAT(st.error_message(), Catch::Contains("the first piece is not the shard its token was made for"));
   }
   SECTION("the subject in metadata is not the token's") {
-    grpc::Status st = put(secret.Token("PutShard", subject), PeerSecret::ShardSubject("planted", 1, 0, origin),
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), PeerSecret::ShardSubject("planted", 1, 0, origin),
                           "planted");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
     CHECK_THAT(st.error_message(), Catch::Contains("for this request"));
   }
   SECTION("no subject") {
-    grpc::Status st = put(secret.Token("PutShard", subject), "", "replput");
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), "", "replput");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
   SECTION("a token used twice") {
-    const std::string token = secret.Token("PutShard", subject);
+    const std::string token = secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1]));
     grpc::Status first = put(token, subject, "replput");  // accepted, then refused as a bad image
     CHECK(first.error_code() != grpc::StatusCode::UNAUTHENTICATED);
     grpc::Status again = put(token, subject, "replput");

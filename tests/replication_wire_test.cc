@@ -199,7 +199,7 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
   SECTION("GetShard") {
     grpc::ClientContext ctx;
     const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
-    const std::string token = secret->Token("GetShard", subject);
+    const std::string token = secret->Token("GetShard", PeerSecret::Addressed(subject, self));
     ctx.AddMetadata(PeerSecret::kMetadataKey, token);
     ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
     v1::GetShardRequest req;
@@ -237,10 +237,27 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
                                                                         file.size()))));
   }
 
+  SECTION("GetShard: a token made for another daemon (relayed) is refused") {
+    grpc::ClientContext ctx;
+    const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("GetShard", PeerSecret::Addressed(subject, other)));
+    ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+    v1::GetShardRequest req;
+    req.mutable_key()->set_job(own.job);
+    req.mutable_key()->set_version(own.version);
+    req.mutable_key()->set_rank(own.rank);
+    auto reader = stub->GetShard(&ctx, req);
+    v1::ShardPiece piece;
+    CHECK_FALSE(reader->Read(&piece));
+    grpc::Status st = reader->Finish();
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("for this request"));
+  }
+
   SECTION("GetShard: a request for another shard than its token's subject is refused") {
     grpc::ClientContext ctx;
     const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
-    ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("GetShard", subject));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("GetShard", PeerSecret::Addressed(subject, self)));
     ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
     v1::GetShardRequest req;
     req.mutable_key()->set_job(own.job);
@@ -261,7 +278,7 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
       INFO("case " << c);
       grpc::ClientContext ctx;
       const std::string subject = PeerSecret::ShardSubject(replica.job, replica.version, replica.rank, other);
-      const std::string token = secret->Token("PutShard", subject);
+      const std::string token = secret->Token("PutShard", PeerSecret::Addressed(subject, self));
       const std::string nonce = PeerSecret::NonceOf(token);
       ctx.AddMetadata(PeerSecret::kMetadataKey, token);
       ctx.AddMetadata(PeerSecret::kSubjectKey, subject);

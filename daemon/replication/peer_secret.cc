@@ -114,6 +114,10 @@ std::string PeerSecret::ShardSubject(const std::string& job, std::uint64_t versi
   return job + " " + std::to_string(version) + " " + std::to_string(rank) + " " + origin;
 }
 
+std::string PeerSecret::Addressed(const std::string& subject, const std::string& callee) {
+  return subject + " to " + callee;
+}
+
 std::string PeerSecret::JobSubject(const std::string& job, const std::string& origin) { return job + " " + origin; }
 
 std::string PeerSecret::Token(const std::string& call, const std::string& subject) const {

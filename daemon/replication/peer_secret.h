@@ -8,7 +8,8 @@
 // The caller: a call carries, in metadata "ckpt-peer-auth",
 //   v2 <unix milliseconds> <16 hex nonce> <64 hex HMAC-SHA256(key, "ckptd-peer/v3 call <call> <subject> <ms> <nonce>")>
 // where the subject is what the call is about ("<job> <version> <rank> <origin>" for a shard,
-// "<job> <origin>" for DropJob): a token is good for that one request only. The callee
+// "<job> <origin>" for DropJob) and, after " to ", the callee's --peers entry (Addressed): a
+// token is good for that one request to that one daemon only. The callee
 // accepts it within kSkew of its own clock and once (it remembers the nonces it has seen
 // for 2 x kSkew).
 //
@@ -102,6 +103,10 @@ class PeerSecret {
   static std::string HasAnswer(const std::string& subject, bool held, std::uint64_t file_bytes,
                                const std::string& registration);
   static std::string DropAnswer(const std::string& subject, std::uint32_t dropped);
+
+  // What a token is made for: `subject`, sent to the daemon `callee` (its --peers entry), so
+  // that a token cannot be relayed to another daemon.
+  static std::string Addressed(const std::string& subject, const std::string& callee);
 
   // The subjects of the calls.
   static std::string ShardSubject(const std::string& job, std::uint64_t version, std::uint32_t rank,

@@ -1,5 +1,7 @@
 #include "daemon/replication/piece_wire.h"
 
+#include <google/protobuf/stubs/common.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -127,8 +129,13 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
     } else if (field == kOrigin && type == kLengthDelimited) {
       ok = in.Varint(&v) && v <= in.left();
       if (ok) {
-        p.fields_.mutable_origin()->resize(v);
-        ok = in.Copy(v, p.fields_.mutable_origin()->data(), nullptr);
+        std::string* origin = p.fields_.mutable_origin();
+        origin->resize(v);
+        ok = in.Copy(v, origin->data(), nullptr);
+        // A proto3 string: what protobuf would refuse is refused here too.
+        if (ok && !google::protobuf::internal::IsStructurallyValidUTF8(origin->data(), static_cast<int>(v))) {
+          return Malformed("`origin` is not UTF-8");
+        }
       }
     } else if (field == kData && type == kLengthDelimited) {
       if (data_seen) return Malformed("`data` twice");

@@ -469,7 +469,9 @@ class PeerServiceImpl final : public v1::Peer::Service {
     const auto& md = ctx->client_metadata();
     auto it = md.find(PeerSecret::kMetadataKey);
     const std::string token = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-    Status st = r_.secret().Check(token, call, subject);
+    // The token names this daemon too: one made for another daemon (relayed by whatever
+    // was on its address) is refused.
+    Status st = r_.secret().Check(token, call, PeerSecret::Addressed(subject, r_.peers().self_address()));
     if (!st.ok()) {
       r_.refused_log().Warn("peer: refused a call from " + ctx->peer() + ": " + st.message());
       return st;
@@ -713,7 +715,7 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
   grpc::ClientContext ctx;
   const std::string subject =
       PeerSecret::ShardSubject(image.meta.job, image.meta.version, image.meta.rank, peers_.self_address());
-  const std::string token = secret_.Token("PutShard", subject);
+  const std::string token = secret_.Token("PutShard", PeerSecret::Addressed(subject, peer));
   const std::string nonce = PeerSecret::NonceOf(token);
   ctx.AddMetadata(PeerSecret::kMetadataKey, token);
   ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
@@ -853,7 +855,7 @@ void Replicator::OnJobEnded(const std::string& job) {
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
     const std::string subject = PeerSecret::JobSubject(job, peers_.self_address());
-    const std::string token = secret_.Token("DropJob", subject);
+    const std::string token = secret_.Token("DropJob", PeerSecret::Addressed(subject, peer));
     ctx.AddMetadata(PeerSecret::kMetadataKey, token);
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::DropJobRequest req;
@@ -881,7 +883,7 @@ grpc::Status Replicator::AskHasShard(const std::string& peer, const std::string&
   auto stub = v1::Peer::NewStub(ChannelTo(peer));
   grpc::ClientContext ctx;
   const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
-  const std::string token = secret_.Token("HasShard", subject);
+  const std::string token = secret_.Token("HasShard", PeerSecret::Addressed(subject, peer));
   ctx.AddMetadata(PeerSecret::kMetadataKey, token);
   ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
   v1::HasShardRequest req;
@@ -966,7 +968,7 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
     const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
-    const std::string token = secret_.Token("DropNewer", subject);
+    const std::string token = secret_.Token("DropNewer", PeerSecret::Addressed(subject, peer));
     ctx.AddMetadata(PeerSecret::kMetadataKey, token);
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::DropNewerRequest req;
@@ -996,7 +998,7 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   auto channel = ChannelTo(peer);
   grpc::ClientContext ctx;
   const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
-  const std::string token = secret_.Token("GetShard", subject);
+  const std::string token = secret_.Token("GetShard", PeerSecret::Addressed(subject, peer));
   ctx.AddMetadata(PeerSecret::kMetadataKey, token);
   ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
