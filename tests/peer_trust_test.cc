@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/v1/peer.grpc.pb.h"
 #include "common/unique_fd.h"
 #include "daemon/replication/peer_secret.h"
 #include "format/shard_format.h"
@@ -332,4 +333,32 @@ TEST_CASE("GetShard streams without a token that never send their request are re
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+TEST_CASE("a flood of refused peer calls is logged a line a second, not a line a call", "[replication][peer_trust]") {
+  TempDir dir("trustlog");
+  Cluster c(dir, 2, 1);
+  c.Start(0);
+  auto stub = v1::Peer::NewStub(grpc::CreateChannel(c.addresses[0], grpc::InsecureChannelCredentials()));
+  PeerSecret wrong("not the secret of this cluster at all");
+  constexpr int kCalls = 200;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext ctx;
+    const std::string subject = PeerSecret::ShardSubject("trustlog", 1, 0, "");
+    ctx.AddMetadata(PeerSecret::kMetadataKey, wrong.Token("HasShard", PeerSecret::Addressed(subject, c.addresses[0])));
+    v1::HasShardRequest req;
+    req.mutable_key()->set_job("trustlog");
+    req.mutable_key()->set_version(1);
+    v1::HasShardReply reply;
+    CHECK(stub->HasShard(&ctx, req, &reply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  const std::string log = c[0].Log();
+  std::size_t lines = 0;
+  for (std::size_t at = log.find("peer: refused a call"); at != std::string::npos;
+       at = log.find("peer: refused a call", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines >= 1);
+  CHECK(lines <= 10);  // the calls took a few seconds at most
+  CHECK(Metric(c[0], "ckptd_replication_events_total{event=\"refused\"}") == kCalls);  // each one counted
 }
