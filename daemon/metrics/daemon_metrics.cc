@@ -7,7 +7,7 @@ namespace {
 
 constexpr const char* kTierNames[4] = {"memory", "local", "persistent", "peer"};
 constexpr const char* kReplicationEventNames[kReplicationEvents] = {"sent", "send_failed", "received", "refused",
-                                                                   "peer_fallback"};
+                                                                   "peer_fallback", "unproven", "peer_stalled"};
 constexpr const char* kReplicationDirections[4] = {"sent", "received", "fetched", "served"};
 
 std::function<std::unique_ptr<Histogram>()> Durations() {

@@ -51,8 +51,10 @@ enum class ReplicationEvent {
   kReceived,       // a replica this daemon keeps
   kRefused,        // a replica refused here (no room, a checksum, an unauthenticated call)
   kPeerFallback,   // a restore that went on to the next replica or tier (missing, failed)
+  kUnproven,       // a peer's answer or shard without proof that it knows --peer-secret: ignored
+  kPeerStalled,    // a peer's transfer that made no progress for --peer-progress-timeout-s: given up
 };
-inline constexpr std::size_t kReplicationEvents = 5;
+inline constexpr std::size_t kReplicationEvents = 7;
 // Bytes by direction (the `direction` label of ckptd_replication_bytes_total).
 enum class ReplicationBytes { kSent, kReceived, kFetched, kServed };
 

@@ -27,6 +27,8 @@ struct DaemonOptions {
   std::vector<std::string> env;
   // If set, the daemon's stderr goes here and only its stdout to Log().
   std::string stderr_path;
+  // If set, the daemon's open-file limit (soft and hard: it cannot raise it).
+  std::uint64_t open_files = 0;
 };
 
 class DaemonProcess {
