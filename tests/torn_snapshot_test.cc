@@ -7,10 +7,12 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include "format/paths.h"
 #include "support/daemon_process.h"
+#include "support/eventually.h"
 #include "support/shard_path.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -272,5 +274,39 @@ TEST_CASE("verify mode: the toy trainer's torn version is aborted and training g
     REQUIRE(info != nullptr);
     CHECK(info->committed() == (v != 3));
     CHECK(info->aborted() == (v == 3));
+  }
+}
+
+TEST_CASE("verify mode: kill -9 at random steps, every resume is the exact state of the step before",
+          "[torn]") {
+  TempDir dir("torn-random");
+  DaemonProcess daemon(Options(dir));
+  const unsigned seed = static_cast<unsigned>(std::random_device{}());
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::uint64_t committed = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    const std::uint64_t crash = committed + 2 + rng() % 5;  // at least one new version each time
+    INFO("trial " << trial << ": crash at " << crash);
+    std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "rnd",
+                                     "--state-mib", "4", "--tensors", "3", "--compute-ms", "1", "--verify",
+                                     "--iters", "100", "--crash-at", std::to_string(crash)};
+    if (committed > 0) args.push_back("--resume");
+    ProcessResult r = RunProcess(args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 128 + SIGKILL);
+    if (committed > 0) {
+      // The resume checked every byte against the state of the version it restored.
+      CHECK(r.output.find("restored version " + std::to_string(committed) + " from") != std::string::npos);
+      CHECK(r.output.find("every byte verified") != std::string::npos);
+    }
+    // The crashed version was never sealed; the one before it is the newest committed.
+    const v1::ListReply list = daemon.List("rnd");
+    const v1::VersionInfo* torn = FindVersion(list, crash);
+    REQUIRE(torn != nullptr);
+    CHECK(torn->aborted());
+    CHECK_FALSE(torn->committed());
+    committed = crash - 1;
+    REQUIRE(Eventually([&] { return daemon.List("rnd").latest() == committed; }));
   }
 }
