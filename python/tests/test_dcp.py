@@ -310,8 +310,10 @@ def _torchrun(daemon, temp_dir, nproc, *args):
     script = temp_dir / "dcp_worker.py"
     script.write_text(_WORKER)
     env = daemon.env(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    # --log-dir: torchrun's files for the run; without it torchrun makes a /tmp/torchelastic_*
+    # directory and never removes it.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(script), *map(str, args)]
+           f"--log-dir={temp_dir / 'torchrun-logs'}", str(script), *map(str, args)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return [json.loads(m.group(0)) for m in re.finditer(r"\{[^{}]*\}", p.stdout)]  # ranks' lines may interleave
