@@ -20,9 +20,9 @@ bash "$here/scripts/install-deps.sh"
 # DCP, DTensor/FSDP2, torchrun, resharding and DeepSpeed that 1.13 skips run too. In CI a venv
 # that cannot be made fails the run: a torch-2 suite quietly dropped would pass CI untested.
 # Elsewhere (no network, no disk) the run goes on without it and says so. Sanitizer builds run
-# the suite on Debian's torch only: what they check is ckptd and libckpt, which that run covers,
-# and the torch 2 venv under a preloaded sanitizer runtime would add its ~5 GB of uninstrumented
-# CUDA libraries and nothing of ours.
+# the suite on Debian's torch only: torch 2.x's uninstrumented CUDA wheels under a preloaded
+# sanitizer runtime are untried, and ckptd and libckpt, what a sanitizer checks, are exercised
+# by that run too.
 torch2_python=""
 if [ -z "$sanitize" ]; then
   if bash "$here/scripts/setup_torch2_venv.sh"; then
