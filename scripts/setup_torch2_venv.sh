@@ -6,7 +6,7 @@
 #   scripts/setup_torch2_venv.sh [VENV]     # default: <repo>/.venv-torch2 (git-ignored)
 #
 # Idempotent: a venv that holds exactly those pins (a stamp written after a complete install)
-# and imports them is reused in about a second; anything else is rebuilt from scratch, so an
+# and imports them is reused in a few seconds; anything else is rebuilt from scratch, so an
 # interrupted install is never mistaken for a good one. Exits non-zero, saying why, when the
 # venv cannot be made (no python3-venv, no disk, no PyPI); scripts/test.sh decides whether
 # that fails the run (it does under CI=true).
