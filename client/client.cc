@@ -17,6 +17,8 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -54,9 +56,55 @@ namespace {
 
 [[noreturn]] void ThrowWithCode(const Status& s) { throw Error(GrpcCodeNumber(s.code()), s.message()); }
 
+// The regions this process created that are still alive, whose names are removed when the
+// process exits (std::atexit). A region's destructor removes its name, but an interpreter
+// frees few objects at exit (torch 2.x keeps tensors, and through them the regions they view,
+// to the end), so it may never run, and the name would stay in /dev/shm after the process is
+// gone: the daemon removes the names of a trainer that died registered, but one that
+// unregistered (every Client does when destroyed) is trusted to remove its own. Removing a
+// name loses nothing: mappings and the daemon's descriptors stay valid. Only the process that
+// created a region removes its name (a forked child that exits leaves its parent's), and
+// only while the name still refers to that object.
+class LiveRegionNames {
+ public:
+  // Never destroyed: regions may be destroyed during static destruction, after exit handlers.
+  static LiveRegionNames& Get() {
+    static LiveRegionNames* const names = new LiveRegionNames();
+    return *names;
+  }
+
+  void Add(const ShmRegion* r) {
+    MutexLock lock(mu_);
+    if (!exit_handler_) exit_handler_ = std::atexit([] { Get().RemoveAll(); }) == 0;
+    live_[r] = ::getpid();
+  }
+  void Remove(const ShmRegion* r) {
+    MutexLock lock(mu_);
+    live_.erase(r);
+  }
+
+ private:
+  void RemoveAll() {
+    MutexLock lock(mu_);  // a region destroyed meanwhile waits here, so every one listed is alive
+    const pid_t self = ::getpid();
+    for (const auto& [r, creator] : live_) {
+      struct stat st {};
+      if (creator == self && ::fstat(r->fd(), &st) == 0) UnlinkShmIfInode(r->name(), st.st_ino);
+    }
+    live_.clear();
+  }
+
+  Mutex mu_;
+  bool exit_handler_ GUARDED_BY(mu_) = false;
+  std::map<const ShmRegion*, pid_t> live_ GUARDED_BY(mu_);
+};
+
 class PosixSharedRegion : public SharedRegion {
  public:
-  explicit PosixSharedRegion(ShmRegion r) : region_(std::move(r)) {}
+  explicit PosixSharedRegion(ShmRegion r) : region_(std::move(r)) { LiveRegionNames::Get().Add(&region_); }
+  ~PosixSharedRegion() override { LiveRegionNames::Get().Remove(&region_); }
+  PosixSharedRegion(const PosixSharedRegion&) = delete;
+  PosixSharedRegion& operator=(const PosixSharedRegion&) = delete;
   void* data() const override { return region_.data(); }
   std::size_t size() const override { return region_.size(); }
   const std::string& name() const override { return region_.name(); }

@@ -16,6 +16,8 @@ packages=(
   # Boost.Interprocess (header-only): the client's shared-memory regions.
   libboost-dev
   python3 fio procps
+  # scripts/setup_torch2_venv.sh: the venv (with pip) that holds torch 2.x for the Python tests.
+  python3-venv
   # bench/run.sh plots its results with matplotlib.
   python3-matplotlib
   # The Python module (pybind11) and its tests, for Debian's /usr/bin/python3.

@@ -278,7 +278,7 @@ PYBIND11_MODULE(_ckpt, m) {
       "POSIX shared memory that the trainer owns and the daemon may read (and write on restore).\n\n"
       "Supports the buffer protocol (1-D unsigned bytes, writable): torch.frombuffer(region, "
       "dtype=torch.float32, count=n, offset=off) views it without a copy. The name is removed "
-      "when the last reference to the region goes away.")
+      "when the last reference to the region goes away, or when the process exits.")
       .def_static(
           "create",
           [](std::size_t bytes, const std::string& name) {

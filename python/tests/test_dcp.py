@@ -1,10 +1,11 @@
 """ckpt.dcp: torch.distributed.checkpoint save / async_save / load through a real ckptd.
 
-Needs torch >= 2 with DCP's storage API and async_save (the venv of bench/setup_torch_venv.sh);
-under Debian's torch 1.13 every test skips, saying why. Run:
+Needs torch >= 2 with DCP's storage API and async_save (the venv of scripts/setup_torch2_venv.sh,
+where ctest python_tests_torch2 runs it); under Debian's torch 1.13 every test skips, saying
+why. Run:
 
-  PYTHONPATH=build/python:build/pydeps CKPTD_BINARY=build/ckptd CKPTCTL_BINARY=build/ckptctl \
-    /work/main/.venv-bench/bin/python -m pytest -q python/tests/test_dcp.py
+  PYTHONPATH=build/python CKPTD_BINARY=build/ckptd CKPTCTL_BINARY=build/ckptctl \
+    .venv-torch2/bin/python -m pytest -q python/tests/test_dcp.py
 """
 
 import concurrent.futures
@@ -227,11 +228,11 @@ def test_refusals_name_the_cause(daemon):
         dcp.load({"w": torch.zeros(4)}, storage_reader=ckpt.dcp.Reader(daemon.socket, "dcp-foreign"))
 
 
-@pytest.mark.skipif(_HAVE and not hasattr(ckpt._ckpt, "Layout"), reason="needs the client API of issue 16")
+@pytest.mark.skipif(_HAVE and not hasattr(ckpt._ckpt, "Layout"), reason="the ckpt module has no Layout (the client API of global layouts)")
 def test_load_falls_back_to_the_files_when_the_daemon_cannot(daemon, monkeypatch):
     model = _model()
     sd = {"model": model.state_dict(), "extra": {"step": 9}}
-    with monkeypatch.context() as m:  # a version saved without layouts (a ckpt module before issue 16)
+    with monkeypatch.context() as m:  # a version saved without layouts (by a ckpt module that had none)
         m.setattr(ckpt.dcp, "_LAYOUT", None)
         m.setattr(ckpt.dcp, "_BLOB", None)
         dcp.save(sd, checkpoint_id=1, storage_writer=ckpt.dcp.Writer(daemon.socket, "dcp-old"))
@@ -309,8 +310,10 @@ def _torchrun(daemon, temp_dir, nproc, *args):
     script = temp_dir / "dcp_worker.py"
     script.write_text(_WORKER)
     env = daemon.env(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    # --log-dir: torchrun's files for the run; without it torchrun makes a /tmp/torchelastic_*
+    # directory and never removes it.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(script), *map(str, args)]
+           f"--log-dir={temp_dir / 'torchrun-logs'}", str(script), *map(str, args)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return [json.loads(m.group(0)) for m in re.finditer(r"\{[^{}]*\}", p.stdout)]  # ranks' lines may interleave

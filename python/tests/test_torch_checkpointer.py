@@ -460,7 +460,9 @@ def test_one_cycle_lr_is_saved_without_its_optimizer_and_resumes_bit_exact(daemo
     # The daemon-less loader gives a state dict that load_state_dict takes as it is.
     sched3 = make_one_cycle(seed=2)[2]
     sched3.load_state_dict(ct.load_checkpoint(daemon.root, "one-cycle", 3)["scheduler"])
-    assert sched3.last_epoch == 3 and getattr(sched3, "anneal_func", sched3).__self__ is sched3
+    assert sched3.last_epoch == 3
+    if hasattr(sched3, "anneal_func"):  # torch 1.x; torch 2.x keeps only the strategy's name
+        assert sched3.anneal_func.__self__ is sched3
 
 
 def test_generators_passed_as_objects_are_saved_and_restored(daemon):

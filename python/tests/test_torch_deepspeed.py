@@ -186,6 +186,10 @@ REAL_DEEPSPEED = textwrap.dedent("""
     import os, sys, torch
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     import deepspeed, ckpt.deepspeed
+    # On a CPU, init_distributed JIT-compiles DeepSpeed's shared-memory allreduce (about 100 s of
+    # g++ on 2 cores, into ~/.cache/torch_extensions) unless that op is marked incompatible; a
+    # world of one never uses it, and gloo does the rest.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

@@ -58,6 +58,12 @@ def torchrun(nodes, nproc, out, *args, max_restarts=0, timeout=240, pids=None):
     env["CKPT_TEST_SOCKETS"] = ",".join(n.socket for n in nodes)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["OMP_NUM_THREADS"] = "1"
+    # torch 2.x's torchrun shares one rendezvous TCP store across restarts by default, and the
+    # keys the first attempt's process group left there (the gloo address of every rank) are
+    # read again by the restarted ranks: they connect to dead peers ("Gloo connectFullMesh
+    # failed ... Connection refused") or hang. Opting out of the sharing gives each round a store
+    # of its own. torch 1.13 does not read the variable.
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # --redirects/--tee: the workers' stdout to the console (and files), their stderr to files
     # under --log_dir. Values other than 1 and 2 break torch 1.13's torchrun under Python
     # 3.11 (its Std.from_str iterates an IntFlag, which no longer yields 0 nor ALL).
@@ -65,13 +71,27 @@ def torchrun(nodes, nproc, out, *args, max_restarts=0, timeout=240, pids=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), "--monitor_interval", "1", "--log_dir", str(logs),
            "--redirects", "2", "--tee", "1", str(TRAINER), "--out", str(out), *map(str, args)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Each worker runs in a session of its own, so only torchrun can stop them: SIGTERM, which
+        # it passes on (the SIGKILL of subprocess.run's timeout would leave them running).
+        timed_out = True
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+    output = stdout + stderr
     if pids is not None:
         pids.update(int(p) for p in re.findall(r"start at step \d+ \(pid (\d+)\)", output))
-    if proc.returncode != 0:
+    if timed_out or proc.returncode != 0:
         files = "".join(f"--- {p}\n{p.read_text(errors='replace')[-4000:]}\n" for p in sorted(logs.rglob("*.log")))
-        pytest.fail(f"torchrun exited {proc.returncode}:\n{output}\nworkers' logs:\n{files}")
+        how = f"did not finish in {timeout} s (stopped with SIGTERM)" if timed_out else f"exited {proc.returncode}"
+        pytest.fail(f"torchrun {how}:\n{output}\nworkers' logs:\n{files}")
     return output
 
 

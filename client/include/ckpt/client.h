@@ -132,7 +132,8 @@ struct ClientOptions {
 };
 
 // Shared memory the trainer owns and the daemon may read and write. Created 0600; its
-// name is removed when the last SharedRegion handle to it goes away.
+// name is removed when the last SharedRegion handle to it goes away, or when the process that
+// created it exits (normally: exit() or the end of main) with handles still held.
 class SharedRegion {
  public:
   // Creates a region of `bytes` (zero-filled). Throws ckpt::Error on failure.
