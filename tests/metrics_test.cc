@@ -385,6 +385,9 @@ TEST_CASE("metrics: a failed version and a failed restore are counted, by job an
   state.Fill(1);
   c.snapshot(1);
   CHECK_THROWS_AS(c.wait_durable(1, Level::kCommitted), Error);
+  // The wait hears of the failure as soon as the shard fails; the writer that failed it
+  // counts it right after.
+  REQUIRE(Eventually([&] { return f.Scrape().count("ckptd_versions_failed_total{job=\"jobf\"}") > 0; }));
   auto s = f.Scrape();
   CHECK(Value(s, "ckptd_errors_total{kind=\"restore\"}") == 1);
   CHECK(Value(s, "ckptd_errors_total{kind=\"write\"}") == 1);

@@ -300,12 +300,15 @@ TEST_CASE("verify mode: kill -9 at random steps, every resume is the exact state
       CHECK(r.output.find("restored version " + std::to_string(committed) + " from") != std::string::npos);
       CHECK(r.output.find("every byte verified") != std::string::npos);
     }
-    // The crashed version was never sealed; the one before it is the newest committed.
+    // The crashed version was never sealed: aborted once the daemon sees its trainer gone
+    // (the reaper looks every 250 ms), never committed; the one before it is the newest.
+    REQUIRE(Eventually([&] {
+      const v1::ListReply list = daemon.List("rnd");
+      const v1::VersionInfo* torn = FindVersion(list, crash);
+      return torn != nullptr && torn->aborted();
+    }));
     const v1::ListReply list = daemon.List("rnd");
-    const v1::VersionInfo* torn = FindVersion(list, crash);
-    REQUIRE(torn != nullptr);
-    CHECK(torn->aborted());
-    CHECK_FALSE(torn->committed());
+    CHECK_FALSE(FindVersion(list, crash)->committed());
     committed = crash - 1;
     REQUIRE(Eventually([&] { return daemon.List("rnd").latest() == committed; }));
   }
