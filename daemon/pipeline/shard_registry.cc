@@ -51,35 +51,29 @@ std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Recent() const {
   return {recent_.begin(), recent_.end()};
 }
 
-std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::string& job,
-                                                                 const std::string& queue) const {
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::OfQueue(
+    const std::string& job, const std::string& queue, const std::function<bool(const ShardJob&)>& keep) const {
   std::vector<std::shared_ptr<ShardJob>> out;
   MutexLock lock(mu_);
   for (const auto& [key, shards] : by_version_) {
     if (key.first != job) continue;
     for (const auto& weak : shards) {
       auto shard = weak.lock();
-      if (shard && shard->copy_queue() == queue && shard->level() < Level::kCaptured)
-        out.push_back(std::move(shard));
+      if (shard && shard->copy_queue() == queue && keep(*shard)) out.push_back(std::move(shard));
     }
   }
   return out;
 }
 
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::string& job,
+                                                                 const std::string& queue) const {
+  return OfQueue(job, queue, [](const ShardJob& s) { return s.level() < Level::kCaptured; });
+}
+
 std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Unsealed(const std::string& job,
                                                                const std::string& queue) const {
-  std::vector<std::shared_ptr<ShardJob>> out;
-  MutexLock lock(mu_);
-  for (const auto& [key, shards] : by_version_) {
-    if (key.first != job) continue;
-    for (const auto& weak : shards) {
-      auto shard = weak.lock();
-      if (shard && shard->copy_queue() == queue && shard->sealed_registration() && !shard->sealed() &&
-          !shard->failed())
-        out.push_back(std::move(shard));
-    }
-  }
-  return out;
+  return OfQueue(job, queue,
+                 [](const ShardJob& s) { return s.sealed_registration() && !s.sealed() && !s.failed(); });
 }
 
 Status ShardRegistry::WaitRankNewestSettled(const std::string& job, std::uint32_t rank,

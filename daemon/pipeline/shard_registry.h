@@ -58,6 +58,11 @@ class ShardRegistry {
       EXCLUDES(mu_);
 
  private:
+  // The shards of `job` from copy queue `queue` for which `keep` is true (called under mu_).
+  std::vector<std::shared_ptr<ShardJob>> OfQueue(const std::string& job, const std::string& queue,
+                                                 const std::function<bool(const ShardJob&)>& keep) const
+      EXCLUDES(mu_);
+
   mutable Mutex mu_;
   std::map<std::pair<std::string, std::uint64_t>, std::vector<std::weak_ptr<ShardJob>>> by_version_
       GUARDED_BY(mu_);
