@@ -162,9 +162,9 @@ _DEADLINE_EXCEEDED, _NOT_FOUND, _FAILED_PRECONDITION = 4, 5, 9  # gRPC status co
 _STAGE_MAX_BYTES = {"cpu": 1 << 20, "cuda": 4 << 20}  # per tensor
 _STAGE_BUDGET = {"cpu": 4 << 20, "cuda": 64 << 20}  # all staged tensors of a Checkpointer, per device type
 # A tensor's in-place version counter (moves with every in-place op: autograd's, no_grad code,
-# optimizers, load_state_dict; not with writes through t.data). The getter itself, so that
-# reading hundreds of them is one C-level map().
-_VERSION = torch.Tensor._version.__get__
+# optimizers, load_state_dict; not with writes through t.data). Read for hundreds of tensors by
+# one C-level map() (an attrgetter measured faster than the descriptor's __get__).
+_VERSION = operator.attrgetter("_version")
 
 _TORCH_TO_CODE = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -280,7 +280,7 @@ def _check_tensor(name: str, t: torch.Tensor) -> None:
 def _has_version(t: torch.Tensor) -> bool:
     try:
         _VERSION(t)
-    except (RuntimeError, TypeError, AttributeError):  # a wrapper without a version counter of its own
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):  # a wrapper without one
         return False
     return True
 
@@ -765,6 +765,7 @@ class Checkpointer:
         self._restage = False  # a tensor was escalated to staging: the next save() registers again
         self._seal: Optional[Tuple[int, concurrent.futures.Future]] = None  # a seal on the worker thread
         self._forward_hook = None
+        self._verified = False  # the daemon verifies each version at its seal (verify, or its flag)
         self.wait_before = "step"
         self._root: Optional[str] = None
         # Set by load(): the world size that wrote the restored version, and whether the
@@ -805,7 +806,9 @@ class Checkpointer:
         self._check_open()
         step = int(step)
         self._wait_noting_restart()  # the previous version's memory (staging too) is free
-        self._collect_seal(block=True)  # sealed by now, normally: an abort it reports protects this one
+        # Verified by the daemon, the previous seal may report an abort, whose item this version
+        # must protect already: its result is waited for (sealed by now, normally).
+        self._collect_seal(block=self._verified)
         if self._restage or not self._tracking_current():
             self._refresh()
         parts = self._blob_state(step)
@@ -1635,6 +1638,7 @@ class Checkpointer:
         # counters and sealed it (the wait), or never (aborted; or its trainer died first).
         registration = self._client.register_items(self.job, self.rank, self.world_size, items, sealed=True,
                                                    verify=self.verify)
+        self._verified = self.verify or bool(getattr(registration, "verify", False))  # ckptd --verify-snapshots
         self._send_inline = True
         return registration
 

@@ -18,7 +18,9 @@ Synchronised on the trainer's own output (a line per save), never on sleeps.
 
 import os
 import random
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,113 @@ def test_a_change_the_guard_cannot_prevent_is_detected_and_that_version_aborted(
         assert any(line.split()[:2] == [f"v{v}", "aborted"] for line in listing.splitlines() if line.strip()), listing
     for v in committed:
         assert not differing(ct.load_checkpoint(daemon.root, job, v)["tensors"], states[v]), v
+
+
+def _step(model, opt, x):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_the_abort_names_the_tensor_and_the_step_and_the_tensor_is_staged_from_then_on(daemon):
+    """In one process: surgery on a small parameter while its version may be copied. The wait
+    before the update sees the counter move: the version is aborted (not committed, shown
+    aborted by ckptctl with the reason), the warning names the item, its state_dict key,
+    its module and the step, and says the parameter is staged from then on; the same surgery
+    after the next save aborts nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = ct.Checkpointer(daemon.socket, "abort-names", model=model, optimizer=opt)
+    x = torch.randn(4, 8)
+    _step(model, opt, x)
+    ck.save(1)
+    ck.wait_durable(1)
+    _step(model, opt, x)
+    ck.save(2)
+    with torch.no_grad():
+        model[2].weight.mul_(0.5)  # while version 2 may still be copied
+    with pytest.warns(RuntimeWarning) as seen:
+        _step(model, opt, x)  # the wait before the update compares the counters
+    text = " ".join(str(w.message) for w in seen)
+    assert re.search(r"version 2 aborted .*model\.2\.weight \(state_dict key '2\.weight', module '2'\) changed in "
+                     r"place between save\(2\) and the end of its capture", text), text
+    assert "From now on model.2.weight is staged" in text, text
+    assert [v for v, _ in ck.aborted_versions] == [2] and "model.2.weight" in ck.aborted_versions[0][1]
+    with pytest.raises(ckpt.TornSnapshotError) as e:
+        ck.client.wait_durable(2, ckpt.Level.COMMITTED, 60)
+    assert e.value.version == 2 and e.value.code == 10
+    listing = daemon.ctl("ls", "abort-names").stdout
+    assert re.search(r"v2\s+aborted", listing) and "model.2.weight" in listing, listing
+
+    ck.save(3)  # registers again: the weight is staged now
+    saved = model[2].weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            model[2].weight.mul_(0.5)
+        _step(model, opt, x)
+        ck.wait_durable(3)
+    assert ckpt.list_versions(daemon.root, "abort-names") == [1, 3]
+    assert torch.equal(ct.load_checkpoint(daemon.root, "abort-names", 3)["model"]["2.weight"], saved)
+    assert ck.load("latest") == 3 and torch.equal(model[2].weight, saved)
+    ck.close()
+
+
+def test_a_large_tensor_changed_before_the_forward_moves_the_wait_step_by_step(daemon):
+    """A 2 MiB weight (too large to stage) changed at the start of every iteration: aborted
+    with the wait before the step, then with the wait before the forward; then save() waits
+    for each capture and nothing more is aborted. Each move is said once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 512), torch.nn.Linear(512, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ck = ct.Checkpointer(daemon.socket, "ladder", model=model, optimizer=opt)
+    assert ck.wait_before == "step"
+    x = torch.randn(2, 1024)
+    moves = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(1, 7):
+            with torch.no_grad():
+                model[0].weight.clamp_(-0.05, 0.05)  # weight clipping before the forward
+            _step(model, opt, x)
+            ck.save(step)
+            moves.append(ck.wait_before)
+        ck.wait_durable(6)
+    assert [v for v, _ in ck.aborted_versions] == [1, 2], ck.aborted_versions
+    assert moves == ["step", "forward"] + ["save"] * 4, moves  # as of each save: the aborts come one step later
+    texts = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(texts) == 2, texts
+    assert "before the model's forward" in texts[0] and "save() waits for the capture" in texts[1], texts
+    assert ckpt.list_versions(daemon.root, "ladder") == [3, 4, 5, 6]
+    ck.close()
+
+
+def test_small_buffers_of_any_dtype_are_staged_and_large_ones_move_the_wait_before_the_forward(daemon):
+    class Net(torch.nn.Module):
+        def __init__(self, big):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("mean", torch.zeros(3, dtype=torch.float64))
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+            self.register_buffer("flag", torch.zeros(2, dtype=torch.bool))
+            if big:
+                self.register_buffer("big", torch.zeros(1 << 19))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    small = Net(big=False)
+    ck = ct.Checkpointer(daemon.socket, "staged-buffers", model=small, optimizer=torch.optim.SGD(small.parameters(),
+                                                                                                 lr=0.1))
+    staged = {s.name for s in ck._slots if s.staged}
+    assert staged == {"model.mean", "model.count", "model.flag"} and ck.wait_before == "step"
+    ck.close()
+    large = Net(big=True)
+    ck = ct.Checkpointer(daemon.socket, "staged-buffers-2", model=large,
+                         optimizer=torch.optim.SGD(large.parameters(), lr=0.1))
+    assert "model.big" not in {s.name for s in ck._slots if s.staged} and ck.wait_before == "forward"
+    ck.save(1)
+    large(torch.zeros(1, 4))  # the forward waits
+    assert ck.pending is None
+    ck.close()
