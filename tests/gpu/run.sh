@@ -11,8 +11,10 @@
 # Then the checks of issue 13 (tests/gpu/checks.py, with PyTorch): small allocations, a
 # trainer killed with an event pending, the daemon killed during a stream-ordered wait,
 # memory returned after unregister, the PyTorch path next to DCP async_save, two trainers,
-# capture under load, restore rates, a throughput matrix, a thread with no context, and the
-# pool's pin time; written to tests/gpu/out/gpu_checks.json.
+# capture under load, restore rates, a throughput matrix, a thread with no context, the
+# pool's pin time, and the torn-snapshot matrix with the model on the GPU (`--only torn`:
+# GPU staging, trainers killed at random steps, every committed version exact); written to
+# tests/gpu/out/gpu_checks.json.
 #
 # Usage: tests/gpu/run.sh [--dir DIR] [--state-gib S] [--iters I] [--compute-ms C]
 #                         [--build DIR | --prebuilt BUNDLE] [--jobs N] [--skip-proof]
