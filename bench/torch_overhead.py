@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What checkpointing every step costs a short-step PyTorch trainer on CPU (issue 15).
+"""What checkpointing every step costs a short-step PyTorch trainer on CPU.
 
 The workload: a small CNN with batch-norm layers (so the Checkpointer waits before every
 forward, the tighter of its two waits), SGD with nesterov momentum, and a step of about 30 ms

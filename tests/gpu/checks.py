@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU checks of issue 13: what only a GPU can settle, each printed PASS/FAIL (or SKIP,
+"""The GPU checks: what only a GPU can settle, each printed PASS/FAIL (or SKIP,
 with the reason) with its figures, all written to one JSON file.
 
     python3 tests/gpu/checks.py --bin DIR --out FILE.json [--work DIR] [--only NAME,...]
