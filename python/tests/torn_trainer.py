@@ -65,8 +65,11 @@ class Net(nn.Module):
             self.register_buffer("count", torch.zeros((), dtype=torch.int64))  # a 0-dim step counter
             self.register_buffer("temperature", torch.ones(()))  # a 0-dim float
             self.register_buffer("seen", torch.zeros(10, dtype=torch.bool))
-        if case in ("ema_module_before", "ema_buffers_after"):
-            self.ema = copy.deepcopy(self.fc).requires_grad_(False)  # not in the optimizer
+        if case == "ema_module_before":
+            self.ema = copy.deepcopy(self.fc).requires_grad_(False)  # parameters no optimizer updates
+        if case == "ema_buffers_after":
+            self.register_buffer("ema_weight", self.fc.weight.detach().clone())
+            self.register_buffer("ema_bias", self.fc.bias.detach().clone())
         if case == "parametrize":
             self.sq = nn.Linear(256, 256)
             torch.nn.utils.parametrize.register_parametrization(self.sq, "weight", Symmetric())
@@ -94,7 +97,7 @@ class Net(nn.Module):
         h = self.drop(torch.relu(self.fc(h)))
         if self.case == "ema_buffers_after" and self.training:  # after the forward, before backward
             with torch.no_grad():
-                for e, p in zip(self.ema.parameters(), self.fc.parameters()):
+                for e, p in ((self.ema_weight, self.fc.weight), (self.ema_bias, self.fc.bias)):
                     e.mul_(0.9).add_(p, alpha=0.1)
         if self.case == "parametrize":
             h = h + 0.01 * self.sq(h)
