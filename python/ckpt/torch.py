@@ -766,6 +766,7 @@ class Checkpointer:
         self._seal: Optional[Tuple[int, concurrent.futures.Future]] = None  # a seal on the worker thread
         self._forward_hook = None
         self._verified = False  # the daemon verifies each version at its seal (verify, or its flag)
+        self._auto_wait = True  # wait_before=None: a large buffer moves the wait before the forward
         self.wait_before = "step"
         self._root: Optional[str] = None
         # Set by load(): the world size that wrote the restored version, and whether the
@@ -1668,6 +1669,7 @@ class Checkpointer:
         self._restage = False
         if self._collect():
             self.registration = self._register()
+        self._wait_for_large_buffers()
 
     def _blob_state(self, step: int) -> Dict[str, Any]:
         """The blob's content as of now, made of values nothing changes later: state the
@@ -1881,11 +1883,9 @@ class Checkpointer:
     # -- the wait before the update ----------------------------------------------------------
 
     def _install_wait(self, wait_before: Optional[str]) -> None:
-        if wait_before is None:
-            # Small buffers are staged (save() copies them): only ones too large to stage make
-            # the forward wait.
-            wait_before = "forward" if self._large_buffers and self.model is not None else "step"
-        self._set_wait(wait_before)
+        self._auto_wait = wait_before is None
+        self._set_wait("step" if wait_before is None else wait_before)
+        self._wait_for_large_buffers()
         opt = self.optimizer
         if opt is None:
             return
@@ -1906,6 +1906,13 @@ class Checkpointer:
         wrapper = types.MethodType(step, opt)
         opt.step = wrapper
         self._step_wrapper = (wrapper, original)
+
+    def _wait_for_large_buffers(self) -> None:
+        """Small buffers are staged (save() copies them): ones too large to stage make the
+        automatic wait move before the forward, which may change them (batch norm's kernels
+        do so without moving their version counters)."""
+        if self._auto_wait and self._large_buffers and self.model is not None and self.wait_before == "step":
+            self._set_wait("forward")
 
     def _set_wait(self, wait_before: str) -> None:
         """Where the wait for each version is: before optimizer.step ("step", always there too),
