@@ -375,7 +375,8 @@ def main() -> int:
         reported = len(aborted)
         print(f"@step {step} {loss.hex()}", flush=True)
     try:
-        ck.wait_durable(args.steps)
+        if start < args.steps:  # (a run killed late may have committed the last step already)
+            ck.wait_durable(args.steps)
     except ckpt.Error as e:
         if e.code != 10:  # ABORTED: the last version was aborted (printed below)
             raise
