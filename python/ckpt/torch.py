@@ -113,6 +113,7 @@ reports). Pickled state is loaded with pickle: load only checkpoints you trust.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import json
@@ -767,6 +768,7 @@ class Checkpointer:
         self._forward_hook = None
         self._verified = False  # the daemon verifies each version at its seal (verify, or its flag)
         self._auto_wait = True  # wait_before=None: a large buffer moves the wait before the forward
+        self._exiting = False  # the interpreter exits: _seal_at_exit seals the last version
         self.wait_before = "step"
         self._root: Optional[str] = None
         # Set by load(): the world size that wrote the restored version, and whether the
@@ -785,6 +787,7 @@ class Checkpointer:
         for obj in (model, optimizer):
             if obj is not None:
                 _OPEN[obj] = weakref.ref(self)
+        _LIVE.add(self)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -929,6 +932,11 @@ class Checkpointer:
                 self._pending = None  # never sealed, whatever the abort call says
                 self._client.report_stall(stall)  # the trainer's stall, not the worker's wait
                 self._abort(step, moved)
+            elif self._exiting:  # the worker thread is gone: sealed here
+                try:
+                    self._seal_version(step, stall)
+                except TornSnapshotError as e:
+                    self._note_torn(e)
             else:
                 self._seal = (step, self._worker.submit(self._seal_version, step, stall))
         self._pending = None
@@ -1281,6 +1289,7 @@ class Checkpointer:
         for obj in (self.model, self.optimizer):
             if obj is not None and obj in _OPEN and _OPEN[obj]() is self:
                 del _OPEN[obj]
+        _LIVE.discard(self)
         self._client.unregister()
         if error is not None:
             raise error
@@ -1965,6 +1974,28 @@ class Checkpointer:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Checkpointer is closed")
+
+
+# The open Checkpointers, whose last versions _seal_at_exit seals.
+_LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _seal_at_exit() -> None:
+    """At interpreter exit (after the worker threads finished their work), the last version of
+    each Checkpointer left open is compared and sealed (or aborted) as close() would:
+    unsealed, the daemon drops it when the process goes. (A trainer killed loses it: never
+    sealed, so never committed half-changed.)"""
+    for ck in list(_LIVE):
+        if ck._closed:
+            continue
+        ck._exiting = True
+        try:
+            ck._wait_noting_restart()
+            ck._collect_seal(block=True)
+        except Exception as e:  # noqa: BLE001 (the interpreter is exiting: said, not raised)
+            print(f"ckpt.torch: the last version of job '{ck.job}' could not be sealed at exit: {e}",
+                  file=sys.stderr)
 
 
 def _load_own_state(obj: Any, sd: Any, rebind: Mapping[str, str]) -> None:

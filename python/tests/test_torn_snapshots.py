@@ -19,7 +19,9 @@ Synchronised on the trainer's own output (a line per save), never on sleeps.
 import os
 import random
 import re
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -216,3 +218,30 @@ def test_small_buffers_of_any_dtype_are_staged_and_large_ones_move_the_wait_befo
     large(torch.zeros(1, 4))  # the forward waits
     assert ck.pending is None
     ck.close()
+
+
+def test_a_trainer_that_exits_without_close_still_commits_its_last_version(daemon, temp_dir):
+    """Versions commit only once sealed: the last one of a trainer that ends without close()
+    or wait_durable() is sealed at interpreter exit (a killed one is dropped instead)."""
+    script = Path(temp_dir) / "no_close.py"
+    script.write_text(
+        "import sys, torch, ckpt.torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ck = ckpt.torch.Checkpointer(sys.argv[1], 'no-close', model=model, optimizer=opt)\n"
+        "for step in (1, 2):\n"
+        "    model(torch.ones(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    ck.save(step)\n"
+        "torch.save(model.state_dict(), sys.argv[2])\n")
+    env = daemon.env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    subprocess.run([sys.executable, str(script), daemon.socket, str(Path(temp_dir) / "sd.pt")], env=env, check=True,
+                   timeout=120)
+    deadline = time.monotonic() + 60
+    while 2 not in ckpt.list_versions(daemon.root, "no-close") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.list_versions(daemon.root, "no-close") == [1, 2]
+    want = torch.load(Path(temp_dir) / "sd.pt")
+    got = ct.load_checkpoint(daemon.root, "no-close", 2)["model"]
+    assert all(torch.equal(got[k], v) for k, v in want.items())

@@ -258,11 +258,6 @@ class Trainer:
             self.output.append(text)
             yield text
 
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-        self.cleanup()
-
     def finish(self):
         rc = self.proc.wait(timeout=LINE_TIMEOUT_S)
         self.cleanup()
@@ -307,31 +302,44 @@ def run_with_kills(socket, env, case, job, steps, out, kills, device="cpu"):
     hex of each run]}, the versions aborted, the final state); `out`: a file for that state."""
     pending_kills = list(kills)
     starts, losses, aborted = [], {}, []
+
+    def take(line):
+        """Notes one line; True if it is the save after which to kill."""
+        if not line.startswith("@"):
+            return False  # a warning or a traceback (stderr comes along)
+        word, _, rest = line[1:].partition(" ")
+        if word == "ready":
+            starts.append(int(rest))
+            pending_kills[:] = [k for k in pending_kills if k > int(rest)]
+        elif word == "aborted":
+            aborted.append(int(rest))
+        elif word == "step":
+            step, loss = rest.split()
+            losses.setdefault(int(step), []).append(loss)
+            if pending_kills and int(step) == pending_kills[0]:
+                pending_kills.pop(0)
+                return True
+        return False
+
     while True:
         t = Trainer(socket, env, case, job, steps, out, device)
         killed = False
         try:
-            for line in t.lines():
-                if not line.startswith("@"):
-                    continue  # a warning or a traceback (stderr comes along)
-                word, _, rest = line[1:].partition(" ")
-                if word == "ready":
-                    starts.append(int(rest))
-                    pending_kills = [k for k in pending_kills if k > int(rest)]
-                elif word == "aborted":
-                    aborted.append(int(rest))
-                elif word == "step":
-                    step, loss = rest.split()
-                    losses.setdefault(int(step), []).append(loss)
-                    if pending_kills and int(step) == pending_kills[0]:
-                        pending_kills.pop(0)
-                        t.kill()
-                        killed = True
-                        break
+            lines = t.lines()
+            for line in lines:
+                if take(line):
+                    t.proc.kill()
+                    t.proc.wait()
+                    killed = True
+                    break
+            for line in lines:  # what it wrote before it died
+                take(line)
         finally:
-            if t.proc.poll() is None and not killed:
-                t.kill()
+            if t.proc.poll() is None:
+                t.proc.kill()
+                t.proc.wait()
         if killed:
+            t.cleanup()
             continue
         rc = t.finish()
         assert rc == 0, f"the trainer exited {rc}; its output:\n" + "\n".join(t.output)
