@@ -133,7 +133,7 @@ std::string LostPhrase(std::uint64_t version, Level reached) {
 // One Wait RPC. The caller notes its return (Impl::WaitReturned) before throwing.
 grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, std::uint64_t version,
                       v1::Level level, std::chrono::milliseconds timeout, bool stream_ordered,
-                      v1::WaitReply* rep) {
+                      v1::WaitReply* rep, bool seal = false) {
   grpc::ClientContext ctx;
   v1::WaitRequest req;
   req.set_session(session);
@@ -141,6 +141,7 @@ grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, st
   req.set_level(level);
   req.set_timeout_ms(static_cast<std::uint64_t>(timeout.count()));
   req.set_stream_ordered(stream_ordered);
+  req.set_seal(seal);
   return stub.Wait(&ctx, req, rep);
 }
 
@@ -208,6 +209,7 @@ struct Client::Impl {
   std::string job GUARDED_BY(mu);
   std::uint32_t rank GUARDED_BY(mu) = 0;
   std::uint32_t world_size GUARDED_BY(mu) = 0;
+  RegisterOptions options GUARDED_BY(mu);
   // The daemon went away and no session has been made since: the next call reconnects.
   bool daemon_lost GUARDED_BY(mu) = false;
   // A daemon accepted a registration of this client once: only then is a daemon waited for.
@@ -389,6 +391,8 @@ struct Client::Impl {
     req.set_world_size(world_size);
     req.set_descriptor_table(table->name());
     *req.mutable_layouts() = layouts;
+    req.set_sealed(options.sealed);
+    req.set_verify(options.verify);
     if (cuda) {
       v1::CudaSession* c = req.mutable_cuda();
       c->set_device_uuid(cuda->device_uuid());
@@ -613,16 +617,19 @@ struct Client::Impl {
   // Returns false if answered from the lost versions (then `rep` is untouched), true if by
   // the daemon on session *used.
   bool Wait(std::uint64_t version, Level level, std::chrono::milliseconds timeout, bool stream_ordered,
-            const std::string& what, Call* used, bool* ordered, v1::WaitReply* rep) {
+            const std::string& what, Call* used, bool* ordered, v1::WaitReply* rep, bool seal = false) {
     for (;;) {
       Call c = Current(what);
       if (AnswerLost(version, level)) return false;
       *ordered = stream_ordered && UseStreamOrderedWait(c.cuda != nullptr, c.last_snapshot, version);
-      grpc::Status s = CallWait(*c.stub, c.session, version, LevelToProto(level), timeout, *ordered, rep);
+      grpc::Status s = CallWait(*c.stub, c.session, version, LevelToProto(level), timeout, *ordered, rep, seal);
       WaitReturned(c, version, s, *rep);
       if (s.ok()) {
         *used = std::move(c);
         return true;
+      }
+      if (s.error_code() == grpc::StatusCode::ABORTED) {
+        throw TornSnapshotError(what + ": " + s.error_message(), version);
       }
       if (!DaemonGone(s, c)) Throw(s, what);
       Recover(c, what + ": " + s.error_message());
@@ -679,7 +686,7 @@ std::string Client::stream_wait() const {
 }
 
 Registration Client::register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
-                                    const std::vector<TensorItem>& items) {
+                                    const std::vector<TensorItem>& items, const RegisterOptions& options) {
   MutexLock lock(impl_->mu);
   std::vector<TableItem> rows;
   std::vector<Impl::Registered> registered;
@@ -770,6 +777,7 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     impl_->EndSessionLocked();
   }
   if (Status s = impl_->table->Write(rows); !s.ok()) Throw(s);
+  impl_->options = options;
   impl_->registered = std::move(registered);
   impl_->layouts = std::move(layouts);
   impl_->cuda = gpu;
@@ -788,6 +796,8 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
     req.set_descriptor_table(impl_->table->name());
     req.set_session(impl_->session);
     *req.mutable_layouts() = impl_->layouts;
+    req.set_sealed(options.sealed);
+    req.set_verify(options.verify);
     if (gpu) {
       v1::CudaSession* cuda = req.mutable_cuda();
       cuda->set_device_uuid(gpu->device_uuid());
@@ -832,6 +842,8 @@ Registration Client::register_items(const std::string& job, std::uint32_t rank, 
   out.item_count = rep.item_count();
   out.tensor_bytes = rep.tensor_bytes();
   out.latest_committed = rep.latest_committed();
+  out.sealed = rep.sealed();
+  out.verify = rep.verify();
   return out;
 }
 
@@ -942,26 +954,42 @@ void Client::snapshot(std::uint64_t version, const std::vector<Blob>& blobs, voi
   }
 }
 
-std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chrono::milliseconds timeout) {
+std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chrono::milliseconds timeout,
+                                               bool seal) {
   auto start = std::chrono::steady_clock::now();
   Impl::Call used;
   bool ordered = false;
   v1::WaitReply rep;
   (void)impl_->Wait(version, Level::kCaptured, timeout, false, "wait_snapshot " + std::to_string(version),
-                    &used, &ordered, &rep);
+                    &used, &ordered, &rep, seal);
   return impl_->NoteStall(std::chrono::steady_clock::now() - start);
 }
 
-void Client::report_stall(std::chrono::nanoseconds stall) { (void)impl_->NoteStall(stall); }
+void Client::abort_snapshot(std::uint64_t version, const std::string& reason) {
+  const std::string what = "abort_snapshot " + std::to_string(version);
+  Impl::Call c = impl_->Current(what);
+  grpc::ClientContext ctx;
+  v1::AbortRequest req;
+  v1::AbortReply rep;
+  req.set_session(c.session);
+  req.set_version(version);
+  req.set_reason(reason);
+  grpc::Status s = c.stub->Abort(&ctx, req, &rep);
+  if (s.ok()) return;
+  if (!Impl::DaemonGone(s, c)) Throw(s, what);
+  // The session a daemon restart ended never published the version: nothing is left to
+  // abort. The client registers again, as any call does after a restart.
+  impl_->Recover(c, what + ": " + s.error_message());
+}
 
-std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream) {
+std::chrono::nanoseconds Client::wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream, bool seal) {
   auto start = std::chrono::steady_clock::now();
   const std::string what = "wait_snapshot_on_stream " + std::to_string(version);
   Impl::Call used;
   bool ordered = false;
   v1::WaitReply rep;
   const bool by_daemon =
-      impl_->Wait(version, Level::kCaptured, std::chrono::milliseconds(0), true, what, &used, &ordered, &rep);
+      impl_->Wait(version, Level::kCaptured, std::chrono::milliseconds(0), true, what, &used, &ordered, &rep, seal);
   // Without an event the copies had finished when the daemon answered.
   if (by_daemon && ordered && rep.has_daemon_event()) {
     // The release word, which this client can satisfy itself should the daemon die before
@@ -984,8 +1012,9 @@ void Client::wait_durable(std::uint64_t version, Level level, std::chrono::milli
   Impl::Call used;
   bool ordered = false;
   v1::WaitReply rep;
+  // A wait for durability implies the wait for the capture, and seals as that one does.
   (void)impl_->Wait(version, level, timeout, false, "wait_durable " + std::to_string(version), &used,
-                    &ordered, &rep);
+                    &ordered, &rep, /*seal=*/true);
 }
 
 RestoreResult Client::restore(std::optional<std::uint64_t> version) {

@@ -1,10 +1,14 @@
 #include "common/safe_file.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <random>
 
 namespace ckpt {
 namespace {
@@ -80,26 +84,89 @@ Result<UniqueFd> OpenRegularForRead(const std::string& path, int extra_flags) {
   return fd;
 }
 
-Result<UniqueFd> CreateRegularFile(const std::string& path, int extra_flags, mode_t mode) {
-  // O_EXCL first: it creates the file or fails on anything there, a dangling link included,
-  // without opening it. Only an existing regular file is then opened again, to truncate it.
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | kSafeFlags | extra_flags, mode));
-  if (!fd.valid() && errno == EEXIST) {
-    if (mode_t type = TypeAt(path); type != 0 && type != S_IFREG) {
-      return FailedPrecondition(NotA(path, type, "a regular file") + ": not written through it");
-    }
-    fd.reset(::open(path.c_str(), O_WRONLY | O_TRUNC | kSafeFlags | extra_flags));
+Status CheckOwnRegularFile(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return IoError("stat " + path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return FailedPrecondition(NotA(path, st.st_mode, "a regular file") + ": not written through it");
   }
+  if (st.st_uid != ::geteuid()) {
+    return FailedPrecondition(path + " is owned by uid " + std::to_string(st.st_uid) +
+                              ", not by this process's uid " + std::to_string(::geteuid()) +
+                              ": not written through it");
+  }
+  if (st.st_nlink != 1) {
+    return FailedPrecondition(path + " has " + std::to_string(st.st_nlink) +
+                              " links (a hard link to another file?): not written through it");
+  }
+  return Status::Ok();
+}
+
+Result<UniqueFd> CreateNewRegularFile(const std::string& path, int extra_flags, mode_t mode) {
+  // O_CREAT | O_EXCL fails on anything at the path, a dangling link included, without
+  // opening or following it.
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | kSafeFlags | extra_flags, mode));
   if (!fd.valid()) {
     const int err = errno;
-    if (mode_t type = TypeAt(path); type != 0 && type != S_IFREG) {
-      return FailedPrecondition(NotA(path, type, "a regular file") + ": not written through it");
+    if (err == EEXIST) {
+      const mode_t type = TypeAt(path);
+      return AlreadyExists(path + " exists" + (type != 0 ? " (" + FileTypeName(type) + ")" : std::string()) +
+                           ": not opened");
     }
+    errno = err;
     return IoError("create " + path, err);
   }
   if (Status s = CheckOpened(fd.get(), path, false, FailedPrecondition); !s.ok()) return s;
   if (Status s = ClearNonBlock(fd.get(), path); !s.ok()) return s;
   return fd;
+}
+
+Result<UniqueFd> OpenRegularForWrite(const std::string& path, ExistingFile existing, int extra_flags,
+                                     mode_t mode) {
+  if (existing == ExistingFile::kAppend) extra_flags |= O_APPEND;
+  auto created = CreateNewRegularFile(path, extra_flags, mode);
+  if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) return created;
+  // Something is there. Only a regular file is opened, and without O_TRUNC: it is emptied
+  // only once it is known to be ours.
+  if (mode_t type = TypeAt(path); type != 0 && type != S_IFREG) {
+    return FailedPrecondition(NotA(path, type, "a regular file") + ": not written through it");
+  }
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | kSafeFlags | extra_flags));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (mode_t type = TypeAt(path); type != 0 && type != S_IFREG) {  // swapped in after the lstat
+      return FailedPrecondition(NotA(path, type, "a regular file") + ": not written through it");
+    }
+    errno = err;
+    return IoError("open " + path, err);
+  }
+  if (Status s = CheckOwnRegularFile(fd.get(), path); !s.ok()) return s;
+  if (Status s = ClearNonBlock(fd.get(), path); !s.ok()) return s;
+  if (existing == ExistingFile::kTruncate && ::ftruncate(fd.get(), 0) != 0)
+    return IoError("truncate " + path, errno);
+  return fd;
+}
+
+Result<UniqueFd> CreateRegularFile(const std::string& path, int extra_flags, mode_t mode) {
+  return OpenRegularForWrite(path, ExistingFile::kTruncate, extra_flags, mode);
+}
+
+std::string RandomHex() {
+  std::uint64_t bits = 0;
+  for (std::size_t got = 0; got < sizeof bits;) {
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(&bits) + got, sizeof bits - got, 0);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+    } else if (errno != EINTR) {
+      // No kernel source (a seccomp filter?): the library's, which reads it too.
+      std::random_device rd;
+      bits = (std::uint64_t{rd()} << 32) ^ rd();
+      break;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+  return buf;
 }
 
 Result<UniqueFd> OpenDirectory(const std::string& path) {

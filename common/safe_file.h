@@ -12,6 +12,15 @@
 // nothing anyway. Components above the last one are followed: the root itself may be a
 // link, as /var/run is.
 //
+// Writing has two more rules, for files in directories other users may write (a log
+// directory, node_exporter's textfile directory, a job's directory, which its owner can
+// write). An existing file is written only if it is this process's own: a regular file owned
+// by the effective uid with one link, so that neither a file another user planted (which its
+// planter could still change, through a descriptor kept open) nor a hard link to someone
+// else's file is written through; it is opened without O_TRUNC and emptied only once
+// checked. And a temporary file is always created new (O_EXCL), under a name no one can guess
+// (RandomHex), so that nothing planted at a name the daemon writes is ever opened.
+//
 // Errors name the path and what it is: "ROOT/JOB/latest is a FIFO, not a regular file".
 // Thread-safe (no state).
 #pragma once
@@ -35,10 +44,34 @@ std::string FileTypeName(mode_t mode);
 // for other failures of the operating system (errno is then the one of the failed open).
 Result<UniqueFd> OpenRegularForRead(const std::string& path, int extra_flags = 0);
 
-// Opens `path` for writing, creating it with `mode` or truncating the regular file there;
-// `extra_flags` may add O_DIRECT. Nothing is written through a symbolic link, a FIFO or a
-// device: if one is at `path`, FailedPrecondition names it and it is left as it is.
+// What OpenRegularForWrite does with a file of this process's own that is already there.
+enum class ExistingFile {
+  kTruncate,  // empties it
+  kAppend,    // writes at its end (O_APPEND: a log)
+  kKeep,      // leaves its bytes as they are (a lock file)
+};
+
+// Opens `path` for writing, creating it with `mode`, or opening the file there as `existing`
+// says; `extra_flags` may add O_DIRECT. Nothing is written through a symbolic link, a FIFO,
+// a device, a file of another owner or a file with other links: if one is at `path`,
+// FailedPrecondition names it (and its owner, or its links) and it is left as it is.
+Result<UniqueFd> OpenRegularForWrite(const std::string& path, ExistingFile existing, int extra_flags,
+                                     mode_t mode);
+
+// OpenRegularForWrite(path, ExistingFile::kTruncate, extra_flags, mode).
 Result<UniqueFd> CreateRegularFile(const std::string& path, int extra_flags, mode_t mode);
+
+// Creates `path` with `mode` and opens it for writing; whatever is there already (a file, a
+// FIFO, a symbolic link, dangling or not) is not opened: AlreadyExists names it.
+Result<UniqueFd> CreateNewRegularFile(const std::string& path, int extra_flags, mode_t mode);
+
+// Checks that the open `fd` (of `path`) is a file this process may write through: a regular
+// file owned by the effective uid, with one link. FailedPrecondition saying what it is else.
+Status CheckOwnRegularFile(int fd, const std::string& path);
+
+// 16 hex digits from the kernel's random source (getrandom), for temporary names that no
+// other user can guess and plant a file at.
+std::string RandomHex();
 
 // Opens the directory `path` (O_DIRECTORY, for fsync or listing). NotFound if nothing is
 // there, FailedPrecondition if something else is (a symbolic link included).

@@ -32,6 +32,8 @@ int GrpcCodeNumber(StatusCode code) {
       return 8;
     case StatusCode::kFailedPrecondition:
       return 9;
+    case StatusCode::kAborted:
+      return 10;
     case StatusCode::kInternal:
       return 13;
     case StatusCode::kDataLoss:

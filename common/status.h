@@ -23,6 +23,7 @@ enum class StatusCode {
   kCancelled,           // the caller went away before the work was done
   kIoError,             // the operating system failed an I/O call
   kInternal,            // a bug
+  kAborted,             // a version given up on purpose: its memory changed during its copy
 };
 
 class Status {
@@ -56,6 +57,7 @@ inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionD
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 
 // An I/O failure with errno `err`, described as "`what`: strerror(err)". ENOSPC and EDQUOT
 // map to kResourceExhausted so callers can tell a full disk from a broken one.

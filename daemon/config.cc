@@ -194,6 +194,9 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "the newest committed version at once (none)")
       ->transform(CLI::CheckedTransformer(restart_waits, CLI::ignore_case))
       ->default_str("newest");
+  app.add_flag("--verify-snapshots", c.verify_snapshots,
+               "Verify every version at its trainer's wait: host memory that changed since the snapshot "
+               "aborts the version (costs one more read of the state per checkpoint)");
   app.add_option("--allow-uid", c.allow_uids, "Also serve this uid (repeatable)");
   std::int64_t job_group = -1;
   app.add_option(
@@ -245,6 +248,18 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       ->delimiter(',');
   app.add_option("--peer-secret", c.peer_secret,
                  "File holding the secret shared by the peer daemons (readable by the daemon's user only)");
+  app.add_option("--peer-progress-timeout-s", c.peer_progress_timeout_s,
+                 "Seconds a peer transfer may go without moving a byte before it is given up (a restore "
+                 "then reads the next source)")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--peer-max-connections", c.peer_max_connections,
+                 "Connections the peer server holds at once (0: a quarter of the open-file limit)")
+      ->capture_default_str();
+  app.add_option("--peer-max-connections-per-address", c.peer_max_connections_per_address,
+                 "Connections the peer server holds at once from one remote address")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   // What the file is being parsed from, for the unknown-key error ("" while parsing argv).
   std::string parsing_file;
   try {

@@ -88,6 +88,9 @@ struct Config {
   // ("newest"), or restores the newest version committed by then at once, giving up the
   // versions in flight ("none"). See docs/DESIGN-NOTES.md, "Persist queue and recovery".
   bool restart_waits_newest = true;
+  // Verify mode for every registration: each version is checked, at the trainer's wait,
+  // against the checksums of its copy, and aborted if its memory changed (see Session).
+  bool verify_snapshots = false;
   // Largest total of blob bytes one snapshot may carry.
   std::uint64_t max_blob_mib = 256;
   // trace, debug, info, warn, error.
@@ -122,6 +125,14 @@ struct Config {
   std::string peer_listen;
   std::vector<std::string> peers;
   std::string peer_secret;
+  // A peer transfer (a fetch for a restore, a replica sent) that moves no byte for this long
+  // is given up, and the restore goes on with the next source: a peer that stalls costs a
+  // trainer this much, not the call's deadline.
+  std::uint32_t peer_progress_timeout_s = 5;
+  // Connections the peer server holds at once: in all, and from one remote address (the
+  // rest are closed as they come). 0 for the total: derived from the open-file limit.
+  std::uint32_t peer_max_connections = 0;
+  std::uint32_t peer_max_connections_per_address = 16;
 
   std::uint64_t pool_bytes() const { return pool_mib << 20; }
   std::uint64_t chunk_bytes() const { return chunk_mib << 20; }

@@ -145,7 +145,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   snapshot_ = std::make_unique<SnapshotEngine>(*pool_, *flush_, config_.copiers, backend_.get(),
                                                config_.copy_streams);
   restore_ = std::make_unique<RestoreEngine>(storage_, *pool_, config_.writers, backend_.get(),
-                                             config_.copy_streams);
+                                             config_.copy_streams, RestoreLimits{config_.max_blob_mib << 20});
 
   // The sessions: import, admission, restore.
   owners_ = std::make_unique<JobOwners>(storage_, config_.root, config_.job_group);
@@ -154,6 +154,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   sessions_ = std::make_unique<SessionTable>(
       shards_, backend_.get(), [this] { snapshot_->ReclaimAbandoned(); }, config_.max_sessions_per_uid,
       *items_);
+  sessions_->SetAborter([this](const std::shared_ptr<ShardJob>& s, const Status& why) { (void)AbortShard(s, why); });
   registrar_ = std::make_unique<Registrar>(*catalog_, *owners_, *loader_, *sessions_, shards_,
                                            config_.max_registrations_per_uid, *items_, promoter_.get(),
                                            config_.restart_waits_newest);
@@ -288,6 +289,14 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   memory_->Drop(shard->image);
   shard->image.reset();
   if (replicator_) replicator_->NotReplicable(m, shard->error().message());
+  if (shard->aborted()) {
+    // Nothing failed: the version is given up on purpose, and says so where readers look.
+    metrics::Metrics().ShardAborted(m.job);
+    errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " + std::to_string(m.version) +
+                   " aborted: " + shard->error().message());
+    sessions_->NoteFailure(m.job, m.rank, m.version);
+    return;
+  }
   const Level reached = shard->level();
   metrics::Metrics().Error(
       shard->publish_level() == Level::kLocal && reached >= Level::kLocal ? metrics::ErrorKind::kPromote
@@ -297,6 +306,28 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   errors_.Record("job " + m.job + " rank " + std::to_string(m.rank) + " version " +
                  std::to_string(m.version) + ": " + shard->error().message());
   sessions_->NoteFailure(m.job, m.rank, m.version);
+}
+
+Status Daemon::SealShard(const std::shared_ptr<ShardJob>& shard) {
+  bool finish = false;
+  Status st = shard->Seal(&finish);
+  if (finish) flush_->Resume(shard);
+  return st;
+}
+
+Status Daemon::AbortShard(const std::shared_ptr<ShardJob>& shard, const Status& why) {
+  bool finish = false;
+  Status st = shard->Abort(why, &finish);
+  if (st.ok()) {
+    const ShardMeta& m = shard->meta();
+    spdlog::warn("job {} rank {} version {} aborted: {}", m.job, m.rank, m.version, why.message());
+    // Before the caller hears of it: whoever lists the version next sees why it never commits.
+    if (Status w = catalog_->WriteAborted(m.job, m.version, m.rank, why.message()); !w.ok()) {
+      spdlog::warn("job {} version {}: could not record its abort: {}", m.job, m.version, w.message());
+    }
+  }
+  if (finish) flush_->Resume(shard);
+  return st;
 }
 
 void Daemon::OnCommitted(const std::string& job, std::uint64_t version) {

@@ -88,6 +88,11 @@ class Daemon {
   // Peer replication (issue 17); null with --replicas 0.
   Replicator* replicator() { return replicator_.get(); }
 
+  // Seals a shard of a sealed registration (ShardJob::Seal), or aborts it (ShardJob::Abort,
+  // `why` with code ABORTED), and has it finished if it was waiting, written, for that.
+  Status SealShard(const std::shared_ptr<ShardJob>& shard);
+  Status AbortShard(const std::shared_ptr<ShardJob>& shard, const Status& why);
+
   // Bytes copied and written by shards that finished (those still in flight count apart).
   std::uint64_t copied_done_total() const { return copied_done_total_; }
   std::uint64_t written_done_total() const { return written_done_total_; }

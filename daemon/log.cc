@@ -11,15 +11,19 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/safe_file.h"
+
 namespace ckpt {
 namespace {
 
 constexpr char kTimestampedPattern[] = "%Y-%m-%d %H:%M:%S.%e ckptd[%P] %l: %v";
 
 Result<UniqueFd> OpenLogFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640));
-  if (!fd.valid()) return IoError("open log file " + path, errno);
-  return fd;
+  auto fd = OpenRegularForWrite(path, ExistingFile::kAppend, 0, 0640);
+  if (fd.ok()) return fd;
+  // The system's error as it was (errno is kept); a refusal says what is at the path.
+  if (fd.status().code() == StatusCode::kIoError) return IoError("open log file " + path, errno);
+  return fd.status().With("open log file");
 }
 
 char SyslogPriority(spdlog::level::level_enum level) {

@@ -9,7 +9,11 @@
 // - Otherwise: timestamped lines, warnings and worse on stderr, the rest on stdout.
 //
 // The log file is opened directly rather than through Storage: Storage is the checkpoint
-// tree's (and the test fault seam's), and the log must keep working when that fails.
+// tree's (and the test fault seam's), and the log must keep working when that fails. It is
+// opened as common/safe_file.h says (OpenRegularForWrite): the log directory may be one other
+// users can write, so a symbolic link, a FIFO or a file not owned by the daemon's uid at the
+// path is refused without being followed, waited on or written; Reopen() then keeps the
+// file open before.
 #pragma once
 
 #include <spdlog/sinks/sink.h>

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/safe_file.h"
 #include "common/socket_path.h"
 #include "common/unique_fd.h"
 #include "daemon/config.h"
@@ -184,14 +185,16 @@ Status CheckTierDirs(const Config& config, Storage& storage) {
 Result<UniqueFd> LockSocket(const Config& config) {
   if (Status s = PrepareSocketDir(config, /*create=*/true); !s.ok()) return s;
   const std::string path = config.socket_path + ".lock";
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
+  // Kept as it is: its bytes mean nothing, the lock is all.
+  auto opened = OpenRegularForWrite(path, ExistingFile::kKeep, 0, 0600);
+  if (!opened.ok()) {
     const int err = errno;
-    if (err == EACCES || err == EPERM || err == EROFS)
+    if (opened.status().code() == StatusCode::kIoError && (err == EACCES || err == EPERM || err == EROFS))
       return InvalidArgument("cannot create " + path + ": " + std::strerror(err) +
                              NotRootHint(config.socket_path));
-    return IoError("open " + path, err);
+    return opened.status();
   }
+  UniqueFd fd = std::move(opened).value();
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
       return FailedPrecondition("another daemon is serving " + config.socket_path + " (it holds " + path +

@@ -22,6 +22,12 @@
 // staged the wait for the previous write plus the copy. sync and staged write raw files
 // (the tensors back to back, no header, no checksums) to --dir, keeping the last two.
 //
+// --verify registers in verify mode (ckpt::RegisterOptions): the daemon checks each version,
+// at the wait, against the checksums of its copy. --tear-at N is its test: the trainer breaks
+// the contract once, changing a word of its state after version N was copied and before its
+// wait, and the daemon must abort N (reported as a version error; with --keep-going training
+// goes on and N never commits).
+//
 // A daemon restart under the trainer (lazy) is handled by libckpt: the call that finds the
 // daemon gone reconnects within --reconnect-budget-s and registers again. With
 // --keep-going, a version that fails (one lost to the restart, or any other error of a
@@ -169,6 +175,8 @@ int main(int argc, char** argv) {
   std::uint32_t rank = 0, world = 1;
   std::uint64_t state_mib = 64, tensors = 8, iters = 10, every = 1, compute_ms = 100;
   std::uint64_t crash_at = 0;
+  std::uint64_t tear_at = 0;
+  bool verify = false;
   bool resume = false, quiet = false, spin = false, keep_going = false;
   double reconnect_budget_s = -1;
   Strategy strategy = Strategy::kLazy;
@@ -202,6 +210,10 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "Directory of the shard files of sync and staged");
   app.add_flag("--resume", resume, "Restore the newest committed version first and verify it (lazy only)");
   app.add_option("--crash-at", crash_at, "SIGKILL ourselves right after the snapshot of this iteration");
+  app.add_flag("--verify", verify,
+               "Register in verify mode: the daemon aborts a version whose memory changed before its wait");
+  app.add_option("--tear-at", tear_at,
+                 "Test mode (with --verify): change the state after this version's copy, before its wait");
   app.add_option("--summary", summary_path, "Write a JSON summary of the run to this file");
   app.add_flag("--quiet", quiet, "Print only the summary");
   app.add_flag("--keep-going", keep_going,
@@ -244,7 +256,9 @@ int main(int argc, char** argv) {
             std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(reconnect_budget_s * 1000)));
       }
       client.emplace(ckpt::Client::connect(socket, options));
-      auto reg = client->register_items(job, rank, world, items);
+      ckpt::RegisterOptions register_options;
+      register_options.verify = verify;
+      auto reg = client->register_items(job, rank, world, items, register_options);
       std::printf("trainer rank %u/%u: %zu tensors, %.1f MiB in shared memory %s; daemon at %s\n", rank,
                   world, static_cast<std::size_t>(tensors), static_cast<double>(reg.tensor_bytes) / (1 << 20),
                   region->name().c_str(), client->socket_path().c_str());
@@ -345,6 +359,13 @@ int main(int argc, char** argv) {
       // Update phase: first make sure the previous snapshot is out of our memory.
       if (pending != 0) {
         try {
+          if (pending == tear_at) {
+            // Breaks the contract on purpose: once the version is copied, one word changes.
+            (void)client->wait_snapshot(pending, std::chrono::milliseconds(0), /*seal=*/false);
+            state[0] ^= 1;
+            std::printf("iter %" PRIu64 ": changed the state of version %" PRIu64 " before its wait\n", it,
+                        pending);
+          }
           double wait = Ms(client->wait_snapshot(pending));
           stalls.push_back(pending_call_ms + wait);
           if (!quiet) {

@@ -3,6 +3,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "format/limits.h"
+
 namespace ckpt {
 
 std::string RenderLatest(std::uint64_t version) { return std::to_string(version) + "\n"; }
@@ -37,9 +39,12 @@ Result<CommittedMarker> ParseCommitted(std::string_view text) {
   if (version == j.end() || !version->is_number_unsigned()) return DataLoss("COMMITTED names no version");
   m.version = version->get<std::uint64_t>();
   auto world = j.find("world_size");
-  if (world == j.end() || !world->is_number_unsigned() || world->get<std::uint64_t>() == 0 ||
-      world->get<std::uint64_t>() > std::numeric_limits<std::uint32_t>::max()) {
-    return DataLoss("COMMITTED names no world size of 1 to 2^32-1");
+  if (world == j.end() || !world->is_number_unsigned() || world->get<std::uint64_t>() == 0) {
+    return DataLoss("COMMITTED names no world size");
+  }
+  if (world->get<std::uint64_t>() > kMaxWorldSize) {
+    return DataLoss("COMMITTED names world size " + std::to_string(world->get<std::uint64_t>()) +
+                    ", over the largest a reader takes (" + std::to_string(kMaxWorldSize) + ")");
   }
   m.world_size = static_cast<std::uint32_t>(world->get<std::uint64_t>());
   auto at = j.find("committed_at");

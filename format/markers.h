@@ -43,8 +43,8 @@ struct CommittedMarker {
 };
 std::string RenderCommitted(const CommittedMarker& marker);
 // A JSON object with at least these four keys of these types (job: a string; version and
-// world_size: non-negative integers, world_size 1..2^32-1; committed_at: an integer); other keys
-// are ignored. DataLoss saying what is wrong otherwise.
+// world_size: non-negative integers, world_size 1..kMaxWorldSize (format/limits.h);
+// committed_at: an integer); other keys are ignored. DataLoss saying what is wrong otherwise.
 Result<CommittedMarker> ParseCommitted(std::string_view text);
 
 // Done markers and rank files hold a registration id as it is, without a newline: 1 to

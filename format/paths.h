@@ -43,6 +43,10 @@ inline constexpr std::string_view kOwnerFile = "owner";
 // Issue 17: a version not committed yet whose every rank's shard was replicated to peers'
 // memory (format/markers.h, RestorableMarker).
 inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
+// A rank aborted the version (its memory changed during the copy): ABORTED.rank-RRRRR holds
+// why. Such a version never commits; the file is for the operator (ckptctl ls) and for the
+// other ranks' daemons, which stop waiting for it.
+inline constexpr std::string_view kAbortedPrefix = "ABORTED.rank-";
 
 // The suffix of files this process writes before renaming them: ".tmp", or ".OWNER.tmp"
 // once SetTmpOwner(OWNER) was called (once, at daemon start, before any file is written).

@@ -16,6 +16,7 @@
 #include "common/safe_file.h"
 #include "common/unique_fd.h"
 #include "format/checksum.h"
+#include "format/limits.h"
 
 namespace ckpt {
 namespace {
@@ -597,7 +598,11 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   for (const Status* s : {&version.status(), &rank.status(), &world.status()}) {
     if (!s->ok()) return *s;
   }
-  if (rank.value() > UINT32_MAX || world.value() > UINT32_MAX || rank.value() >= world.value()) {
+  if (world.value() > kMaxWorldSize) {
+    return DataLoss("shard metadata names world size " + std::to_string(world.value()) +
+                    ", over the largest a reader takes (" + std::to_string(kMaxWorldSize) + ")");
+  }
+  if (rank.value() >= world.value()) {
     return DataLoss("shard metadata names rank " + std::to_string(rank.value()) + " of world size " +
                     std::to_string(world.value()) + ", which is not a rank of a world size");
   }

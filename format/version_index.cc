@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/names.h"
+#include "format/limits.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -320,7 +321,7 @@ Result<VersionIndex> VersionIndex::Parse(std::string_view text) {
   index.job = j["job"].get<std::string>();
   if (Status s = GetUint(j["version"], top.Key("version"), UINT64_MAX, &index.version); !s.ok()) return s;
   std::uint64_t world = 0;
-  if (Status s = GetUint(j["world_size"], top.Key("world_size"), UINT32_MAX, &world); !s.ok()) return s;
+  if (Status s = GetUint(j["world_size"], top.Key("world_size"), kMaxWorldSize, &world); !s.ok()) return s;
   if (world == 0) return top.Key("world_size").Bad("is 0");
   index.world_size = static_cast<std::uint32_t>(world);
 

@@ -9,6 +9,8 @@ packages=(
   # the libFuzzer targets (tests/fuzz/run.sh), whose runtimes Debian's clang only recommends.
   clang libclang-rt-14-dev libfuzzer-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # HMAC-SHA256 of the peer secret (tokens, proofs, image MACs): OpenSSL's libcrypto.
+  libssl-dev
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev
   # Boost.Interprocess (header-only): the client's shared-memory regions.

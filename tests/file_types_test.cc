@@ -230,7 +230,7 @@ TEST_CASE("the safe open refuses a FIFO, device, directory or link at once, nami
   CHECK_FALSE(watchdog.fired());
 }
 
-TEST_CASE("Storage reads no FIFO or link and writes none: a temporary path is replaced", "[files]") {
+TEST_CASE("Storage reads no FIFO or link and writes none: a temporary path is created new", "[files]") {
   TempDir dir("ftypes");
   PosixStorage storage;
   const std::string latest = dir.path() + "/latest";
@@ -242,7 +242,8 @@ TEST_CASE("Storage reads no FIFO or link and writes none: a temporary path is re
     CHECK(Contains(Message(text.status()), latest + " is a FIFO, not a regular file"));
     CHECK_FALSE(watchdog.fired());
   }
-  // A FIFO, and a link to a file outside, where the atomic write's temporary file goes.
+  // A FIFO, and a link to a file outside, at the name a fixed temporary name would have (the
+  // atomic write's is random and created new: neither is opened).
   const std::string tmp = latest + TmpSuffix();
   MakeFifo(tmp);
   {
@@ -250,14 +251,55 @@ TEST_CASE("Storage reads no FIFO or link and writes none: a temporary path is re
     REQUIRE(storage.WriteFileAtomic(latest, "7\n").ok());
     CHECK_FALSE(watchdog.fired());
   }
+  CHECK(fs::is_fifo(fs::symlink_status(tmp)));
   CHECK(fs::is_regular_file(fs::symlink_status(latest)));
   CHECK(ReadFile(latest) == "7\n");
   const std::string outside = dir.path() + "/outside";
   std::ofstream(outside) << "untouched";
+  fs::remove(tmp);
   fs::create_symlink(outside, tmp);
   REQUIRE(storage.WriteFileAtomic(latest, "8\n").ok());
   CHECK(ReadFile(outside) == "untouched");
   CHECK(ReadFile(latest) == "8\n");
+
+  // A temporary path of this daemon (a shard's is predictable) is always created new: a
+  // FIFO, a link or a planted regular file there is removed, never opened.
+  {
+    FifoWatchdog watchdog(tmp, O_RDONLY);
+    auto fd = storage.CreateFile(tmp, /*direct=*/false);
+    REQUIRE(fd.ok());
+    CHECK(ReadFile(outside) == "untouched");
+    CHECK(fs::is_regular_file(fs::symlink_status(tmp)));
+    CHECK_FALSE(watchdog.fired());
+  }
+  fs::remove(tmp);
+  MakeFifo(tmp);
+  {
+    FifoWatchdog watchdog(tmp, O_RDONLY);
+    REQUIRE(storage.CreateFile(tmp, /*direct=*/false).ok());
+    CHECK(fs::is_regular_file(fs::symlink_status(tmp)));
+    CHECK_FALSE(watchdog.fired());
+  }
+  fs::remove(tmp);
+  // The planter keeps the file open (and so its inode from being reused).
+  const int planted = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  REQUIRE(planted >= 0);
+  REQUIRE(::write(planted, "planted", 7) == 7);
+  {
+    auto fd = storage.CreateFile(tmp, /*direct=*/false);
+    REQUIRE(fd.ok());
+    struct stat created {
+    }, held{};
+    REQUIRE(::fstat(fd->get(), &created) == 0);
+    REQUIRE(::fstat(planted, &held) == 0);
+    CHECK(created.st_ino != held.st_ino);
+    REQUIRE(storage.WriteAt(fd->get(), "shard", 5, 0, tmp).ok());
+    char back[8] = {};
+    CHECK(::pread(planted, back, 7, 0) == 7);
+    CHECK(std::string(back) == "planted");
+  }
+  ::close(planted);
+  fs::remove(tmp);
 
   // A directory the tree holds as a link to another is not listed, nor synced.
   fs::create_directory(dir.path() + "/real");
@@ -356,7 +398,7 @@ TEST_CASE("a FIFO as a job's latest at startup is repaired, without hanging the 
   CHECK(state.FirstMismatch(1) == -1);
 }
 
-TEST_CASE("a FIFO where latest's temporary file goes does not stop commits", "[files][commit]") {
+TEST_CASE("a FIFO where latest's temporary file went does not stop commits", "[files][commit]") {
   Setup s(/*local=*/false);
   s.Save(1);
   const std::string tmp = s.daemon.root() + "/job/" + std::string(kLatestFile) + ".node.tmp";
@@ -372,7 +414,9 @@ TEST_CASE("a FIFO where latest's temporary file goes does not stop commits", "[f
   const std::string latest = s.daemon.root() + "/job/" + std::string(kLatestFile);
   CHECK(fs::is_regular_file(fs::symlink_status(latest)));
   CHECK(ReadFile(latest) == "2\n");
-  CHECK_FALSE(fs::exists(fs::symlink_status(tmp)));
+  // The temporary file has a random name: the FIFO is at no name the daemon writes, and is
+  // left as it is (a restart removes it with the node's leftovers).
+  CHECK(fs::is_fifo(fs::symlink_status(tmp)));
 }
 
 TEST_CASE("ckptctl verify and inspect of a FIFO fail at once, naming it", "[files][ckptctl]") {

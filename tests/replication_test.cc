@@ -1,8 +1,5 @@
-// Peer replication of the memory tier (issue 17), with real ckptd processes on loopback TCP:
-// several daemons on one machine, each with its own socket, local tier and peer address,
-// sharing one persistent directory, stand for the nodes of a job (as in tiers_test.cc). A
-// node's loss is kill -9 of its daemon and the removal of its local tier; its replacement
-// is a fresh daemon in its place (same --peer-listen address, empty memory and local tier).
+// Peer replication of the memory tier, with real ckptd processes on loopback TCP standing for
+// the nodes of a job (support/peer_cluster.h, as in tiers_test.cc).
 #include <ckpt/client.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +18,7 @@
 #include "daemon/replication/peer_secret.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
+#include "support/peer_cluster.h"
 #include "support/free_ports.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
@@ -28,118 +26,6 @@
 using namespace ckpt;
 using namespace ckpt::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-constexpr std::size_t kTensors = 2;
-constexpr std::size_t kTensorBytes = 1 << 20;
-constexpr std::uint32_t kRanksPerNode = 2;
-
-std::string WriteSecret(const std::string& path, const std::string& secret, mode_t mode = 0600) {
-  { std::ofstream(path) << secret << "\n"; }
-  ::chmod(path.c_str(), mode);
-  return path;
-}
-
-// A job's nodes: N daemons, each with --replicas R and the same --peers list.
-struct Cluster {
-  const TempDir& dir;
-  std::uint32_t replicas;
-  std::vector<std::string> addresses;
-  std::string secret;
-  std::vector<std::unique_ptr<DaemonProcess>> daemons;
-  std::vector<std::vector<std::string>> env;  // per node
-
-  Cluster(const TempDir& d, int nodes, std::uint32_t r) : dir(d), replicas(r), daemons(nodes), env(nodes) {
-    for (int p : FreePorts(nodes)) addresses.push_back("127.0.0.1:" + std::to_string(p));
-    secret = WriteSecret(dir.path() + "/peer-secret", "a shared secret of the test cluster");
-  }
-  std::string root() const { return dir.path() + "/persistent"; }
-  std::string local(int i) const { return dir.path() + "/node" + std::to_string(i) + "/local"; }
-  std::string socket(int i) const { return dir.path() + "/node" + std::to_string(i) + "/sock/ckptd.sock"; }
-  std::string peers() const {
-    std::string s;
-    for (const auto& a : addresses) s += (s.empty() ? "" : ",") + a;
-    return s;
-  }
-  DaemonOptions Options(int i, const std::string& secret_file) const {
-    DaemonOptions o;
-    o.root = root();
-    o.socket = socket(i);
-    o.extra_args = {"--local", local(i), "--memory-mib", "256", "--replicas", std::to_string(replicas),
-                    "--peer-listen", addresses[i], "--peers", peers(), "--peer-secret", secret_file};
-    o.env = env[i];
-    return o;
-  }
-  void Start(int i) { daemons[i] = std::make_unique<DaemonProcess>(Options(i, secret)); }
-  void StartAll() {
-    for (int i = 0; i < static_cast<int>(daemons.size()); ++i) Start(i);
-  }
-  // The node is gone: its daemon killed, its local tier deleted.
-  void Lose(int i) {
-    daemons[i]->Kill9();
-    fs::remove_all(local(i));
-  }
-  DaemonProcess& operator[](int i) { return *daemons[i]; }
-};
-
-struct Rank {
-  std::uint32_t rank;
-  TrainerState state;
-  std::unique_ptr<Client> client;
-  explicit Rank(std::uint32_t r) : rank(r), state(kTensors, kTensorBytes, 100 + r) {}
-  void Connect(const std::string& socket, const std::string& job, std::uint32_t world) {
-    client = std::make_unique<Client>(Client::connect(socket));
-    client->register_items(job, rank, world, state.Items());
-  }
-};
-
-// Every rank of a job, rank r on node r / kRanksPerNode.
-struct Job {
-  std::string name;
-  std::uint32_t world;
-  std::vector<std::unique_ptr<Rank>> ranks;
-  Job(std::string n, std::uint32_t w) : name(std::move(n)), world(w) {}
-  int NodeOf(std::uint32_t r) const { return static_cast<int>(r / kRanksPerNode); }
-  // A fresh trainer process for every rank (the job restarted), connected to its node.
-  void Launch(Cluster& c) {
-    ranks.clear();
-    for (std::uint32_t r = 0; r < world; ++r) {
-      ranks.push_back(std::make_unique<Rank>(r));
-      ranks.back()->Connect(c.socket(NodeOf(r)), name, world);
-    }
-  }
-  // Saves `v` on every rank and waits until it is committed and replicated.
-  void Save(std::uint64_t v) {
-    for (auto& r : ranks) {
-      r->state.Fill(v);
-      r->client->snapshot(v);
-    }
-    for (auto& r : ranks) r->client->wait_durable(v, Level::kCommitted);
-    for (auto& r : ranks) r->client->wait_durable(v, Level::kReplicated);
-  }
-  // Restores the newest version on every rank; the tier each read.
-  std::vector<std::string> RestoreAll(std::uint64_t expect) {
-    std::vector<std::string> tiers;
-    for (auto& r : ranks) {
-      r->state.Fill(999);  // not the content of any saved version
-      RestoreResult got = r->client->restore();
-      INFO("rank " << r->rank);
-      REQUIRE(got.version == expect);
-      CHECK(r->state.FirstMismatch(expect) == -1);  // byte-exact
-      tiers.push_back(got.tier);
-    }
-    return tiers;
-  }
-};
-
-std::string ErrorsOf(const v1::StatusReply& st) {
-  std::string all;
-  for (const auto& e : st.errors()) all += e + "\n";
-  return all;
-}
-
-}  // namespace
 
 TEST_CASE("R=1, 4 nodes x 2 ranks: a lost node's ranks restore from a peer's memory, nothing read from the "
           "persistent tier",
@@ -701,22 +587,22 @@ TEST_CASE("a PutShard whose token does not match its subject or its first piece,
   };
   const std::string subject = PeerSecret::ShardSubject("replput", 1, 0, origin);
   SECTION("the first piece is another shard than the token's") {
-    grpc::Status st = put(secret.Token("PutShard", subject), subject, "planted");
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), subject, "planted");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
     CHECK_THAT(st.error_message(), Catch::Contains("the first piece is not the shard its token was made for"));
   }
   SECTION("the subject in metadata is not the token's") {
-    grpc::Status st = put(secret.Token("PutShard", subject), PeerSecret::ShardSubject("planted", 1, 0, origin),
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), PeerSecret::ShardSubject("planted", 1, 0, origin),
                           "planted");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
     CHECK_THAT(st.error_message(), Catch::Contains("for this request"));
   }
   SECTION("no subject") {
-    grpc::Status st = put(secret.Token("PutShard", subject), "", "replput");
+    grpc::Status st = put(secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1])), "", "replput");
     CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
   SECTION("a token used twice") {
-    const std::string token = secret.Token("PutShard", subject);
+    const std::string token = secret.Token("PutShard", PeerSecret::Addressed(subject, c.addresses[1]));
     grpc::Status first = put(token, subject, "replput");  // accepted, then refused as a bad image
     CHECK(first.error_code() != grpc::StatusCode::UNAUTHENTICATED);
     grpc::Status again = put(token, subject, "replput");

@@ -1,4 +1,4 @@
-// A ShardPiece without protobuf's copies (issue 17, daemon/replication/piece_wire.*): what
+// A ShardPiece without protobuf's copies (daemon/replication/piece_wire.*): what
 // EncodePiece writes is a ShardPiece to protobuf, what protobuf writes WirePiece reads, in
 // however many slices the bytes arrive, and a piece that is not well formed is refused.
 #include <catch2/catch.hpp>
@@ -198,15 +198,17 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
 
   SECTION("GetShard") {
     grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey,
-                    secret->Token("GetShard", PeerSecret::ShardSubject(own.job, own.version, own.rank, "")));
+    const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
+    const std::string token = secret->Token("GetShard", PeerSecret::Addressed(subject, self));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+    ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
     v1::GetShardRequest req;
     req.mutable_key()->set_job(own.job);
     req.mutable_key()->set_version(own.version);
     req.mutable_key()->set_rank(own.rank);
     auto reader = stub->GetShard(&ctx, req);
     v1::ShardPiece piece;
-    std::string got;
+    std::string got, mac;
     int pieces = 0;
     bool last = false;
     while (reader->Read(&piece)) {
@@ -219,6 +221,7 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
       CHECK(piece.piece_xxh3() == 0);  // GetShard sends none: the restore verifies the items
       got += piece.data();
       last = piece.last();
+      if (last) mac = piece.image_mac();
     }
     grpc::Status st = reader->Finish();
     INFO(st.error_message());
@@ -226,17 +229,60 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
     CHECK(last);
     CHECK(pieces == 3);
     CHECK(got == file);
+    // The last piece's MAC is of every byte, for this call's nonce, from this node.
+    PeerSecret::ImageMac want = secret->StartImage();
+    want.Update(file.data(), file.size());
+    CHECK(PeerSecret::SameMac(mac, want.Finish(PeerSecret::ImageBinding("GetShard", PeerSecret::NonceOf(token), own.job,
+                                                                        own.version, own.rank, own.session, self,
+                                                                        file.size()))));
   }
 
-  SECTION("PutShard: kept once every piece checks; a bad checksum is refused") {
+  SECTION("GetShard: a token made for another daemon (relayed) is refused") {
+    grpc::ClientContext ctx;
+    const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("GetShard", PeerSecret::Addressed(subject, other)));
+    ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+    v1::GetShardRequest req;
+    req.mutable_key()->set_job(own.job);
+    req.mutable_key()->set_version(own.version);
+    req.mutable_key()->set_rank(own.rank);
+    auto reader = stub->GetShard(&ctx, req);
+    v1::ShardPiece piece;
+    CHECK_FALSE(reader->Read(&piece));
+    grpc::Status st = reader->Finish();
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("for this request"));
+  }
+
+  SECTION("GetShard: a request for another shard than its token's subject is refused") {
+    grpc::ClientContext ctx;
+    const std::string subject = PeerSecret::ShardSubject(own.job, own.version, own.rank, "");
+    ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("GetShard", PeerSecret::Addressed(subject, self)));
+    ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+    v1::GetShardRequest req;
+    req.mutable_key()->set_job(own.job);
+    req.mutable_key()->set_version(own.version);
+    req.mutable_key()->set_rank(own.rank + 1);
+    auto reader = stub->GetShard(&ctx, req);
+    v1::ShardPiece piece;
+    CHECK_FALSE(reader->Read(&piece));
+    CHECK(reader->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+
+  SECTION("PutShard: kept once every piece and the MAC check; a bad checksum or MAC is refused") {
     const ShardMeta replica{"wire-job", 4, 1, 2, ""};
     const std::string sent = ShardFile(replica, 2, 1 << 20);
-    for (bool corrupt : {true, false}) {
-      INFO((corrupt ? "a piece with a wrong checksum" : "every piece right"));
+    enum Case { kBadChecksum, kNoMac, kWrongMac, kRight };
+    for (Case c : {kBadChecksum, kNoMac, kWrongMac, kRight}) {
+      const bool corrupt = c == kBadChecksum;
+      INFO("case " << c);
       grpc::ClientContext ctx;
       const std::string subject = PeerSecret::ShardSubject(replica.job, replica.version, replica.rank, other);
-      ctx.AddMetadata(PeerSecret::kMetadataKey, secret->Token("PutShard", subject));
+      const std::string token = secret->Token("PutShard", PeerSecret::Addressed(subject, self));
+      const std::string nonce = PeerSecret::NonceOf(token);
+      ctx.AddMetadata(PeerSecret::kMetadataKey, token);
       ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+      PeerSecret::ImageMac mac = (c == kWrongMac ? PeerSecret("another secret of sixteen bytes") : secret.value()).StartImage();
       v1::PutShardReply reply;
       auto writer = stub->PutShard(&ctx, &reply);
       const std::uint64_t header = sent.size() - (2 << 20);
@@ -253,8 +299,13 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
         piece.set_offset(off);
         piece.set_data(sent.substr(off, n));
         piece.set_piece_xxh3(Checksum::Of(sent.data() + off, n) ^ (corrupt && off > 0 ? 1 : 0));
+        mac.Update(sent.data() + off, n);
         off += n;
         piece.set_last(off == sent.size());
+        if (piece.last() && c != kNoMac) {
+          piece.set_image_mac(mac.Finish(PeerSecret::ImageBinding("PutShard", nonce, replica.job, replica.version,
+                                                                  replica.rank, replica.session, other, sent.size())));
+        }
         REQUIRE(writer->Write(piece));
       }
       writer->WritesDone();
@@ -263,11 +314,23 @@ TEST_CASE("a peer's raw handlers speak ShardPiece to a generated Peer client, bo
       if (corrupt) {
         CHECK(st.error_code() == grpc::StatusCode::DATA_LOSS);
         CHECK(kept == nullptr);
+      } else if (c != kRight) {
+        CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+        CHECK_THAT(st.error_message(), Catch::Contains("MAC of --peer-secret"));
+        CHECK(kept == nullptr);
       } else {
         REQUIRE(st.ok());
         CHECK(reply.bytes_held() > 0);
         REQUIRE(kept);
         CHECK(std::string(kept->data(), kept->file_bytes) == sent);
+        // The acknowledgement proves the receiver knows the secret.
+        const auto& md = ctx.GetServerTrailingMetadata();
+        auto proof = md.find(PeerSecret::kProofKey);
+        REQUIRE(proof != md.end());
+        CHECK(secret
+                  ->CheckProof(std::string(proof->second.data(), proof->second.size()), "PutShard", nonce,
+                               subject + " kept " + std::to_string(reply.bytes_held()))
+                  .ok());
       }
     }
   }

@@ -608,12 +608,36 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
       if (f == kCommittedMarker) e.committed = true;
       if (f == kRestorableMarker) e.restorable = true;
       if (auto r = ParseShardFileName(f)) e.ranks.push_back(*r);
+      if (e.aborted.empty() && f.rfind(kAbortedPrefix, 0) == 0 && f.find('.', kAbortedPrefix.size()) == std::string::npos) {
+        auto text = storage_->ReadSmallFile(JoinPath(JoinPath(JobDir(job), name), f));
+        e.aborted = text.ok() && !text.value().empty() ? text.value() : "aborted";
+      }
     }
     std::sort(e.ranks.begin(), e.ranks.end());
     out.push_back(std::move(e));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.version < b.version; });
   return out;
+}
+
+Status Catalog::WriteAborted(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                             const std::string& why) {
+  if (Status s = PrepareVersionDir(job, version); !s.ok()) return s;
+  char name[32];
+  std::snprintf(name, sizeof name, "%05u", rank);
+  return storage_->WriteFileAtomic(JoinPath(VersionDir(job, version), std::string(kAbortedPrefix) + name),
+                                   "rank " + std::to_string(rank) + ": " + why);
+}
+
+std::string Catalog::AbortedReason(const std::string& job, std::uint64_t version) {
+  auto files = storage_->List(VersionDir(job, version));
+  if (!files.ok()) return "";
+  for (const auto& f : files.value()) {
+    if (f.rfind(kAbortedPrefix, 0) != 0 || f.find('.', kAbortedPrefix.size()) != std::string::npos) continue;
+    auto text = storage_->ReadSmallFile(JoinPath(VersionDir(job, version), f));
+    return text.ok() && !text.value().empty() ? text.value() : "aborted";
+  }
+  return "";
 }
 
 Result<std::vector<std::string>> Catalog::Jobs() {

@@ -56,6 +56,7 @@ struct VersionEntry {
   std::uint64_t version = 0;
   bool committed = false;
   bool restorable = false;           // issue 17: a RESTORABLE marker (replicated, not committed)
+  std::string aborted;               // non-empty: a rank aborted it (the first ABORTED marker's text)
   std::vector<std::uint32_t> ranks;  // ranks with a durable shard
 };
 
@@ -145,6 +146,11 @@ class Catalog {
   bool IsCommitted(const std::string& job, std::uint64_t version);
   // Versions of the job on storage, oldest first.
   Result<std::vector<VersionEntry>> List(const std::string& job);
+  // Records that `rank` aborted the version, and why (VERSION/ABORTED.rank-R): it never
+  // commits (the rank's done marker is never written), and readers see why.
+  Status WriteAborted(const std::string& job, std::uint64_t version, std::uint32_t rank, const std::string& why);
+  // The text of the version's first ABORTED marker, or "" if no rank aborted it.
+  std::string AbortedReason(const std::string& job, std::uint64_t version);
   // The job directories under the root (names that are job ids), sorted.
   Result<std::vector<std::string>> Jobs();
   // Bytes of the shard files of `entry` (the ranks List found in it; one deleted since counts 0).

@@ -24,7 +24,9 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 Status Storage::WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
-  std::string tmp = path + TmpSuffix();
+  // A name no one can guess: in a directory others can write, nothing can be planted at it
+  // beforehand (and CreateFile opens nothing that is there).
+  std::string tmp = path + "." + RandomHex() + TmpSuffix();
   auto fd = CreateFile(tmp, /*direct=*/false);
   if (!fd.ok()) return fd.status();
   // A failed step leaves no temporary file behind (not even until the next restart).
@@ -59,15 +61,20 @@ Result<std::string> Storage::ReadSmallFile(const std::string& path) {
 
 Result<UniqueFd> PosixStorage::CreateFile(const std::string& path, bool direct) {
   const int flags = direct ? O_DIRECT : 0;
-  auto fd = CreateRegularFile(path, flags, 0600);
-  if (fd.ok() || fd.status().code() != StatusCode::kFailedPrecondition || !EndsWith(path, TmpSuffix())) {
-    return fd;
-  }
-  // A FIFO, device or link where this daemon's own temporary file goes is no one's data
-  // (a restart removes it too): the entry itself is removed, never what a link points to,
-  // and the file is created anew, so one planted FIFO cannot fail every later write.
+  if (!EndsWith(path, TmpSuffix())) return CreateRegularFile(path, flags, 0600);
+  // This daemon's temporary file is always created new. Whatever is at its name (a FIFO, a
+  // link, a file someone planted to have the daemon write through it and rename it into
+  // place) is no one's data, a restart removes it too: the entry itself is removed, never
+  // what a link points to, and the file is created anew, so that one planted entry fails no
+  // write. Planted again in between, it is an error: the daemon writes through nothing.
+  auto fd = CreateNewRegularFile(path, flags, 0600);
+  if (fd.ok() || fd.status().code() != StatusCode::kAlreadyExists) return fd;
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return IoError("remove " + path, errno);
-  return CreateRegularFile(path, flags, 0600);
+  fd = CreateNewRegularFile(path, flags, 0600);
+  if (!fd.ok() && fd.status().code() == StatusCode::kAlreadyExists) {
+    return FailedPrecondition(fd.status().message() + " again after its removal");
+  }
+  return fd;
 }
 
 Result<UniqueFd> PosixStorage::OpenForRead(const std::string& path, bool direct) {

@@ -25,9 +25,10 @@ class Storage {
 
   // Opens `path` for writing, creating or truncating it (mode 0600). With `direct`, the
   // file is opened with O_DIRECT: buffers, offsets and lengths must be 4 KiB aligned.
-  // Nothing is written through a symbolic link, FIFO or device at `path`
-  // (common/safe_file.h): one at a temporary path of this daemon (TmpSuffix()) is removed
-  // and the file created anew; anywhere else it is FailedPrecondition.
+  // Nothing is written through a symbolic link, FIFO, device or a file that is not this
+  // process's own at `path` (common/safe_file.h): a temporary path of this daemon
+  // (TmpSuffix()) is always created new (O_EXCL), whatever was there removed first;
+  // anywhere else such a thing is FailedPrecondition.
   virtual Result<UniqueFd> CreateFile(const std::string& path, bool direct) = 0;
   // Opens the regular file `path` for reading, with O_DIRECT if `direct`. A FIFO, device,
   // directory or symbolic link there is DataLoss naming it, without blocking or following.
@@ -61,9 +62,9 @@ class Storage {
   // Whether `dir` accepts O_DIRECT writes (probed with a small file).
   virtual bool SupportsDirectIo(const std::string& dir) = 0;
 
-  // Writes `content` to `path` atomically: path.tmp, fdatasync, rename, fsync of the
-  // directory. Built from the calls above, so wrappers see each step. The file is 0600
-  // unless `mode` says otherwise.
+  // Writes `content` to `path` atomically: a new temporary file of a random name
+  // (path.RANDOM + TmpSuffix()), fdatasync, rename, fsync of the directory. Built from the
+  // calls above, so wrappers see each step. The file is 0600 unless `mode` says otherwise.
   Status WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode = 0600);
   // Reads a whole small file.
   Result<std::string> ReadSmallFile(const std::string& path);

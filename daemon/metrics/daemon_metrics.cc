@@ -7,7 +7,7 @@ namespace {
 
 constexpr const char* kTierNames[4] = {"memory", "local", "persistent", "peer"};
 constexpr const char* kReplicationEventNames[kReplicationEvents] = {"sent", "send_failed", "received", "refused",
-                                                                   "peer_fallback"};
+                                                                   "peer_fallback", "unproven", "peer_stalled"};
 constexpr const char* kReplicationDirections[4] = {"sent", "received", "fetched", "served"};
 
 std::function<std::unique_ptr<Histogram>()> Durations() {
@@ -95,6 +95,7 @@ void DaemonMetrics::Render(Exposition& out, const LabelFilter& filter) const {
   restore_family_.Render(out, nullptr);
   committed_.Render(out, filter);
   failed_.Render(out, filter);
+  aborted_.Render(out, filter);
   errors_family_.Render(out, nullptr);
   replication_family_.Render(out, nullptr);
   replication_bytes_family_.Render(out, nullptr);

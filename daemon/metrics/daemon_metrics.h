@@ -51,8 +51,10 @@ enum class ReplicationEvent {
   kReceived,       // a replica this daemon keeps
   kRefused,        // a replica refused here (no room, a checksum, an unauthenticated call)
   kPeerFallback,   // a restore that went on to the next replica or tier (missing, failed)
+  kUnproven,       // a peer's answer or shard without proof that it knows --peer-secret: ignored
+  kPeerStalled,    // a peer's transfer that made no progress for --peer-progress-timeout-s: given up
 };
-inline constexpr std::size_t kReplicationEvents = 5;
+inline constexpr std::size_t kReplicationEvents = 7;
 // Bytes by direction (the `direction` label of ckptd_replication_bytes_total).
 enum class ReplicationBytes { kSent, kReceived, kFetched, kServed };
 
@@ -74,6 +76,7 @@ class DaemonMetrics {
     restore_seconds_[static_cast<int>(tier)]->Observe(seconds);
   }
   void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
+  void ShardAborted(const std::string& job) { aborted_.With({{"job", job}}).Add(); }
   // Counts a version once, however many of its shards fail.
   void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
   void Error(ErrorKind kind) { errors_[static_cast<std::size_t>(kind)]->Add(); }
@@ -110,6 +113,9 @@ class DaemonMetrics {
                              "Versions whose commit this daemon wrote or saw, by job."};
   Family<Counter> failed_{"ckptd_versions_failed_total",
                           "Versions of which a shard served by this daemon failed, by job."};
+  Family<Counter> aborted_{"ckptd_versions_aborted_total",
+                           "Shards served by this daemon that were aborted (a torn snapshot: memory changed "
+                           "during the copy, or never sealed), by job; such a version never commits."};
   Family<Counter> errors_family_{
       "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};

@@ -2,8 +2,12 @@
 // `interval`, and once more when stopped, for node_exporter's textfile collector. Each
 // write is atomic (Storage::WriteFileAtomic: a temporary file in the same directory,
 // fdatasync, rename), so the collector never reads half a file; the temporary's name does
-// not end in .prom, so the collector skips it. A failed write is logged and retried at the
-// next interval (the daemon keeps serving). Thread-safe.
+// not end in .prom, so the collector skips it. The directory may be one other users can
+// write: the temporary file has a random name and is always created new (O_EXCL), so a file
+// planted at a name it could have is never written through nor renamed into place. Start()
+// removes the temporary files of this node's daemon (PATH.RANDOM.NODE.tmp) that a crash left,
+// and warns if the directory is writable by every user without being sticky. A failed
+// write is logged and retried at the next interval (the daemon keeps serving). Thread-safe.
 #pragma once
 
 #include <chrono>

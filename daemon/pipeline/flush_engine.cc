@@ -64,11 +64,19 @@ void FlushEngine::Submit(std::shared_ptr<ShardJob> shard, HostPool::Chunk chunk,
 }
 
 void FlushEngine::CopyFinished(const std::shared_ptr<ShardJob>& shard) {
-  if (shard->CopyDone()) Finish(shard);
+  if (shard->CopyDone() && shard->ClaimFinish()) Finish(shard);
+}
+
+void FlushEngine::Resume(std::shared_ptr<ShardJob> shard) {
+  writers_->Push(Task{std::move(shard), HostPool::Chunk{}, 0, 0});
 }
 
 void FlushEngine::Write(Task& task) {
   ShardJob& shard = *task.shard;
+  if (task.chunk.data == nullptr) {
+    Finish(task.shard);
+    return;
+  }
   bool hashed = false;
   if (!shard.failed()) {
     if (Status s = Open(shard); !s.ok()) shard.FailWriting(s);
@@ -100,7 +108,7 @@ void FlushEngine::Write(Task& task) {
   // The writers of later chunks may be waiting for this chunk's pieces.
   if (!hashed) shard.hasher().Abort();
   pool_.Release(task.chunk);
-  if (shard.WriteDone()) Finish(task.shard);
+  if (shard.WriteDone() && shard.ClaimFinish()) Finish(task.shard);
 }
 
 void FlushEngine::Finish(const std::shared_ptr<ShardJob>& shard) {

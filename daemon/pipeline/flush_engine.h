@@ -45,6 +45,10 @@ class FlushEngine {
               std::size_t len);
   // The snapshot engine is done with `shard` (successfully or not).
   void CopyFinished(const std::shared_ptr<ShardJob>& shard);
+  // A shard of a sealed registration that waited, written, for its seal was sealed or
+  // aborted (ShardJob::Seal or Abort told the caller to finish it): a writer publishes it,
+  // or removes its temporary file, as it would have right after its last write.
+  void Resume(std::shared_ptr<ShardJob> shard);
 
   // Finishes queued writes and stops the threads.
   void Stop();
@@ -52,7 +56,7 @@ class FlushEngine {
  private:
   struct Task {
     std::shared_ptr<ShardJob> shard;
-    HostPool::Chunk chunk;
+    HostPool::Chunk chunk;  // data null: finish the shard (Resume)
     std::uint64_t file_offset;
     std::size_t len;
   };

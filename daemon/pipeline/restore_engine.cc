@@ -78,6 +78,23 @@ Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targ
   return Status::Ok();
 }
 
+}  // namespace
+
+Status CheckBlobBytes(const std::string& what, const ShardInfo& info, const RestoreLimits& limits) {
+  std::uint64_t blob_bytes = 0;  // cannot wrap: every item lies in the file (kMaxShardDataBytes)
+  for (const auto& item : info.items) {
+    if (item.kind == ItemKind::kBlob) blob_bytes += item.length;
+  }
+  if (blob_bytes > limits.max_blob_bytes) {
+    return DataLoss(what + ": its blobs total " + std::to_string(blob_bytes) +
+                    " bytes, over --max-blob-mib " + std::to_string(limits.max_blob_bytes >> 20) +
+                    " (what a restore hands back; not read, nothing allocated for them)");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
 // Takes a shard's data section in order, in pieces of any size: checks each item's
 // checksum as its last byte passes and keeps the blobs. It writes nothing to a region.
 class ItemVerifier {
@@ -266,6 +283,7 @@ struct QueuedChunk {
 Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInfo& info,
                                          const std::vector<RestoreTarget>& targets, const ShardBytes& src) {
   if (Status s = MatchLayout(info, targets); !s.ok()) return s;
+  if (Status s = CheckBlobBytes(what, info, limits_); !s.ok()) return s;
   RestoredShard out;
   ItemVerifier verifier(what, info, out);
   if (Status s = verifier.Begin(); !s.ok()) return s;
@@ -422,6 +440,7 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
                                                         const MemoryImage& image,
                                                         const std::vector<RestoreTarget>& targets) {
   if (Status s = MatchLayout(info, targets); !s.ok()) return s;
+  if (Status s = CheckBlobBytes(what, info, limits_); !s.ok()) return s;
   RestoredShard out;
   std::map<std::string, const RestoreTarget*> by_name;
   for (const auto& t : targets) by_name[t.item.name] = &t;

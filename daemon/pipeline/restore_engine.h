@@ -54,6 +54,20 @@ struct RestoreTarget {
   std::uint64_t region_offset = 0;
 };
 
+// What a restore takes from a shard, checked before anything of that size is allocated: a
+// shard lies in a directory its job's owner can write, so its header's sizes are claims (a
+// blob of 2 GiB may be a hole of a sparse file). Tensor items must match the registration
+// byte for byte (MatchLayout), so only blobs need a bound of their own.
+struct RestoreLimits {
+  // The blob bytes one shard, and one restore, may hand back: --max-blob-mib, what a
+  // snapshot may store and what a reply can carry.
+  std::uint64_t max_blob_bytes = std::uint64_t{256} << 20;
+};
+
+// Checks the blobs of `info` (named `what` in the error) against `limits`: DataLoss naming
+// both if they total more, so that the restore goes on to the next copy as for a corrupt one.
+Status CheckBlobBytes(const std::string& what, const ShardInfo& info, const RestoreLimits& limits);
+
 struct RestoredShard {
   std::vector<std::pair<std::string, std::string>> blobs;  // name, bytes
   std::uint64_t tensor_bytes = 0;
@@ -67,8 +81,13 @@ class RestoreEngine {
  public:
   // `backend` (may be null: host regions only) makes `lanes` copy lanes per device restored to.
   RestoreEngine(std::shared_ptr<Storage> storage, HostPool& pool, unsigned readers,
-                DeviceBackend* backend = nullptr, unsigned lanes = 2)
-      : storage_(std::move(storage)), pool_(pool), readers_(readers), backend_(backend), lanes_(lanes) {}
+                DeviceBackend* backend = nullptr, unsigned lanes = 2, RestoreLimits limits = {})
+      : storage_(std::move(storage)),
+        pool_(pool),
+        readers_(readers),
+        backend_(backend),
+        lanes_(lanes),
+        limits_(limits) {}
 
   Result<RestoredShard> Restore(const std::string& path, const std::vector<RestoreTarget>& targets,
                                 bool direct_io);
@@ -80,6 +99,7 @@ class RestoreEngine {
   unsigned readers() const { return readers_; }
   DeviceBackend* backend() const { return backend_; }
   unsigned lanes() const { return lanes_; }
+  const RestoreLimits& limits() const { return limits_; }
 
  private:
   Result<RestoredShard> Run(const std::string& what, const ShardInfo& info,
@@ -93,6 +113,7 @@ class RestoreEngine {
   unsigned readers_;
   DeviceBackend* backend_;
   unsigned lanes_;
+  RestoreLimits limits_;
 };
 
 }  // namespace ckpt

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "common/names.h"
+#include "format/checksum.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -168,6 +170,120 @@ bool ShardJob::CopyDone() {
   MutexLock lock(mu_);
   copy_done_ = true;
   return pending_writes_ == 0;
+}
+
+bool ShardJob::ClaimFinishLocked() {
+  if (finish_claimed_ || !written_) return false;
+  if (placement_.sealed && !sealed_ && error_.ok()) return false;
+  finish_claimed_ = true;
+  return true;
+}
+
+bool ShardJob::ClaimFinish() {
+  MutexLock lock(mu_);
+  written_ = true;
+  return ClaimFinishLocked();
+}
+
+Status ShardJob::Seal(bool* finish_now) {
+  *finish_now = false;
+  MutexLock lock(mu_);
+  if (!error_.ok()) return error_;
+  if (sealed_) return Status::Ok();
+  sealed_ = true;
+  *finish_now = ClaimFinishLocked();
+  return Status::Ok();
+}
+
+Status ShardJob::Abort(const Status& why, bool* finish_now) {
+  *finish_now = false;
+  {
+    MutexLock lock(mu_);
+    if (sealed_) {
+      return FailedPrecondition("version " + std::to_string(meta_.version) +
+                                " was sealed by an earlier wait; a sealed version cannot be aborted");
+    }
+    if (!error_.ok()) return error_;
+    error_ = why;
+    aborted_ = true;
+    *finish_now = ClaimFinishLocked();
+  }
+  changed_.SignalAll();
+  return Status::Ok();
+}
+
+void ShardJob::KeepVerifySources() {
+  MutexLock lock(verify_mu_);
+  verify_sources_.assign(sources_.size(), ItemSource{});
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    // Device regions are not read again (their copies were not hashed either).
+    if (sources_[i].region && sources_[i].region->device() < 0) verify_sources_[i] = sources_[i];
+  }
+}
+
+Status ShardJob::Verify() {
+  MutexLock lock(verify_mu_);
+  if (verified_) return *verified_;
+  const auto& items = layout_.items();
+  constexpr std::size_t kStep = 1 << 20;
+  std::vector<char> buf;
+  std::uint64_t differing = 0;
+  const VerifyPiece* first = nullptr;
+  Status unreadable;
+  for (const VerifyPiece& piece : verify_pieces) {
+    if (piece.item >= verify_sources_.size() || !verify_sources_[piece.item].region) continue;
+    const ItemSource& src = verify_sources_[piece.item];
+    buf.resize(std::min<std::uint64_t>(kStep, piece.length));
+    Checksum sum;
+    for (std::uint64_t done = 0; done < piece.length && unreadable.ok();) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kStep, piece.length - done));
+      Status st = src.region->ReadAt(src.region_offset + piece.in_item + done, buf.data(), n);
+      if (!st.ok()) {
+        unreadable = st.With("item " + QuoteName(items[piece.item].name));
+        break;
+      }
+      sum.Update(buf.data(), n);
+      done += n;
+    }
+    if (!unreadable.ok()) break;
+    if (sum.Digest() != piece.hash) {
+      if (first == nullptr) first = &piece;
+      ++differing;
+    }
+  }
+  const std::string v = std::to_string(meta_.version);
+  if (!unreadable.ok()) {
+    verified_ = Aborted("torn snapshot: version " + v + " could not be verified against the trainer's memory (" +
+                        unreadable.message() + "); it is aborted, never committed");
+  } else if (first != nullptr) {
+    const ShardItem& it = items[first->item];
+    verified_ = Aborted("torn snapshot: item " + QuoteName(it.name) + " changed between snapshot(" + v +
+                        ") and its wait: bytes [" + std::to_string(first->in_item) + ", " +
+                        std::to_string(first->in_item + first->length) + ") of its " + std::to_string(it.length) +
+                        " differ from the copy" +
+                        (differing > 1 ? " (" + std::to_string(differing) + " pieces differ in all)" : "") +
+                        "; the version is aborted, never committed (registered memory must not change until "
+                        "wait_snapshot returns)");
+  } else {
+    verified_ = Status::Ok();
+  }
+  std::vector<ItemSource>().swap(verify_sources_);
+  return *verified_;
+}
+
+bool ShardJob::sealed() const {
+  MutexLock lock(mu_);
+  return sealed_;
+}
+
+bool ShardJob::aborted() const {
+  MutexLock lock(mu_);
+  return aborted_;
+}
+
+bool ShardJob::awaiting_seal() const {
+  MutexLock lock(mu_);
+  return placement_.sealed && written_ && !finish_claimed_;
 }
 
 }  // namespace ckpt

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,20 @@ struct ShardPlacement {
   // Device shards of one copy queue (one registration) are copied in order by a thread of
   // their own (see SnapshotEngine).
   std::string copy_queue;
+  // Sealed registrations: the shard is published only once its client sealed it (see
+  // ShardJob::Seal). Verify: the copy also hashes every piece of host memory it copies, for
+  // the sealing wait to compare with the trainer's memory (see VerifyPiece).
+  bool sealed = false;
+  bool verify = false;
+};
+
+// Verify mode: one piece of a host tensor item as copied (the item's part in one pool
+// chunk) and the xxh3-64 of its bytes then.
+struct VerifyPiece {
+  std::uint32_t item = 0;     // index into the layout's items
+  std::uint64_t in_item = 0;  // first byte of the piece within the item
+  std::uint64_t length = 0;
+  std::uint64_t hash = 0;
 };
 
 class ShardJob {
@@ -172,12 +187,42 @@ class ShardJob {
   // not yet captured), failed (its error), or `deadline` passes.
   Status WaitOrdered(std::chrono::steady_clock::time_point deadline, bool* ordered_only);
 
-  // Write accounting between the copy and the writers: the shard is finished when the
-  // copy is done and no write is pending. Each returns true to the one caller that must
-  // finish the shard.
+  // Write accounting between the copy and the writers: every byte is written when the
+  // copy is done and no write is pending. Each returns true to the one caller that saw the
+  // last write end; that caller then asks ClaimFinish.
   void AddPendingWrite();
   bool WriteDone();
   bool CopyDone();
+
+  // The seal of a sealed registration's shard. The shard is finished (published, or
+  // cleaned up if it failed) by one caller, once every byte is written and it is sealed,
+  // aborted or failed: ClaimFinish (the flush engine, after the last write) and Seal/Abort
+  // (the client's calls) each report whether the caller is that one. A shard of another
+  // registration needs no seal.
+  bool sealed_registration() const { return placement_.sealed; }
+  bool verify() const { return placement_.verify; }
+  // Every byte is written: true if the caller must finish the shard now.
+  bool ClaimFinish() EXCLUDES(mu_);
+  // The client vouches for the version. Ok (and *finish_now if the caller must finish it);
+  // the shard's error if it failed or was aborted first. Sealing twice is ok (no finish).
+  Status Seal(bool* finish_now) EXCLUDES(mu_);
+  // Fails the shard with `why` (code ABORTED): it is never published. FailedPrecondition if
+  // it was sealed already; its own error if it failed first. *finish_now as for Seal.
+  Status Abort(const Status& why, bool* finish_now) EXCLUDES(mu_);
+  bool sealed() const EXCLUDES(mu_);
+  bool aborted() const EXCLUDES(mu_);
+  // Written, neither sealed nor aborted nor failed: waiting for its client.
+  bool awaiting_seal() const EXCLUDES(mu_);
+
+  // Verify mode: the pieces the copy hashed, in copy order (written by the copy thread
+  // before the shard is captured, read after). KeepVerifySources, called by the copy thread
+  // before the shard is captured, keeps the host regions they came from for Verify.
+  std::vector<VerifyPiece> verify_pieces;
+  void KeepVerifySources() EXCLUDES(verify_mu_);
+  // Once captured: reads every piece from the trainer's memory again and compares it with
+  // the copy's hash. Aborted naming the item and the bytes if one differs; then lets go of
+  // the regions. Runs once; later calls return the first result.
+  Status Verify() EXCLUDES(verify_mu_);
 
  private:
   static ShardPlacement Placed(std::string dir, bool direct_io) {
@@ -213,6 +258,17 @@ class ShardJob {
   int pending_writes_ GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<ShardJob>> retired_ GUARDED_BY(mu_);
   bool copy_done_ GUARDED_BY(mu_) = false;
+  bool written_ GUARDED_BY(mu_) = false;
+  bool sealed_ GUARDED_BY(mu_) = false;
+  bool aborted_ GUARDED_BY(mu_) = false;
+  bool finish_claimed_ GUARDED_BY(mu_) = false;
+  Mutex verify_mu_;
+  std::vector<ItemSource> verify_sources_ GUARDED_BY(verify_mu_);  // parallel to the items
+  std::optional<Status> verified_ GUARDED_BY(verify_mu_);
+
+  // True (once) when the shard is written and may be finished: sealed, aborted or failed,
+  // or needing no seal.
+  bool ClaimFinishLocked() REQUIRES(mu_);
 };
 
 }  // namespace ckpt

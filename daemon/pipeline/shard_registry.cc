@@ -66,6 +66,22 @@ std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Uncaptured(const std::stri
   return out;
 }
 
+std::vector<std::shared_ptr<ShardJob>> ShardRegistry::Unsealed(const std::string& job,
+                                                               const std::string& queue) const {
+  std::vector<std::shared_ptr<ShardJob>> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, shards] : by_version_) {
+    if (key.first != job) continue;
+    for (const auto& weak : shards) {
+      auto shard = weak.lock();
+      if (shard && shard->copy_queue() == queue && shard->sealed_registration() && !shard->sealed() &&
+          !shard->failed())
+        out.push_back(std::move(shard));
+    }
+  }
+  return out;
+}
+
 Status ShardRegistry::WaitRankNewestSettled(const std::string& job, std::uint32_t rank,
                                             const CancelCheck& cancelled,
                                             const std::function<void(const ShardMeta&)>& waiting_for) const {

@@ -44,6 +44,10 @@ class ShardRegistry {
   // Shards of `job` from copy queue `queue` (one registration) not yet captured.
   std::vector<std::shared_ptr<ShardJob>> Uncaptured(const std::string& job, const std::string& queue) const
       EXCLUDES(mu_);
+  // Shards of `job` from copy queue `queue` of a sealed registration that are neither
+  // sealed nor failed (aborted included).
+  std::vector<std::shared_ptr<ShardJob>> Unsealed(const std::string& job, const std::string& queue) const
+      EXCLUDES(mu_);
   // Blocks until the newest recent shard of (job, rank) that does not fail is persisted:
   // waits for the newest admitted one, and only if it fails for the one before, and so on;
   // never for shards older than one that made it. kCancelled if `cancelled` turns true

@@ -7,6 +7,7 @@
 
 #include "common/test_pause.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "format/checksum.h"
 
 namespace ckpt {
 SnapshotEngine::SnapshotEngine(HostPool& pool, FlushEngine& flush, unsigned copiers, DeviceBackend* backend,
@@ -162,6 +163,24 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   std::vector<HostPool::Chunk> dropped;
   const std::function<bool()> give_up = [&] { return shard->failed(); };
 
+  // Verify mode: the xxh3 of each host tensor item's part in a chunk, as copied, for the
+  // sealing wait to compare with the trainer's memory then (the chunk is still in cache).
+  // Items are packed in file order, so each chunk continues where the last one ended.
+  const bool verify = shard->verify() && synchronous;
+  std::size_t verify_item = 0;
+  auto hash_pieces = [&](const PendingChunk& p) {
+    const std::uint64_t begin = p.data_off, end = p.data_off + p.fill;
+    while (verify_item < items.size() && items[verify_item].offset + items[verify_item].length <= begin) ++verify_item;
+    for (std::size_t i = verify_item; i < items.size() && items[i].offset < end; ++i) {
+      const ShardItem& it = items[i];
+      if (it.length == 0 || !sources[i].region || sources[i].region->device() >= 0) continue;
+      const std::uint64_t from = std::max(begin, it.offset), to = std::min(end, it.offset + it.length);
+      if (from >= to) continue;
+      shard->verify_pieces.push_back(VerifyPiece{static_cast<std::uint32_t>(i), from - it.offset, to - from,
+                                                 Checksum::Of(p.chunk.data + (from - begin), to - from)});
+    }
+  };
+
   // Waits for the oldest pending chunk; on success hands it to the flush engine, whose
   // writers checksum it. A failed shard's chunks are not waited for.
   auto complete_oldest = [&] {
@@ -176,6 +195,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
       return;
     }
     flowing = true;
+    if (verify) hash_pieces(p);
     shard->copied_bytes.fetch_add(p.fill, std::memory_order_relaxed);
     metrics::Metrics().Copied(shard->device() >= 0, p.fill);
     flush_.Submit(shard, p.chunk, header_bytes + p.data_off, static_cast<std::size_t>(p.fill));
@@ -273,6 +293,7 @@ void SnapshotEngine::Copy(const std::shared_ptr<ShardJob>& shard) {
   }
   while (!pending.empty()) complete_oldest();
   if (!shard->failed()) {
+    if (verify) shard->KeepVerifySources();
     shard->Reach(Level::kCaptured);
     return;
   }

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/core_names.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -112,6 +114,10 @@ std::string PeerSecret::ShardSubject(const std::string& job, std::uint64_t versi
   return job + " " + std::to_string(version) + " " + std::to_string(rank) + " " + origin;
 }
 
+std::string PeerSecret::Addressed(const std::string& subject, const std::string& callee) {
+  return subject + " to " + callee;
+}
+
 std::string PeerSecret::JobSubject(const std::string& job, const std::string& origin) { return job + " " + origin; }
 
 std::string PeerSecret::Token(const std::string& call, const std::string& subject) const {
@@ -126,18 +132,115 @@ std::string PeerSecret::TokenAt(const std::string& call, const std::string& subj
   }
   const std::string ms = std::to_string(unix_ms);
   const std::string n = Hex(nonce, sizeof nonce);
-  return "v1 " + ms + " " + n + " " + Mac("ckptd-peer/v2 " + call + " " + subject + " " + ms + " " + n);
+  return "v2 " + ms + " " + n + " " + Mac("ckptd-peer/v3 call " + call + " " + subject + " " + ms + " " + n);
+}
+
+std::string PeerSecret::NonceOf(const std::string& token) {
+  std::istringstream in(token);
+  std::string v, ms, nonce;
+  in >> v >> ms >> nonce;
+  return v == "v2" && nonce.size() == 16 ? nonce : std::string();
+}
+
+std::string PeerSecret::Proof(const std::string& call, const std::string& nonce, const std::string& answer) const {
+  return Mac("ckptd-peer/v3 reply " + call + " " + nonce + " " + answer);
+}
+
+Status PeerSecret::CheckProof(const std::string& proof, const std::string& call, const std::string& nonce,
+                              const std::string& answer) const {
+  const std::string want = Proof(call, nonce, answer);
+  if (nonce.empty() || proof.size() != want.size() || CRYPTO_memcmp(want.data(), proof.data(), want.size()) != 0) {
+    return PermissionDenied(std::string("its ") + call + " reply " +
+                            (proof.empty() ? "carries no " : "carries a wrong ") + kProofKey +
+                            ": it did not prove it knows --peer-secret (not a ckptd of this cluster, or one "
+                            "of an older release), so nothing it answered is believed");
+  }
+  return Status::Ok();
+}
+
+struct PeerSecret::ImageMac::Ctx {
+  EVP_MAC_CTX* mac = nullptr;
+  ~Ctx() { EVP_MAC_CTX_free(mac); }
+};
+
+PeerSecret::ImageMac::ImageMac(std::unique_ptr<Ctx> ctx) : ctx_(std::move(ctx)) {}
+PeerSecret::ImageMac::ImageMac(ImageMac&&) noexcept = default;
+PeerSecret::ImageMac& PeerSecret::ImageMac::operator=(ImageMac&&) noexcept = default;
+PeerSecret::ImageMac::~ImageMac() = default;
+
+void PeerSecret::ImageMac::Update(const char* data, std::size_t n) {
+  if (ctx_ && ctx_->mac && n > 0 && EVP_MAC_update(ctx_->mac, reinterpret_cast<const unsigned char*>(data), n) != 1)
+    ctx_.reset();
+}
+
+std::string PeerSecret::ImageMac::Finish(const std::string& binding) {
+  Update(binding.data(), binding.size());
+  unsigned char out[EVP_MAX_MD_SIZE];
+  std::size_t len = 0;
+  if (!ctx_ || !ctx_->mac || EVP_MAC_final(ctx_->mac, out, &len, sizeof out) != 1 || len != kMacBytes) {
+    ctx_.reset();
+    return {};
+  }
+  ctx_.reset();
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+PeerSecret::ImageMac PeerSecret::StartImage() const {
+  // The algorithm is fetched once; each image has a context of its own.
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  auto ctx = std::make_unique<ImageMac::Ctx>();
+  if (hmac != nullptr) ctx->mac = EVP_MAC_CTX_new(hmac);
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  if (ctx->mac != nullptr &&
+      EVP_MAC_init(ctx->mac, reinterpret_cast<const unsigned char*>(key_.data()), key_.size(), params) != 1) {
+    EVP_MAC_CTX_free(ctx->mac);
+    ctx->mac = nullptr;
+  }
+  return ImageMac(std::move(ctx));
+}
+
+std::string PeerSecret::ImageBinding(const std::string& call, const std::string& nonce, const std::string& job,
+                                     std::uint64_t version, std::uint32_t rank, const std::string& registration,
+                                     const std::string& origin, std::uint64_t file_bytes) {
+  // Every string length-prefixed: no two bindings read alike.
+  auto field = [](const std::string& s) { return std::to_string(s.size()) + ":" + s; };
+  return "\nckptd-peer/v3 image " + field(call) + " " + field(nonce) + " " + field(job) + " " +
+         std::to_string(version) + " " + std::to_string(rank) + " " + field(registration) + " " + field(origin) + " " +
+         std::to_string(file_bytes);
+}
+
+std::string PeerSecret::PutAnswer(const std::string& subject, std::uint64_t bytes_held) {
+  return subject + " kept " + std::to_string(bytes_held);
+}
+
+std::string PeerSecret::HasAnswer(const std::string& subject, bool held, std::uint64_t file_bytes,
+                                  const std::string& registration) {
+  return subject + " held " + (held ? "1 " : "0 ") + std::to_string(file_bytes) + " " +
+         std::to_string(registration.size()) + ":" + registration;
+}
+
+std::string PeerSecret::DropAnswer(const std::string& subject, std::uint32_t dropped) {
+  return subject + " dropped " + std::to_string(dropped);
+}
+
+bool PeerSecret::SameMac(const std::string& a, const std::string& b) {
+  return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 Status PeerSecret::Check(const std::string& token, const std::string& call, const std::string& subject) const {
   std::istringstream in(token);
   std::string v, ms, nonce, mac;
   in >> v >> ms >> nonce >> mac;
-  if (v != "v1" || ms.empty() || nonce.size() != 16 || mac.size() != 64) {
+  if (v == "v1") {
+    return PermissionDenied("peer call " + call + " with a token of an older ckptd release (" + kMetadataKey +
+                            " v1, whose replies prove nothing): every daemon of --peers must run the same release");
+  }
+  if (v != "v2" || ms.empty() || nonce.size() != 16 || mac.size() != 64) {
     return PermissionDenied("peer call " + call + " without a valid " + kMetadataKey +
                             " token: the caller does not share this daemon's --peer-secret");
   }
-  const std::string want = Mac("ckptd-peer/v2 " + call + " " + subject + " " + ms + " " + nonce);
+  const std::string want = Mac("ckptd-peer/v3 call " + call + " " + subject + " " + ms + " " + nonce);
   if (CRYPTO_memcmp(want.data(), mac.data(), want.size()) != 0) {
     return PermissionDenied("peer call " + call + " (" + subject +
                             ") refused: its token was not made with this daemon's --peer-secret for this request");

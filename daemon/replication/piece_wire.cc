@@ -1,5 +1,7 @@
 #include "daemon/replication/piece_wire.h"
 
+#include <google/protobuf/stubs/common.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -9,7 +11,10 @@ namespace {
 
 // Protobuf's wire types and the ShardPiece fields read here (peer.proto).
 constexpr std::uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
-constexpr std::uint32_t kKey = 1, kFileBytes = 2, kOrigin = 3, kOffset = 4, kData = 5, kPieceXxh3 = 6, kLast = 8;
+constexpr std::uint32_t kKey = 1, kFileBytes = 2, kOrigin = 3, kOffset = 4, kData = 5, kPieceXxh3 = 6, kLast = 8,
+                        kImageMac = 9;
+// The longest `image_mac` read (an HMAC-SHA256 is 32 bytes; anything longer is refused).
+constexpr std::uint64_t kMaxImageMac = 64;
 
 void AppendVarint(std::string* out, std::uint64_t v) {
   while (v >= 0x80) {
@@ -124,8 +129,13 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
     } else if (field == kOrigin && type == kLengthDelimited) {
       ok = in.Varint(&v) && v <= in.left();
       if (ok) {
-        p.fields_.mutable_origin()->resize(v);
-        ok = in.Copy(v, p.fields_.mutable_origin()->data(), nullptr);
+        std::string* origin = p.fields_.mutable_origin();
+        origin->resize(v);
+        ok = in.Copy(v, origin->data(), nullptr);
+        // A proto3 string: what protobuf would refuse is refused here too.
+        if (ok && !google::protobuf::internal::IsStructurallyValidUTF8(origin->data(), static_cast<int>(v))) {
+          return Malformed("`origin` is not UTF-8");
+        }
       }
     } else if (field == kData && type == kLengthDelimited) {
       if (data_seen) return Malformed("`data` twice");
@@ -136,6 +146,12 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
         p.data_pos_ = in.pos();
         p.data_bytes_ = v;
         ok = in.Copy(v, nullptr, nullptr);
+      }
+    } else if (field == kImageMac && type == kLengthDelimited) {
+      ok = in.Varint(&v) && v <= kMaxImageMac && v <= in.left();
+      if (ok) {
+        p.fields_.mutable_image_mac()->resize(v);
+        ok = in.Copy(v, p.fields_.mutable_image_mac()->data(), nullptr);
       }
     } else if (field == kFileBytes && type == kVarint) {
       ok = in.Varint(&v);
@@ -150,7 +166,7 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
       ok = in.Varint(&v);
       p.fields_.set_last(v != 0);
     } else if (field == kKey || field == kOrigin || field == kData || field == kFileBytes || field == kOffset ||
-               field == kPieceXxh3 || field == kLast) {
+               field == kPieceXxh3 || field == kLast || field == kImageMac) {
       return Malformed("field " + std::to_string(field) + " with wire type " + std::to_string(type));
     } else if (type == kVarint) {  // a field this daemon does not know (a newer peer's): skipped
       ok = in.Varint(&v);
@@ -168,14 +184,16 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
   return p;
 }
 
-void WirePiece::CopyData(char* dst, Checksum* sum) const {
+void WirePiece::CopyData(char* dst, Checksum* sum, PeerSecret::ImageMac* mac) const {
   std::uint64_t n = data_bytes_;
   std::size_t i = data_slice_, pos = data_pos_;
   while (n > 0) {
     const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, slices_[i].size() - pos));
     const auto* src = reinterpret_cast<const char*>(slices_[i].begin()) + pos;
+    // Each slice is checked from the copy just written, while it is in the cache.
     std::memcpy(dst, src, take);
-    if (sum) sum->Update(src, take);
+    if (sum) sum->Update(dst, take);
+    if (mac) mac->Update(dst, take);
     dst += take;
     n -= take;
     ++i;

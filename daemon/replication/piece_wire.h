@@ -8,7 +8,9 @@
 // reader parses it): the small fields serialized as usual, then field 5's tag and length,
 // then a slice that points into the image itself and keeps its owner alive until gRPC has
 // written it (EncodePiece). The reader (WirePiece) parses the fields from the received
-// slices and copies `data` once, straight to where it goes, hashing it on the way if asked.
+// slices and copies `data` once, straight to where it goes, hashing it (xxh3, and the image's
+// MAC) on the way if asked. A malformed piece (a peer's, or anyone's on its address) is
+// DataLoss; tests/fuzz/shard_piece_fuzz.cc feeds the reader arbitrary bytes.
 #pragma once
 
 #include <grpcpp/support/byte_buffer.h>
@@ -21,6 +23,7 @@
 
 #include "ckpt/v1/peer.pb.h"
 #include "common/status.h"
+#include "daemon/replication/peer_secret.h"
 #include "format/checksum.h"
 
 namespace ckpt {
@@ -41,8 +44,9 @@ class WirePiece {
   // Every field but `data` (left empty).
   const v1::ShardPiece& fields() const { return fields_; }
   std::uint64_t data_bytes() const { return data_bytes_; }
-  // Copies the data_bytes() bytes of `data` to `dst`; feeds them to `sum` when not null.
-  void CopyData(char* dst, Checksum* sum) const;
+  // Copies the data_bytes() bytes of `data` to `dst`; feeds them to `sum` and `mac` when not
+  // null, slice by slice as they are copied (one pass over the bytes).
+  void CopyData(char* dst, Checksum* sum, PeerSecret::ImageMac* mac = nullptr) const;
 
  private:
   std::vector<grpc::Slice> slices_;

@@ -1,6 +1,8 @@
 #include "daemon/replication/replicator.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -15,6 +17,7 @@
 #include "common/names.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/replication/piece_wire.h"
+#include "daemon/replication/progress_watch.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
 
@@ -39,9 +42,21 @@ constexpr char kGetShardMethod[] = "/ckpt.v1.Peer/GetShard";
 constexpr int kPutShardMethodIndex = 0;
 constexpr int kGetShardMethodIndex = 1;
 constexpr std::chrono::seconds kHasDeadline{3};
+// The peer server's threads at most (the sync API runs each call on one): a call beyond is
+// refused (RESOURCE_EXHAUSTED) rather than given a thread. A replacement node restoring
+// every rank at once, and every peer sending to this one, stay far below it.
+constexpr int kMaxServerThreads = 64;
+// A peer connection without a call for this long is closed; a daemon's channel reconnects
+// at its next call.
+constexpr int kPeerIdleMs = 60'000;
 
 // A peer that could not be reached or failed otherwise.
 Status Unreachable(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
+
+std::string Stalled(const std::string& peer, std::chrono::milliseconds limit) {
+  return "peer " + peer + " moved no byte for " + std::to_string(limit.count() / 1000) +
+         " s (--peer-progress-timeout-s): given up";
+}
 
 std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -133,14 +148,36 @@ Status CheckKey(const v1::ShardKey& key) {
 // repeat it.
 enum class PieceSums { kChecked, kNone };
 
+// What the MAC on an image's last piece must be made with (PeerSecret::ImageBinding): the
+// receiver's secret, the call and the nonce of its token, and the node that should be
+// sending it (empty: the one the first piece names, which the token bound).
+struct ImageCheck {
+  const PeerSecret* secret = nullptr;
+  std::string call, nonce, origin;
+};
+
+// What a HasShard reply says, as its proof is bound to it.
+std::string HasAnswer(const std::string& subject, const v1::HasShardReply& r) {
+  return PeerSecret::HasAnswer(subject, r.held(), r.file_bytes(), r.registration());
+}
+
+// The proof a reply carried (trailing metadata), or "".
+std::string ProofOf(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(PeerSecret::kProofKey);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
 // The received pieces from `next` as a shard image, made once the first piece (with the
 // whole header) is there: `make` gives it (null: refused, *refusal says why). `first` is the
 // first piece, already read. Checks the pieces' order and sizes, the header (against
-// `want` when it names a shard) and, with PieceSums::kChecked, every piece's checksum.
+// `want` when it names a shard), with PieceSums::kChecked every piece's checksum, and the
+// image's MAC as `check` says: PermissionDenied if it is not right, and the image is not
+// returned (no byte of it is used).
 template <typename Next, typename Make>
 Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next next, Make make,
                                                   const v1::ShardKey& want, PieceSums sums,
-                                                  std::uint64_t* received) {
+                                                  const ImageCheck& check, std::uint64_t* received) {
   const v1::ShardPiece& head = first.fields();
   const v1::ShardKey key = head.has_key() ? head.key() : want;
   if (Status st = CheckKey(key); !st.ok()) return st;
@@ -151,11 +188,16 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next n
   if (head.offset() != 0 || first.data_bytes() < 8 || first.data_bytes() > file_bytes) {
     return DataLoss("the first piece does not start the file");
   }
+  if (!check.origin.empty() && head.origin() != check.origin) {
+    return PermissionDenied("the shard was sent as coming from '" + head.origin() + "', not from the peer asked (" +
+                            check.origin + ")");
+  }
+  PeerSecret::ImageMac mac = check.secret->StartImage();
   // The first piece is read into a buffer of its own: the image is made from its header.
   std::string data(first.data_bytes(), '\0');
   {
     Checksum sum;
-    first.CopyData(data.data(), sums == PieceSums::kChecked ? &sum : nullptr);
+    first.CopyData(data.data(), sums == PieceSums::kChecked ? &sum : nullptr, &mac);
     if (sums == PieceSums::kChecked && sum.Digest() != head.piece_xxh3()) {
       return DataLoss("the piece at offset 0 failed its checksum on arrival");
     }
@@ -178,6 +220,7 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next n
   std::uint64_t done = data.size();
   if (received) *received += done;
   bool last = head.last();
+  std::string mac_sent = head.image_mac();
   while (!last) {
     grpc::ByteBuffer buffer;
     if (!next(&buffer)) break;
@@ -191,26 +234,37 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, Next n
     }
     // Straight into the image: the one copy of these bytes on this side.
     Checksum sum;
-    piece.CopyData(image->data() + done, sums == PieceSums::kChecked ? &sum : nullptr);
+    piece.CopyData(image->data() + done, sums == PieceSums::kChecked ? &sum : nullptr, &mac);
     if (sums == PieceSums::kChecked && sum.Digest() != piece.fields().piece_xxh3()) {
       return DataLoss("the piece at offset " + std::to_string(done) + " failed its checksum on arrival");
     }
     done += n;
     if (received) *received += n;
     last = piece.fields().last();
+    if (last) mac_sent = piece.fields().image_mac();
   }
   if (!last || done != file_bytes) {
     return DataLoss("the stream ended after " + std::to_string(done) + " of " + std::to_string(file_bytes) + " bytes");
+  }
+  const std::string binding = PeerSecret::ImageBinding(check.call, check.nonce, meta.job, meta.version, meta.rank,
+                                                       meta.session, head.origin(), file_bytes);
+  if (!PeerSecret::SameMac(mac.Finish(binding), mac_sent)) {
+    return PermissionDenied("the shard image " + std::string(mac_sent.empty() ? "carries no" : "carries a wrong") +
+                            " MAC of --peer-secret for this transfer: the sender did not prove it knows the secret "
+                            "(not a ckptd of this cluster, or one of an older release), or the bytes changed on the "
+                            "way; no byte of it is used");
   }
   return image;
 }
 
 // Streams `image` through `write` in pieces of `piece` bytes (the first holding the whole header),
 // each referencing the image's memory (EncodePiece: no copy, and the image stays alive until
-// gRPC has sent it), with its xxh3-64 when `sums` is kChecked.
+// gRPC has sent it), with its xxh3-64 when `sums` is kChecked, and on the last piece the MAC
+// of every byte and `binding` (PeerSecret::ImageBinding).
 template <typename Write>
 bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& origin, std::uint64_t piece,
-               PieceSums sums, Write write, const std::function<void()>& pace) {
+               PieceSums sums, PeerSecret::ImageMac mac, const std::string& binding, Write write,
+               const std::function<void()>& pace) {
   const std::uint64_t file_bytes = image->file_bytes;
   const std::uint64_t header_end = HeaderEnd(image->data(), file_bytes);
   std::uint64_t off = 0;
@@ -230,8 +284,12 @@ bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& ori
     fields.set_offset(off);
     if (sums == PieceSums::kChecked) fields.set_piece_xxh3(Checksum::Of(image->data() + off, n));
     const char* data = image->data() + off;
+    mac.Update(data, n);
     off += n;
-    if (off == file_bytes) fields.set_last(true);
+    if (off == file_bytes) {
+      fields.set_last(true);
+      fields.set_image_mac(mac.Finish(binding));
+    }
     if (!write(EncodePiece(fields, image, data, n), n)) return false;
   } while (off < file_bytes);
   return true;
@@ -269,7 +327,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     const auto& md = ctx->client_metadata();
     auto sub = md.find(PeerSecret::kSubjectKey);
     const std::string subject = sub == md.end() ? std::string() : std::string(sub->second.data(), sub->second.size());
-    if (Status st = Auth(ctx, "PutShard", subject); !st.ok()) return Refuse(st);
+    std::string nonce;
+    if (Status st = Auth(ctx, "PutShard", subject, &nonce); !st.ok()) return Refuse(st);
     grpc::ByteBuffer buffer;
     if (!reader->Read(&buffer)) return ToGrpc(DataLoss("PutShard: the stream ended before its first piece"));
     auto parsed = WirePiece::Parse(buffer);
@@ -298,7 +357,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
     std::uint64_t received = 0;
     auto image = ReceiveImage(
         head, [&](grpc::ByteBuffer* b) { return reader->Read(b); }, make, v1::ShardKey(), PieceSums::kChecked,
-        &received);
+        ImageCheck{&r_.secret(), "PutShard", nonce, ""}, &received);
     metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kReceived, received);
     if (!image.ok()) {
       if (reserved) r_.memory().Drop(reserved);
@@ -313,15 +372,28 @@ class PeerServiceImpl final : public v1::Peer::Service {
     const auto held = r_.memory().ReplicaBytes();
     auto it = held.find(origin);
     reply->set_bytes_held(it == held.end() ? 0 : it->second);
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             r_.secret().Proof("PutShard", nonce, PeerSecret::PutAnswer(subject, reply->bytes_held())));
     return grpc::Status::OK;
   }
 
   // GetShard.
   grpc::Status ServeShard(grpc::ServerContext* ctx,
                           grpc::ServerSplitStreamer<v1::GetShardRequest, grpc::ByteBuffer>* stream) {
+    // Authenticated before the request is read: a stream that sends no token costs no wait
+    // for a request that may never come. The token is bound to the subject in metadata, and
+    // the request must ask for that shard.
+    const auto& md = ctx->client_metadata();
+    auto sub = md.find(PeerSecret::kSubjectKey);
+    const std::string subject = sub == md.end() ? std::string() : std::string(sub->second.data(), sub->second.size());
+    std::string nonce;
+    if (Status st = Auth(ctx, "GetShard", subject, &nonce); !st.ok()) return Refuse(st);
     v1::GetShardRequest req;
     if (!stream->Read(&req)) return ToGrpc(InvalidArgument("GetShard: no request"));
-    if (Status st = Auth(ctx, "GetShard", KeySubject(req.key())); !st.ok()) return Refuse(st);
+    if (KeySubject(req.key()) != subject) {
+      return Refuse(PermissionDenied("GetShard: the request is not for the shard its token was made for (" + subject +
+                                     ")"));
+    }
     if (Status st = CheckKey(req.key()); !st.ok()) return ToGrpc(st);
     auto image = r_.memory().Find(req.key().job(), req.key().version(), req.key().rank());
     if (!image) {
@@ -329,7 +401,10 @@ class PeerServiceImpl final : public v1::Peer::Service {
                              " in this daemon's memory"));
     }
     std::uint64_t sent = 0;
-    bool ok = SendImage(image, r_.peers().self_address(), kPiece, PieceSums::kNone,
+    const std::string binding =
+        PeerSecret::ImageBinding("GetShard", nonce, image->meta.job, image->meta.version, image->meta.rank,
+                                 image->meta.session, r_.peers().self_address(), image->file_bytes);
+    bool ok = SendImage(image, r_.peers().self_address(), kPiece, PieceSums::kNone, r_.secret().StartImage(), binding,
                         [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
                           sent += n;
                           return stream->Write(piece);
@@ -340,7 +415,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
   }
 
   grpc::Status HasShard(grpc::ServerContext* ctx, const v1::HasShardRequest* req, v1::HasShardReply* reply) override {
-    if (Status st = Auth(ctx, "HasShard", KeySubject(req->key())); !st.ok()) return Refuse(st);
+    std::string nonce;
+    if (Status st = Auth(ctx, "HasShard", KeySubject(req->key()), &nonce); !st.ok()) return Refuse(st);
     if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
     auto image = r_.memory().Find(req->key().job(), req->key().version(), req->key().rank());
     reply->set_held(image != nullptr);
@@ -348,12 +424,15 @@ class PeerServiceImpl final : public v1::Peer::Service {
       reply->set_file_bytes(image->file_bytes);
       reply->set_registration(image->meta.session);
     }
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             r_.secret().Proof("HasShard", nonce, HasAnswer(KeySubject(req->key()), *reply)));
     return grpc::Status::OK;
   }
 
   grpc::Status DropNewer(grpc::ServerContext* ctx, const v1::DropNewerRequest* req,
                          v1::DropJobReply* reply) override {
-    if (Status st = Auth(ctx, "DropNewer", KeySubject(req->key())); !st.ok()) return Refuse(st);
+    std::string nonce;
+    if (Status st = Auth(ctx, "DropNewer", KeySubject(req->key()), &nonce); !st.ok()) return Refuse(st);
     if (Status st = CheckKey(req->key()); !st.ok()) return ToGrpc(st);
     const auto& k = req->key();
     reply->set_dropped(r_.memory().DropNewerThan(k.job(), k.rank(), k.version()));
@@ -361,18 +440,23 @@ class PeerServiceImpl final : public v1::Peer::Service {
       spdlog::info("peer: job {} rank {} restored version {}: dropped {} image(s) of the versions above it", k.job(),
                    k.rank(), k.version(), reply->dropped());
     }
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             r_.secret().Proof("DropNewer", nonce, PeerSecret::DropAnswer(KeySubject(k), reply->dropped())));
     return grpc::Status::OK;
   }
 
   grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* req, v1::DropJobReply* reply) override {
-    if (Status st = Auth(ctx, "DropJob", PeerSecret::JobSubject(req->job(), req->origin())); !st.ok())
-      return Refuse(st);
+    const std::string subject = PeerSecret::JobSubject(req->job(), req->origin());
+    std::string nonce;
+    if (Status st = Auth(ctx, "DropJob", subject, &nonce); !st.ok()) return Refuse(st);
     if (std::string why = CheckJobId(req->job()); !why.empty()) return ToGrpc(InvalidArgument(why));
     if (req->origin().empty()) return ToGrpc(InvalidArgument("DropJob needs its origin"));
     reply->set_dropped(r_.memory().DropReplicas(req->job(), req->origin()));
     if (reply->dropped() > 0) {
       spdlog::info("peer: job {} ended on {}: dropped {} replica(s)", req->job(), req->origin(), reply->dropped());
     }
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             r_.secret().Proof("DropJob", nonce, PeerSecret::DropAnswer(subject, reply->dropped())));
     return grpc::Status::OK;
   }
 
@@ -380,12 +464,19 @@ class PeerServiceImpl final : public v1::Peer::Service {
   static std::string KeySubject(const v1::ShardKey& k) {
     return PeerSecret::ShardSubject(k.job(), k.version(), k.rank(), "");
   }
-  Status Auth(grpc::ServerContext* ctx, const std::string& call, const std::string& subject) {
+  // Checks the caller's token; *nonce: its nonce, which the reply's proof is bound to.
+  Status Auth(grpc::ServerContext* ctx, const std::string& call, const std::string& subject, std::string* nonce) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(PeerSecret::kMetadataKey);
     const std::string token = it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-    Status st = r_.secret().Check(token, call, subject);
-    if (!st.ok()) spdlog::warn("peer: refused a call from {}: {}", ctx->peer(), st.message());
+    // The token names this daemon too: one made for another daemon (relayed by whatever
+    // was on its address) is refused.
+    Status st = r_.secret().Check(token, call, PeerSecret::Addressed(subject, r_.peers().self_address()));
+    if (!st.ok()) {
+      r_.refused_log().Warn("peer: refused a call from " + ctx->peer() + ": " + st.message());
+      return st;
+    }
+    *nonce = PeerSecret::NonceOf(token);
     return st;
   }
   grpc::Status Refuse(const Status& st) {
@@ -395,7 +486,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
   Replicator& r_;
 };
 
-Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks)
+Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks,
+                       std::chrono::milliseconds progress_timeout)
     : peers_(std::move(peers)),
       secret_(std::move(secret)),
       memory_(memory),
@@ -403,7 +495,8 @@ Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Ho
       corrupt_replicas_([] {
         const char* e = std::getenv("CKPTD_TEST_CORRUPT_REPLICAS");
         return e != nullptr && std::string(e) == "1";
-      }()) {}
+      }()),
+      progress_timeout_(progress_timeout) {}
 
 Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, MemoryTier& memory, Hooks hooks) {
   auto secret = PeerSecret::Load(config.peer_secret);
@@ -418,29 +511,55 @@ Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, Mem
                            " needs a memory tier (--memory-mib and --memory-versions above 0): replicas live there");
   }
   std::unique_ptr<Replicator> r(new Replicator(std::move(peers).value(), std::move(secret).value(), memory,
-                                               std::move(hooks)));
-  if (Status st = r->StartServer(config.peer_listen); !st.ok()) return st;
+                                               std::move(hooks), std::chrono::seconds(config.peer_progress_timeout_s)));
+  PeerAcceptor::Limits limits;
+  limits.per_address = config.peer_max_connections_per_address;
+  limits.total = config.peer_max_connections;
+  if (limits.total == 0) {
+    // A quarter of the open-file limit (main raised it): the rest is for the Unix socket's
+    // connections, regions and shard files.
+    rlimit lim{};
+    const rlim_t open_files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
+    limits.total = static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 4, 16, 4096));
+  }
+  if (Status st = r->StartServer(config.peer_listen, limits); !st.ok()) return st;
   r->sender_ = std::thread([p = r.get()] { p->SendLoop(); });
   std::string holders;
   for (std::size_t i : r->peers_.Holders()) holders += (holders.empty() ? "" : ", ") + r->peers_.addresses[i];
-  spdlog::info("replication: {} replica(s) of each shard, to {}; peer server on {} (daemon {} of {} in --peers)",
-               config.replicas, holders, r->bound_, r->peers_.self + 1, r->peers_.addresses.size());
+  spdlog::info(
+      "replication: {} replica(s) of each shard, to {}; peer server on {} (daemon {} of {} in --peers; connections "
+      "at most {}, {} per remote address)",
+      config.replicas, holders, r->bound_, r->peers_.self + 1, r->peers_.addresses.size(), limits.total,
+      limits.per_address);
   return r;
 }
 
-Status Replicator::StartServer(const std::string& listen) {
+Status Replicator::StartServer(const std::string& listen, PeerAcceptor::Limits limits) {
   service_ = std::make_unique<PeerServiceImpl>(*this);
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessage);
   builder.SetMaxSendMessageSize(kMaxMessage);
+  grpc::ResourceQuota quota("ckptd-peer");
+  quota.SetMaxThreads(kMaxServerThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kPeerIdleMs);
+  // No listening port of gRPC's own: the acceptor below takes the connections, within its
+  // limits, and hands them over.
   server_ = builder.BuildAndStart();
-  if (!server_ || port == 0) {
-    return Unreachable("--peer-listen " + listen + ": cannot listen there (address in use or not this host's)");
+  if (!server_) return Unreachable("--peer-listen " + listen + ": cannot start the peer server");
+  auto acceptor = PeerAcceptor::Start(listen, limits, [this](int fd) {
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  });
+  if (!acceptor.ok()) {
+    server_->Shutdown();
+    server_.reset();
+    return acceptor.status().code() == StatusCode::kInvalidArgument
+               ? acceptor.status()
+               : Unreachable(acceptor.status().message() + " (address in use or not this host's)");
   }
-  bound_ = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+  acceptor_ = std::move(acceptor).value();
+  bound_ = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(acceptor_->port());
   return Status::Ok();
 }
 
@@ -454,6 +573,7 @@ void Replicator::Stop() {
   }
   changed_.SignalAll();
   if (sender_.joinable()) sender_.join();
+  acceptor_.reset();  // before the server its thread hands connections to
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     server_.reset();
@@ -554,6 +674,12 @@ Status Replicator::WaitReplicated(const std::string& job, std::uint64_t version,
   }
 }
 
+Status Replicator::Unproven(const std::string& peer, const Status& why) {
+  metrics::Metrics().Replication(metrics::ReplicationEvent::kUnproven);
+  unproven_log_.Warn("replication: peer " + peer + ": " + why.message());
+  return PermissionDenied(why.message());
+}
+
 void Replicator::Pace() {
   // Yield to the trainer's data path: while the pool is busy with copies and flushes, wait
   // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
@@ -589,7 +715,9 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
   grpc::ClientContext ctx;
   const std::string subject =
       PeerSecret::ShardSubject(image.meta.job, image.meta.version, image.meta.rank, peers_.self_address());
-  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("PutShard", subject));
+  const std::string token = secret_.Token("PutShard", PeerSecret::Addressed(subject, peer));
+  const std::string nonce = PeerSecret::NonceOf(token);
+  ctx.AddMetadata(PeerSecret::kMetadataKey, token);
   ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
   // At least 10 MB/s, and 30 s for anything.
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30) +
@@ -599,14 +727,27 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx, &reply));
   std::uint64_t sent = 0;
-  SendImage(shard, peers_.self_address(), kReplicaPiece, PieceSums::kChecked,
+  // A receiver that stops taking pieces (or never replies) is given up.
+  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
+  SendImage(shard, peers_.self_address(), kReplicaPiece, PieceSums::kChecked, secret_.StartImage(),
+            PeerSecret::ImageBinding("PutShard", nonce, image.meta.job, image.meta.version, image.meta.rank,
+                                     image.meta.session, peers_.self_address(), image.file_bytes),
             [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
               sent += n;
-              return writer->Write(piece);
+              const bool ok = writer->Write(piece);
+              watch.Progress();
+              return ok;
             },
-            [this] { Pace(); });
+            [this, &watch] {
+              Pace();
+              watch.Progress();  // the wait is this daemon's
+            });
   writer->WritesDone();
   grpc::Status st = writer->Finish();
+  if (watch.fired()) {
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerStalled);
+    st = grpc::Status(grpc::StatusCode::UNAVAILABLE, Stalled(peer, watch.limit()));
+  }
   metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kSent, sent);
   {
     MutexLock lock(mu_);
@@ -617,6 +758,12 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
     }
   }
   if (!st.ok()) return FromGrpc(st, "peer " + peer);
+  // An acknowledgement counts only from a peer that proves it knows the secret: whatever
+  // listens on its address could say OK.
+  if (Status proven = secret_.CheckProof(ProofOf(ctx), "PutShard", nonce, PeerSecret::PutAnswer(subject, reply.bytes_held()));
+      !proven.ok()) {
+    return PermissionDenied("peer " + peer + ": " + Unproven(peer, proven).message());
+  }
   *held = reply.bytes_held();
   return Status::Ok();
 }
@@ -672,9 +819,11 @@ void Replicator::SendLoop() {
       metrics::Metrics().Replication(metrics::ReplicationEvent::kSendFailed);
       NoteError(peer, st.message());
       errors += (errors.empty() ? "" : "; ") + st.message();
-      spdlog::warn("replication: {} not kept by {}: {}", Describe(m.job, m.version, m.rank), peer, st.message());
+      send_log_.Warn("replication: " + Describe(m.job, m.version, m.rank) + " not kept by " + peer + ": " +
+                     st.message());
       if (st.code() == StatusCode::kPermissionDenied) {
-        if (hooks_.error) hooks_.error("replication: peer " + peer + " refused this daemon: " + st.message());
+        // Refused (another secret, another release), or an answer without proof.
+        if (hooks_.error) hooks_.error("replication: " + Describe(m.job, m.version, m.rank) + " not kept: " + st.message());
       }
     }
     if (acks == want) {
@@ -705,7 +854,9 @@ void Replicator::OnJobEnded(const std::string& job) {
   for (const std::string& peer : told) {
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("DropJob", PeerSecret::JobSubject(job, peers_.self_address())));
+    const std::string subject = PeerSecret::JobSubject(job, peers_.self_address());
+    const std::string token = secret_.Token("DropJob", PeerSecret::Addressed(subject, peer));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::DropJobRequest req;
     req.set_job(job);
@@ -714,6 +865,12 @@ void Replicator::OnJobEnded(const std::string& job) {
     grpc::Status st = stub->DropJob(&ctx, req, &reply);
     if (!st.ok()) {
       spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
+      continue;
+    }
+    if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
+                                           PeerSecret::DropAnswer(subject, reply.dropped()));
+        !proven.ok()) {
+      Unproven(peer, proven);
       continue;
     }
     MutexLock lock(mu_);
@@ -725,13 +882,23 @@ grpc::Status Replicator::AskHasShard(const std::string& peer, const std::string&
                                      std::uint32_t rank, v1::HasShardReply* reply) {
   auto stub = v1::Peer::NewStub(ChannelTo(peer));
   grpc::ClientContext ctx;
-  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("HasShard", PeerSecret::ShardSubject(job, version, rank, "")));
+  const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
+  const std::string token = secret_.Token("HasShard", PeerSecret::Addressed(subject, peer));
+  ctx.AddMetadata(PeerSecret::kMetadataKey, token);
   ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
   v1::HasShardRequest req;
   req.mutable_key()->set_job(job);
   req.mutable_key()->set_version(version);
   req.mutable_key()->set_rank(rank);
-  return stub->HasShard(&ctx, req, reply);
+  grpc::Status st = stub->HasShard(&ctx, req, reply);
+  if (!st.ok()) return st;
+  if (Status proven =
+          secret_.CheckProof(ProofOf(ctx), "HasShard", PeerSecret::NonceOf(token), HasAnswer(subject, *reply));
+      !proven.ok()) {
+    reply->Clear();
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, Unproven(peer, proven).message());
+  }
+  return st;
 }
 
 std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) {
@@ -746,13 +913,17 @@ std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64
       out.push_back(peer);
       continue;
     }
-    if (by_rule) {
-      // A holder by the rule that cannot serve: the restore goes on to the next one.
+    const bool unproven = st.error_code() == grpc::StatusCode::UNAUTHENTICATED;
+    if (by_rule || unproven) {
+      // A holder by the rule that cannot serve, or any peer whose answer proves nothing: the
+      // restore goes on to the next one.
       metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
-      const std::string why = st.ok() ? "holds no replica" : "unreachable (" + st.error_message() + ")";
+      const std::string why = st.ok()    ? "holds no replica"
+                              : unproven ? st.error_message()
+                                         : "unreachable (" + st.error_message() + ")";
       if (hooks_.error) {
-        hooks_.error("restore of " + Describe(job, version, rank) + ": peer " + peer + " (a holder by the peer rule) " +
-                     why + "; trying the next replica");
+        hooks_.error("restore of " + Describe(job, version, rank) + ": peer " + peer +
+                     (by_rule ? " (a holder by the peer rule) " : " ") + why + "; trying the next replica");
       }
       NoteError(peer, why);
     }
@@ -796,8 +967,9 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
     if (RecentlySilent(peer)) continue;  // a lost node: its memory is gone with it
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
-    ctx.AddMetadata(PeerSecret::kMetadataKey,
-                    secret_.Token("DropNewer", PeerSecret::ShardSubject(job, version, rank, "")));
+    const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
+    const std::string token = secret_.Token("DropNewer", PeerSecret::Addressed(subject, peer));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
     ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
     v1::DropNewerRequest req;
     req.mutable_key()->set_job(job);
@@ -805,6 +977,13 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
     req.mutable_key()->set_rank(rank);
     v1::DropJobReply reply;
     grpc::Status st = stub->DropNewer(&ctx, req, &reply);
+    if (st.ok()) {
+      if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropNewer", PeerSecret::NonceOf(token),
+                                             PeerSecret::DropAnswer(subject, reply.dropped()));
+          !proven.ok()) {
+        st = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, Unproven(peer, proven).message());
+      }
+    }
     NoteAnswer(peer, st.ok());
     if (!st.ok()) {
       spdlog::info("replication: peer {} did not drop rank {} of job {} above version {}: {}", peer, rank, job,
@@ -818,7 +997,10 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   const auto start = std::chrono::steady_clock::now();
   auto channel = ChannelTo(peer);
   grpc::ClientContext ctx;
-  ctx.AddMetadata(PeerSecret::kMetadataKey, secret_.Token("GetShard", PeerSecret::ShardSubject(job, version, rank, "")));
+  const std::string subject = PeerSecret::ShardSubject(job, version, rank, "");
+  const std::string token = secret_.Token("GetShard", PeerSecret::Addressed(subject, peer));
+  ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+  ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
   v1::GetShardRequest req;
   req.mutable_key()->set_job(job);
@@ -834,17 +1016,24 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   };
   std::uint64_t received = 0;
   bool ended = false;  // the stream ended (the server's status is what to report)
+  // A peer that stops sending is given up: the restore goes on with the next source.
+  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   auto next = [&](grpc::ByteBuffer* b) {
     ended = ended || !reader->Read(b);
+    if (!ended) watch.Progress();
     return !ended;
   };
   Result<std::shared_ptr<MemoryImage>> image = DataLoss("the stream ended before its first piece");
   if (grpc::ByteBuffer buffer; next(&buffer)) {
     auto first = WirePiece::Parse(buffer);
-    image = first.ok() ? ReceiveImage(first.value(), next, make, req.key(), PieceSums::kNone, &received)
+    image = first.ok() ? ReceiveImage(first.value(), next, make, req.key(), PieceSums::kNone,
+                                      ImageCheck{&secret_, "GetShard", PeerSecret::NonceOf(token), peer}, &received)
                        : Result<std::shared_ptr<MemoryImage>>(first.status());
   }
   metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kFetched, received);
+  if (!image.ok() && image.status().code() == StatusCode::kPermissionDenied) {
+    image = Unproven(peer, image.status());
+  }
   if (!image.ok() && !ended) {
     // A bad piece: the rest is not read, and a call with pieces left unread would not finish
     // (the server waits for flow control) before its deadline. Cancelled; the piece's error
@@ -855,6 +1044,13 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
     return image.status();
   }
   grpc::Status st = reader->Finish();
+  if (watch.fired()) {
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerStalled);
+    metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
+    const std::string m = "fetch " + Describe(job, version, rank) + ": " + Stalled(peer, watch.limit());
+    unproven_log_.Warn("replication: " + m);
+    return Unreachable(m);
+  }
   if (!st.ok()) {
     metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
     return FromGrpc(st, "fetch " + Describe(job, version, rank));

@@ -1,4 +1,4 @@
-// Replicator: peer replication of the memory tier (issue 17).
+// Replicator: peer replication of the memory tier.
 //
 // Sender: each shard this daemon captured and published with a memory image is sent, whole,
 // to the peer rule's R holders (PeerList: the next R daemons of --peers), over the Peer
@@ -12,13 +12,20 @@
 // not hold the shard yet, so R copies exist whenever R peers can take them.
 //
 // Receiver: a gRPC server on TCP (--peer-listen) whose calls must carry a token of the
-// shared secret (PeerSecret); a replica is verified (every piece's checksum, the header) and
-// kept in the memory tier under its budget (MemoryTier::ReserveReplica: replicas give way
-// before own shards). Restores on other daemons read images back (GetShard), own or replica,
-// without piece checksums: the restore verifies the header and every item it reads.
+// shared secret (PeerSecret); a replica is verified (every piece's checksum, the header, the
+// image's MAC) and kept in the memory tier under its budget (MemoryTier::ReserveReplica:
+// replicas give way before own shards). Restores on other daemons read images back
+// (GetShard), own or replica, without piece checksums: the image's MAC is checked as it
+// arrives, and the restore verifies the header and every item it reads.
+//
+// Trust: whatever listens on a peer's address may be something else than that peer's
+// daemon. Every answer this daemon acts on (an acknowledgement, "held", a dropped count, an
+// image) must carry the callee's proof of the secret bound to this call's nonce
+// (PeerSecret); one without is ignored like a peer that did not answer, counted
+// (ckptd_replication_events_total{event="unproven"}) and logged at most once a second.
 //
 // Level `replicated` (WaitReplicated): reached when R peers acknowledged the shard, after
-// verifying it. Thread-safe.
+// verifying it, each proving it knows the secret. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -37,8 +44,10 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/config.h"
+#include "daemon/replication/peer_acceptor.h"
 #include "daemon/replication/peer_list.h"
 #include "daemon/replication/peer_secret.h"
+#include "daemon/throttled_log.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/tiers/tier_set.h"
 
@@ -110,6 +119,8 @@ class Replicator : public PeerShards {
   // The receiver's side, for the gRPC service (replicator.cc).
   MemoryTier& memory() { return memory_; }
   const PeerSecret& secret() const { return secret_; }
+  // Refused peer calls, logged at most once a second.
+  ThrottledLog& refused_log() { return refused_log_; }
   bool corrupt_replicas() const { return corrupt_replicas_; }
 
  private:
@@ -119,8 +130,9 @@ class Replicator : public PeerShards {
     bool done = false;  // acks == R, or failed
     Status error;
   };
-  Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks);
-  Status StartServer(const std::string& listen);
+  Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks,
+             std::chrono::milliseconds progress_timeout);
+  Status StartServer(const std::string& listen, PeerAcceptor::Limits limits);
   void SendLoop() EXCLUDES(mu_);
   // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it. The
   // pieces in flight reference the image's memory, so they hold a reference to it.
@@ -137,16 +149,22 @@ class Replicator : public PeerShards {
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& peer) EXCLUDES(mu_);
   void Finish(const Key& key, Status st, std::uint32_t acks) EXCLUDES(mu_);
   void NoteError(const std::string& peer, const std::string& error) EXCLUDES(mu_);
+  // `peer` answered without proof of the secret (`why`): counted and logged (throttled);
+  // returns PermissionDenied with `why`'s message.
+  Status Unproven(const std::string& peer, const Status& why);
 
   const PeerList peers_;
   const PeerSecret secret_;
   MemoryTier& memory_;
   const Hooks hooks_;
   const bool corrupt_replicas_;  // test seam: CKPTD_TEST_CORRUPT_REPLICAS=1
+  const std::chrono::milliseconds progress_timeout_;  // --peer-progress-timeout-s
   std::string bound_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PeerAcceptor> acceptor_;  // --peer-listen's connections, within limits
   std::unique_ptr<class PeerServiceImpl> service_;
   std::atomic<std::uint64_t> replicated_{0}, failures_{0};
+  ThrottledLog refused_log_, unproven_log_, send_log_;
 
   Mutex mu_;
   CondVar changed_;

@@ -32,21 +32,6 @@ std::vector<gid_t> PeerGroups(int fd) {
 
 }  // namespace
 
-void Acceptor::ThrottledLog::Warn(const std::string& line) {
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_ < std::chrono::seconds(1)) {
-    ++suppressed_;
-    return;
-  }
-  if (suppressed_ > 0) {
-    spdlog::warn("{} (and {} more refusal(s) in the last second)", line, suppressed_);
-  } else {
-    spdlog::warn("{}", line);
-  }
-  last_ = now;
-  suppressed_ = 0;
-}
-
 Acceptor::Acceptor(int listen_fd, PeerRegistry& peers, std::function<void(int fd)> hand_over)
     : listen_fd_(listen_fd), peers_(peers), hand_over_(std::move(hand_over)), reserve_(MakeReserve()) {}
 

@@ -21,6 +21,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/rpc/peer_registry.h"
+#include "daemon/throttled_log.h"
 
 namespace ckpt {
 
@@ -35,16 +36,6 @@ class Acceptor {
   bool AcceptPending();
 
  private:
-  // Log lines about refused connections, at most one a second.
-  class ThrottledLog {
-   public:
-    void Warn(const std::string& line);
-
-   private:
-    std::chrono::steady_clock::time_point last_{};
-    std::uint64_t suppressed_ = 0;
-  };
-
   // Accepts one connection with the reserve descriptor and closes it. Returns false if the
   // reserve could not be taken back (still out of descriptors).
   bool Shed(int err);
@@ -53,7 +44,7 @@ class Acceptor {
   PeerRegistry& peers_;
   const std::function<void(int)> hand_over_;
   UniqueFd reserve_;
-  ThrottledLog limit_log_;
+  ThrottledLog limit_log_;      // refused connections, at most one line a second
   ThrottledLog exhausted_log_;
 };
 

@@ -17,6 +17,8 @@ RegistrationRequest FromProto(const v1::RegisterRequest& req) {
   out.rank = req.rank();
   out.world_size = req.world_size();
   out.descriptor_table = req.descriptor_table();
+  out.sealed = req.sealed();
+  out.verify = req.verify();
   out.device.present = req.has_cuda();
   if (req.has_cuda()) {
     out.device.device_uuid = req.cuda().device_uuid();
@@ -56,6 +58,8 @@ void ToProto(const Registered& r, v1::RegisterReply* reply) {
   reply->set_latest_committed(r.latest_committed);
   for (const auto& h : r.daemon_events) reply->add_daemon_events(h);
   reply->set_release_words(r.release_words);
+  reply->set_sealed(r.sealed);
+  reply->set_verify(r.verify);
   reply->set_daemon_pid(::getpid());
   static const std::string pid_namespace = PidNamespaceOf(0).value_or("");
   reply->set_daemon_pid_namespace(pid_namespace);
@@ -80,6 +84,8 @@ void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* ou
   out->set_version(version);
   out->set_committed(v.committed);
   out->set_restorable(v.restorable);
+  out->set_aborted(!v.aborted.empty());
+  out->set_abort_reason(v.aborted);
   for (auto r : v.persistent_ranks) out->add_durable_ranks(r);
   for (auto r : v.local_ranks) out->add_local_ranks(r);
   for (auto r : v.memory_ranks) out->add_memory_ranks(r);

@@ -73,13 +73,15 @@ grpc::Status CheckpointService::Register(grpc::ServerContext* ctx, const v1::Reg
     return ToGrpc(InvalidArgument("rank " + std::to_string(req->rank()) + " is outside world size " +
                                   std::to_string(req->world_size())));
   }
+  RegistrationRequest registration = FromProto(*req);
+  if (daemon_.config().verify_snapshots) registration.verify = true;
   Result<Registered> done = Registered{};
   if (req->session().empty()) {
-    done = daemon_.registrar().Register(FromProto(*req), peer.value(), gate_.CancelCheckOf(ctx));
+    done = daemon_.registrar().Register(registration, peer.value(), gate_.CancelCheckOf(ctx));
   } else {
     auto s = daemon_.sessions().Find(req->session(), peer->uid);
     if (!s.ok()) return ToGrpc(s.status());
-    done = daemon_.registrar().Reregister(s.value(), FromProto(*req), gate_.CancelCheckOf(ctx));
+    done = daemon_.registrar().Reregister(s.value(), registration, gate_.CancelCheckOf(ctx));
   }
   if (!done.ok()) return gate_.Reply(done.status());
   ToProto(done.value(), reply);
@@ -140,6 +142,13 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   // Stream-ordered waits of host-memory sessions are plain waits.
   const bool ordered = req->stream_ordered() && shard->sync() != nullptr;
   bool ordered_only = false;
+  if (req->seal() && shard->sealed_registration()) {
+    if (ckpt::Status st = SealAtWait(ctx, shard, ordered, deadline); !st.ok()) {
+      if (st.code() == ckpt::StatusCode::kCancelled) return gate_.Reply(st);
+      shard->ClaimErrorReport();
+      return ToGrpc(st.With("version " + std::to_string(req->version()) + " failed"));
+    }
+  }
   spdlog::debug("job {} rank {}: waiting for version {} to be {}", s.value()->job, s.value()->rank,
                 req->version(), LevelName(want));
   ckpt::Status st = WaitInSlices(deadline, gate_.CancelCheckOf(ctx), [&](auto slice_end) {
@@ -166,6 +175,56 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   }
   reply->set_reached(LevelToProto(shard->level()));
   return grpc::Status::OK;
+}
+
+ckpt::Status CheckpointService::SealAtWait(grpc::ServerContext* ctx, const std::shared_ptr<ShardJob>& shard,
+                                          bool ordered, std::chrono::steady_clock::time_point deadline) {
+  // Host memory: the seal vouches for the memory up to the end of the copy, so it waits for
+  // the capture. A stream-ordered wait seals at once: what the trainer queues after it runs
+  // after the copies.
+  if (!ordered) {
+    ckpt::Status st = WaitInSlices(deadline, gate_.CancelCheckOf(ctx), [&](auto slice_end) {
+      return shard->WaitFor(Level::kCaptured, slice_end);
+    });
+    if (!st.ok()) return st;
+    if (shard->verify()) {
+      if (ckpt::Status v = shard->Verify(); !v.ok()) {
+        (void)daemon_.AbortShard(shard, v);
+        return v;
+      }
+    }
+  }
+  return daemon_.SealShard(shard);
+}
+
+grpc::Status CheckpointService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortReply*) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto s = FindSession(ctx, req->session());
+  if (!s.ok()) return ToGrpc(s.status());
+  if (req->reason().size() > 1024) {
+    return ToGrpc(InvalidArgument("abort reason is " + std::to_string(req->reason().size()) +
+                                  " bytes; at most 1024"));
+  }
+  std::shared_ptr<ShardJob> shard;
+  {
+    Session& session = *s.value();
+    MutexLock lock(session.mu);
+    auto it = session.shards.find(req->version());
+    if (it == session.shards.end()) return ToGrpc(NotFound(UntrackedVersionMessage(session, req->version())));
+    shard = it->second;
+  }
+  if (!shard->sealed_registration()) {
+    return ToGrpc(FailedPrecondition("version " + std::to_string(req->version()) +
+                                     " is of a registration that does not seal its versions: register with "
+                                     "sealed (or verify) to abort versions"));
+  }
+  if (shard->aborted()) return grpc::Status::OK;  // aborted already, for this reason or another
+  const std::string reason = req->reason().empty() ? std::string("aborted by the trainer") : req->reason();
+  // The caller knows: its next snapshot does not report this as an earlier failure.
+  ckpt::Status st = daemon_.AbortShard(shard, Aborted("torn snapshot: " + reason));
+  if (st.ok()) shard->ClaimErrorReport();
+  return ToGrpc(st);
 }
 
 grpc::Status CheckpointService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,

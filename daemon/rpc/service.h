@@ -16,13 +16,14 @@
 #include "daemon/daemon.h"
 #include "daemon/rpc/call_gate.h"
 #include "daemon/rpc/peer_auth.h"
+#include "format/limits.h"
 
 namespace ckpt {
 
 class CheckpointService final : public v1::Checkpoint::Service {
  public:
-  // The largest world size a registration may declare.
-  static constexpr std::uint32_t kMaxWorldSize = 1u << 20;
+  // The largest world size a registration may declare: the largest readers of the tree take.
+  static constexpr std::uint32_t kMaxWorldSize = ckpt::kMaxWorldSize;
 
   // `peers` null: in-process use (every caller is this process).
   CheckpointService(Daemon& daemon, const PeerRegistry* peers)
@@ -35,6 +36,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListReply*) override;
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
   grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest*, v1::UnregisterReply*) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortReply*) override;
   grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
   grpc::Status Jobs(grpc::ServerContext*, const v1::JobsRequest*, v1::JobsReply*) override;
   grpc::Status GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*, v1::GetMetricsReply*) override;
@@ -45,6 +47,11 @@ class CheckpointService final : public v1::Checkpoint::Service {
  private:
   // The caller's session `id`, checked against the caller's uid.
   Result<std::shared_ptr<Session>> FindSession(grpc::ServerContext* ctx, const std::string& id);
+  // A wait with `seal` on a sealed registration's shard: waits for its capture (unless
+  // `ordered`), verifies it for a verify registration (aborting it if its memory changed),
+  // then seals it. The shard's error, the verification's, or kCancelled / kDeadlineExceeded.
+  ckpt::Status SealAtWait(grpc::ServerContext* ctx, const std::shared_ptr<ShardJob>& shard, bool ordered,
+                          std::chrono::steady_clock::time_point deadline);
 
   // A random id, new in every daemon process (RegisterReply.daemon_instance): how a client
   // tells a restarted daemon from the one it registered with.

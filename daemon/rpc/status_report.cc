@@ -77,6 +77,8 @@ void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
     sh->set_written_bytes(shard->written_bytes.load());
     sh->set_level(LevelToProto(shard->level()));
     if (shard->failed()) sh->set_error(shard->error().message());
+    sh->set_aborted(shard->aborted());
+    sh->set_awaiting_seal(shard->awaiting_seal());
     sh->set_capture_ms(shard->MillisTo(Level::kCaptured));
     sh->set_durable_ms(shard->MillisTo(Level::kPersisted));
     if (shard->level() < Level::kPersisted && !shard->failed()) {

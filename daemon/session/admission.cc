@@ -42,6 +42,16 @@ Status SnapshotAdmission::WaitForRoom(Session& s, const CancelCheck& cancelled) 
   }
 }
 
+Status SnapshotAdmission::CheckSealed(Session& s, std::uint64_t v) {
+  if (!s.sealed || s.shards.empty()) return Status::Ok();
+  const auto& [last, shard] = *s.shards.rbegin();
+  if (!shard->sealed_registration() || shard->sealed() || shard->failed()) return Status::Ok();
+  // The next snapshot would wait for room behind versions only this caller can seal.
+  return FailedPrecondition("version " + std::to_string(last) + " is not sealed yet: call wait_snapshot(" +
+                            std::to_string(last) + ") (which seals it) or abort_snapshot(" + std::to_string(last) +
+                            ", why) before snapshot(" + std::to_string(v) + ")");
+}
+
 Status SnapshotAdmission::CheckVersion(Session& s, std::uint64_t v) {
   if (v <= s.last_version) {
     return FailedPrecondition("version " + std::to_string(v) + " is not higher than " +
@@ -82,6 +92,7 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
     return InvalidArgument("version " + std::to_string(v) + " is not in [1, " + std::to_string(kMaxVersion) +
                            "]");
   }
+  if (Status st = CheckSealed(s, v); !st.ok()) return st;
   if (Status st = WaitForRoom(s, cancelled); !st.ok()) return st;
   if (Status st = CheckVersion(s, v); !st.ok()) return st;
   if (Status st = CheckTable(s, req.table_generation); !st.ok()) return st;
@@ -125,6 +136,8 @@ Result<std::shared_ptr<ShardJob>> SnapshotAdmission::Admit(Session& s, const Sna
   placement.publish_level = local_ ? Level::kLocal : Level::kPersisted;
   placement.device = s.device;
   placement.copy_queue = s.id;
+  placement.sealed = s.sealed;
+  placement.verify = s.verify;
   ShardMeta meta{s.job, v, s.rank, s.world_size, s.registration};
   auto shard = std::make_shared<ShardJob>(std::move(meta), s.tensors, std::move(items), std::move(sources),
                                           std::move(placement));

@@ -67,6 +67,8 @@ class SnapshotAdmission {
   Status ReportEarlierFailure(Session& s, std::uint64_t version) REQUIRES(s.mu);
   Status WaitForRoom(Session& s, const CancelCheck& cancelled) REQUIRES(s.mu);
   Status CheckVersion(Session& s, std::uint64_t version) REQUIRES(s.mu);
+  // Sealed registrations: the newest version is sealed, aborted or failed.
+  Status CheckSealed(Session& s, std::uint64_t version) REQUIRES(s.mu);
   Status CheckTable(Session& s, std::uint64_t validated_generation) REQUIRES(s.mu);
 
   Catalog& catalog_;

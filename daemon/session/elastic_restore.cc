@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <system_error>
 #include <thread>
 
@@ -24,8 +25,12 @@ namespace ckpt {
 namespace {
 
 // A read task covers at most this many blocks: pieces of a large chunk are read, verified
-// and copied on several threads, and a file read needs at most this much memory at once.
+// and copied on several threads.
 constexpr std::uint64_t kTaskBlocks = 16;
+// A task reads at most this much at once, whatever the shard claims an item's or a block's
+// size to be: a reader thread's buffer never grows past it. Blocks larger than this (no
+// writer of ours makes them) are not used: such an item is verified whole, streamed.
+constexpr std::uint64_t kReadWindow = 16ull << 20;
 // Host regions are written in pieces of this size, several at once.
 constexpr std::uint64_t kWritePiece = 8ull << 20;
 
@@ -64,7 +69,8 @@ struct LoadedShard {
 
 // Reads the header of `s`'s current copy and checks it is (job, version, rank) of W. A
 // replica in a peer's memory (issue 17) is fetched whole first.
-Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, LoadedShard& s) {
+Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, const RestoreLimits& limits,
+                LoadedShard& s) {
   if (s.src().tier == Tier::kPeer && !s.src().image) {
     auto image = tiers.FetchFromPeer(s.src(), req.job, req.version, s.rank);
     // A peer that cannot give it is worth the next source, like a missing copy (NOT_FOUND:
@@ -114,6 +120,7 @@ Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, Loa
                     " of " + std::to_string(req.version_world_size) +
                     " (was written by another rank or copied into place)");
   }
+  if (Status st = CheckBlobBytes(where, info.value(), limits); !st.ok()) return st;
   s.info = std::move(info).value();
   s.tensors.clear();
   s.blobs.clear();
@@ -144,14 +151,20 @@ struct Task {
 
 class ElasticRun {
  public:
-  ElasticRun(Storage& storage, TierSet& tiers, ErrorLog& errors, const ElasticRequest& req, unsigned readers)
-      : storage_(storage), tiers_(tiers), errors_(errors), req_(req), readers_(std::max(1u, readers)) {}
+  ElasticRun(Storage& storage, TierSet& tiers, ErrorLog& errors, const ElasticRequest& req, unsigned readers,
+             const RestoreLimits& limits)
+      : storage_(storage),
+        tiers_(tiers),
+        errors_(errors),
+        req_(req),
+        readers_(std::max(1u, readers)),
+        limits_(limits) {}
 
   // Loads the header of rank r's shard from its fastest good copy.
   Status Load(LoadedShard& s) {
     List(s);
     while (true) {
-      Status st = LoadCopy(storage_, tiers_, req_, s);
+      Status st = LoadCopy(storage_, tiers_, req_, limits_, s);
       if (st.ok()) return st;
       if (!WorthNextCopy(st, s.src().tier)) return st;
       BadCopy(s, st);
@@ -193,14 +206,17 @@ class ElasticRun {
   // registration's boxes, replicated items (one rank, on the fastest tier), rank-private
   // items and blobs; every shard where the version has no readable index. The index only
   // chooses which headers to read: what is restored comes from the (checksummed) headers.
+  // The table has an entry only for the ranks needed: a version's world size is a claim of
+  // its COMMITTED marker.
   Status LoadAll() {
     shards_.resize(req_.version_world_size);
-    for (std::uint32_t r = 0; r < req_.version_world_size; ++r) shards_[r].rank = r;
     std::vector<bool> need = NeededRanks();
     for (std::uint32_t r = 0; r < req_.version_world_size; ++r) {
       if (!need[r]) continue;
-      if (Status st = Load(shards_[r]); !st.ok()) return st;
-      shards_[r].loaded = true;
+      shards_[r] = std::make_unique<LoadedShard>();
+      shards_[r]->rank = r;
+      if (Status st = Load(*shards_[r]); !st.ok()) return st;
+      shards_[r]->loaded = true;
     }
     return Status::Ok();
   }
@@ -254,9 +270,11 @@ class ElasticRun {
 
   Status Plan(ElasticRestored& out);
   // Runs every piece; a DATA_LOSS of a copy on a faster tier is left in `bad` (per shard).
-  Status Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]>>& staging, std::vector<Status>& bad);
+  Status Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]>>& staging,
+              std::map<std::size_t, Status>& bad);
 
-  std::vector<LoadedShard>& shards() { return shards_; }
+  // Rank r's shard; only for a rank the plan reads (loaded).
+  LoadedShard& shard(std::size_t r) { return *shards_[r]; }
   const std::vector<Piece>& pieces() const { return pieces_; }
 
  private:
@@ -270,7 +288,8 @@ class ElasticRun {
   ErrorLog& errors_;
   const ElasticRequest& req_;
   const unsigned readers_;
-  std::vector<LoadedShard> shards_;
+  const RestoreLimits limits_;
+  std::vector<std::unique_ptr<LoadedShard>> shards_;  // null: a rank the plan does not read
   std::vector<Piece> pieces_;
 };
 
@@ -309,7 +328,7 @@ Status ElasticRun::PlanTarget(std::size_t i) {
           "layout (a box of a global tensor, or replicated) when saving, or restore with " +
           std::to_string(req_.version_world_size) + " ranks");
     }
-    const LoadedShard& own = shards_[req_.rank];
+    const LoadedShard& own = *shards_[req_.rank];
     auto it = own.tensors.find(want.name);
     if (it == own.tensors.end()) {
       return FailedPrecondition("rank " + std::to_string(req_.rank) + "'s shard of version " +
@@ -335,8 +354,8 @@ Status ElasticRun::PlanTarget(std::size_t i) {
   };
   std::vector<Chunk> chunks;
   for (std::size_t r = 0; r < shards_.size(); ++r) {
-    if (!shards_[r].loaded) continue;
-    for (const ShardItem& it : shards_[r].info.items) {
+    if (!shards_[r] || !shards_[r]->loaded) continue;
+    for (const ShardItem& it : shards_[r]->info.items) {
       if (it.kind == ItemKind::kTensor && it.layout && it.layout->global_name == layout.global_name) {
         chunks.push_back({r, &it, &*it.layout});
       }
@@ -358,9 +377,10 @@ Status ElasticRun::PlanTarget(std::size_t i) {
                                   gname + " is stored as chunks of shape " +
                                   ShapeText(c.layout->global_shape));
       }
-      if (best == nullptr || FasterTier(shards_[c.shard].src().tier, shards_[best->shard].src().tier)) best = &c;
+      if (best == nullptr || FasterTier(shards_[c.shard]->src().tier, shards_[best->shard]->src().tier))
+        best = &c;
     }
-    if (Status st = same_type(*best->item, shards_[best->shard].rank); !st.ok()) return st;
+    if (Status st = same_type(*best->item, shards_[best->shard]->rank); !st.ok()) return st;
     if (best->item->shape != want.shape) {
       return FailedPrecondition("replicated item " + name + " has shape " + ShapeText(best->item->shape) +
                                 " in the checkpoint but is registered with shape " + ShapeText(want.shape));
@@ -373,7 +393,7 @@ Status ElasticRun::PlanTarget(std::size_t i) {
   const std::size_t first = pieces_.size();
   std::uint64_t covered = 0;
   for (const Chunk& c : chunks) {
-    const std::uint32_t rank = shards_[c.shard].rank;
+    const std::uint32_t rank = shards_[c.shard]->rank;
     if (c.layout->replicated) {
       return FailedPrecondition("item " + name + " asks for box " + BoxText(box) + " of global tensor " +
                                 gname + ", which rank " + std::to_string(rank) + " stored as replicated");
@@ -391,7 +411,7 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     for (std::size_t k = first; k < pieces_.size(); ++k) {
       if (auto both = Intersect(*sub, pieces_[k].sub)) {
         return DataLoss("global tensor " + gname + " of version " + std::to_string(req_.version) +
-                        ": the chunks of rank " + std::to_string(shards_[pieces_[k].shard].rank) +
+                        ": the chunks of rank " + std::to_string(shards_[pieces_[k].shard]->rank) +
                         " and rank " + std::to_string(rank) + " overlap at " + BoxText(*both));
       }
     }
@@ -404,8 +424,10 @@ Status ElasticRun::PlanTarget(std::size_t i) {
     p.sub = std::move(sub).value();
     p.dst = box;
     p.elem = elem;
-    // Blocks whose size is not a whole number of elements would cut an element in two.
-    if (c.item->blocks.block_bytes != 0 && c.item->blocks.block_bytes % elem == 0) p.blocks = &c.item->blocks;
+    // Blocks whose size is not a whole number of elements would cut an element in two; blocks
+    // larger than a read window would make a window as large as a shard says.
+    const std::uint64_t bb = c.item->blocks.block_bytes;
+    if (bb != 0 && bb % elem == 0 && bb <= kReadWindow) p.blocks = &c.item->blocks;
     p.global = "global tensor " + gname + " box " + BoxText(p.sub);
     pieces_.push_back(std::move(p));
   }
@@ -424,11 +446,24 @@ Status ElasticRun::Plan(ElasticRestored& out) {
   for (std::size_t i = 0; i < req_.targets.size(); ++i) {
     if (Status st = PlanTarget(i); !st.ok()) return st;
   }
-  // Blobs: those meant for every rank, and those meant for this one.
+  // Blobs: those meant for every rank, and those meant for this one. Each copy's blobs are
+  // within the limit (LoadCopy); all of them together must be too, before any is allocated.
+  std::uint64_t blob_bytes = 0;
   for (std::size_t r = 0; r < shards_.size(); ++r) {
-    const LoadedShard& s = shards_[r];
-    if (!s.loaded) continue;
-    // At the same world size and layout, a rank gets its own blobs only (as a plain restore).
+    if (!shards_[r] || !shards_[r]->loaded) continue;
+    for (const ShardItem& it : shards_[r]->info.items) {
+      if (it.kind == ItemKind::kBlob && (!it.for_rank || *it.for_rank == req_.rank)) blob_bytes += it.length;
+    }
+  }
+  if (blob_bytes > limits_.max_blob_bytes) {
+    return DataLoss("the blobs of version " + std::to_string(req_.version) + " for rank " +
+                    std::to_string(req_.rank) + " total " + std::to_string(blob_bytes) +
+                    " bytes over its shards, over --max-blob-mib " +
+                    std::to_string(limits_.max_blob_bytes >> 20) + " (what a restore hands back)");
+  }
+  for (std::size_t r = 0; r < shards_.size(); ++r) {
+    if (!shards_[r] || !shards_[r]->loaded) continue;
+    const LoadedShard& s = *shards_[r];
     for (const ShardItem& it : s.info.items) {
       if (it.kind != ItemKind::kBlob) continue;
       if (it.for_rank && *it.for_rank != req_.rank) continue;
@@ -448,52 +483,58 @@ Status ElasticRun::Plan(ElasticRestored& out) {
 Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std::unique_ptr<char[]>>& staging,
                            std::vector<char>& buf, std::uint64_t& read) {
   const Piece& p = pieces_[t.piece];
-  const LoadedShard& s = shards_[p.shard];
+  const LoadedShard& s = *shards_[p.shard];
   const ShardItem& item = *p.item;
-  const std::uint64_t at = s.info.data_start + item.offset + t.lo;
-  const std::uint64_t n = t.hi - t.lo;
-  const char* data = nullptr;
-  if (s.src().image) {
-    data = s.src().image->data() + at;
-  } else {
-    buf.resize(n);
-    std::uint64_t got = 0;
-    while (got < n) {
-      auto r = storage_.ReadAt(s.fd.get(), buf.data() + got, n - got, at + got, s.src().path);
-      if (!r.ok()) return r.status();
-      if (r.value() == 0) return DataLoss(s.Where() + " ended early (truncated shard)");
-      got += r.value();
+  const std::string what = p.global + ", item " + QuoteName(item.name) + " of " + s.Where() + " (rank " +
+                           std::to_string(s.rank) + ")";
+  // Windows of whole blocks (p.blocks: no larger than a window), or of any size when the
+  // item is verified whole (a multiple of every element size).
+  const std::uint64_t window =
+      p.blocks == nullptr ? kReadWindow : kReadWindow / p.blocks->block_bytes * p.blocks->block_bytes;
+  Checksum whole;  // p.blocks == nullptr: the task is the whole item
+  for (std::uint64_t lo = t.lo; lo < t.hi;) {
+    const std::uint64_t n = std::min(window, t.hi - lo);
+    const std::uint64_t at = s.info.data_start + item.offset + lo;
+    const char* data = nullptr;
+    if (s.src().image) {
+      data = s.src().image->data() + at;
+    } else {
+      buf.resize(static_cast<std::size_t>(n));
+      std::uint64_t got = 0;
+      while (got < n) {
+        auto r = storage_.ReadAt(s.fd.get(), buf.data() + got, n - got, at + got, s.src().path);
+        if (!r.ok()) return r.status();
+        if (r.value() == 0) return DataLoss(s.Where() + " ended early (truncated shard)");
+        got += r.value();
+      }
+      read += n;
+      data = buf.data();
     }
-    read += n;
-    data = buf.data();
-  }
-  if (p.blocks == nullptr) {
-    const std::uint64_t sum = Checksum::Of(data, n);
-    if (sum != item.checksum) {
-      return DataLoss(p.global + ": checksum mismatch in item " + QuoteName(item.name) + " of " + s.Where() +
-                      " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) +
-                      ", read " + ChecksumHex(sum) + ")");
-    }
-  } else {
-    if (Status st = VerifyBlocks(*p.blocks, item.length, t.lo, data, n,
-                                 p.global + ", item " + QuoteName(item.name) + " of " + s.Where() +
-                                     " (rank " + std::to_string(s.rank) + ")");
-        !st.ok()) {
+    if (p.blocks == nullptr) {
+      whole.Update(data, n);
+    } else if (Status st = VerifyBlocks(*p.blocks, item.length, lo, data, n, what); !st.ok()) {
       return st;
     }
+    // Into daemon memory only (a blob, a staging buffer): what reaches a region is written
+    // once every piece is verified.
+    if (p.target == SIZE_MAX) {
+      std::memcpy(out.blobs[p.blob].data.data() + lo, data, n);
+    } else if (staging[p.target]) {
+      // A target with no staging buffer is written straight from the memory images later.
+      CopySubBox(p.sub, p.chunk, data, lo, p.dst, staging[p.target].get(), p.elem, lo, lo + n);
+    }
+    lo += n;
   }
-  if (p.target == SIZE_MAX) {
-    std::memcpy(out.blobs[p.blob].data.data() + t.lo, data, n);
-  } else {
-    // A target with no staging buffer is written straight from the memory images later.
-    if (staging[p.target])
-      CopySubBox(p.sub, p.chunk, data, t.lo, p.dst, staging[p.target].get(), p.elem, t.lo, t.hi);
+  if (p.blocks == nullptr && whole.Digest() != item.checksum) {
+    return DataLoss(p.global + ": checksum mismatch in item " + QuoteName(item.name) + " of " + s.Where() +
+                    " (rank " + std::to_string(s.rank) + ", stored " + ChecksumHex(item.checksum) +
+                    ", read " + ChecksumHex(whole.Digest()) + ")");
   }
   return Status::Ok();
 }
 
 Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]>>& staging,
-                        std::vector<Status>& bad) {
+                        std::map<std::size_t, Status>& bad) {
   std::vector<Task> tasks;
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
@@ -513,7 +554,7 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
   for (const Piece& p : pieces_) {
     if (p.item->length == 0 && p.item->checksum != Checksum::Of(nullptr, 0)) {
       return DataLoss(p.global + ": checksum mismatch in empty item " + QuoteName(p.item->name) + " of " +
-                      shards_[p.shard].Where());
+                      shards_[p.shard]->Where());
     }
   }
   std::vector<Status> status(tasks.size());
@@ -528,7 +569,8 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
                   const std::size_t k = next.fetch_add(1);
                   if (k >= tasks.size()) break;
                   status[k] = RunTask(tasks[k], out, staging, buf, read);
-                  if (!status[k].ok() && !WorthNextCopy(status[k], shards_[pieces_[tasks[k].piece].shard].src().tier))
+                  if (!status[k].ok() &&
+                      !WorthNextCopy(status[k], shards_[pieces_[tasks[k].piece].shard]->src().tier))
                     stop.store(true);
                 }
                 read_total += read;
@@ -539,9 +581,9 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     if (status[k].ok()) continue;
     const std::size_t shard = pieces_[tasks[k].piece].shard;
-    if (!WorthNextCopy(status[k], shards_[shard].src().tier)) {
+    if (!WorthNextCopy(status[k], shards_[shard]->src().tier)) {
       if (fatal.ok()) fatal = status[k];
-    } else if (bad[shard].ok()) {
+    } else if (bad.count(shard) == 0) {
       bad[shard] = status[k];
     }
   }
@@ -549,7 +591,7 @@ Status ElasticRun::Read(ElasticRestored& out, std::vector<std::unique_ptr<char[]
 }
 
 Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
-  ElasticRun run(*storage_, tiers_, errors_, req, readers_);
+  ElasticRun run(*storage_, tiers_, errors_, req, readers_, limits_);
   if (Status st = run.LoadAll(); !st.ok()) return Noted(st, "nothing was written to the registered regions");
   // A target is staged (its verified pieces copied into a buffer of its size) when a piece
   // comes from a file, which could change between verification and copy, or when its region
@@ -564,7 +606,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
     for (std::size_t i = 0; i < req.targets.size(); ++i)
       staged[i] = req.targets[i].target.region->device() >= 0;
     for (const Piece& p : run.pieces()) {
-      if (p.target != SIZE_MAX && !run.shards()[p.shard].src().image) staged[p.target] = true;
+      if (p.target != SIZE_MAX && !run.shard(p.shard).src().image) staged[p.target] = true;
     }
     for (std::size_t i = 0; i < req.targets.size(); ++i) {
       if (staged[i] && !staging[i]) {
@@ -572,23 +614,21 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
       }
       if (!staged[i]) staging[i].reset();
     }
-    std::vector<Status> bad(run.shards().size());
+    std::map<std::size_t, Status> bad;  // by rank
     if (Status st = run.Read(out, staging, bad); !st.ok()) {
       return Noted(st, "nothing was written to the registered regions");
     }
-    bool retry = false;
-    for (std::size_t r = 0; r < bad.size(); ++r) {
-      if (bad[r].ok()) continue;
-      retry = true;
-      run.BadCopy(run.shards()[r], bad[r]);
-      if (Status st = run.Load(run.shards()[r]); !st.ok()) {
+    const bool retry = !bad.empty();
+    for (const auto& [r, why] : bad) {
+      run.BadCopy(run.shard(r), why);
+      if (Status st = run.Load(run.shard(r)); !st.ok()) {
         return Noted(st, "nothing was written to the registered regions");
       }
     }
     if (!retry) break;
   }
   for (const Piece& p : run.pieces()) {
-    const Tier tier = run.shards()[p.shard].src().tier;
+    const Tier tier = run.shard(p.shard).src().tier;
     out.slowest = SlowerTier(out.slowest, tier);
     if (p.target != SIZE_MAX) {
       const std::uint64_t bytes = p.sub.elements() * p.elem;
@@ -618,7 +658,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
   }
   for (const Piece& p : run.pieces()) {
     if (p.target == SIZE_MAX || staging[p.target]) continue;
-    const LoadedShard& s = run.shards()[p.shard];
+    const LoadedShard& s = run.shard(p.shard);
     const char* item = s.src().image->data() + s.info.data_start + p.item->offset;
     for (const BoxRun& r : SubBoxRuns(p.sub, p.chunk, p.dst, p.elem))
       add(p.target, r.dst, r.bytes, item + r.src);
@@ -681,7 +721,7 @@ Result<ElasticRestored> ElasticRestore::Restore(const ElasticRequest& req) {
 }
 
 Result<bool> ElasticRestore::MatchesOwnShard(const ElasticRequest& req, ShardSource* fetched) {
-  ElasticRun run(*storage_, tiers_, errors_, req, readers_);
+  ElasticRun run(*storage_, tiers_, errors_, req, readers_, limits_);
   LoadedShard s;
   s.rank = req.rank;
   if (Status st = run.Load(s); !st.ok()) return st;

@@ -23,6 +23,14 @@
 // backend's copy lanes). A bad copy on the memory or local tier is reported (ErrorLog),
 // dropped from its tier, and the rank's shard is read from the next tier; a bad persistent
 // copy is a DATA_LOSS naming the global tensor, the box, the file or tier and the rank.
+//
+// What a shard claims is bounded before it is allocated (RestoreLimits): a copy whose blobs
+// total more than --max-blob-mib is a bad copy, and so are the blobs of all the shards meant
+// for this rank together; files are read through buffers of at most kReadWindow per reader
+// thread whatever an item's or a block's size, so the daemon's memory grows with the
+// registration (the staging buffers) and the blobs, never with a header's claims. A world
+// size over kMaxWorldSize (format/limits.h) never gets here (ParseCommitted refuses it), and
+// the table of the version's shards holds an entry only for the ranks the plan reads.
 // Thread-safe; one restore per call.
 #pragma once
 
@@ -75,13 +83,14 @@ struct ElasticRestored {
 class ElasticRestore {
  public:
   ElasticRestore(std::shared_ptr<Storage> storage, TierSet& tiers, ErrorLog& errors, unsigned readers,
-                 DeviceBackend* backend, unsigned lanes)
+                 DeviceBackend* backend, unsigned lanes, RestoreLimits limits = {})
       : storage_(std::move(storage)),
         tiers_(tiers),
         errors_(errors),
         readers_(readers),
         backend_(backend),
-        lanes_(lanes) {}
+        lanes_(lanes),
+        limits_(limits) {}
 
   Result<ElasticRestored> Restore(const ElasticRequest& req);
 
@@ -99,6 +108,7 @@ class ElasticRestore {
   const unsigned readers_;
   DeviceBackend* const backend_;
   const unsigned lanes_;
+  const RestoreLimits limits_;
 };
 
 }  // namespace ckpt

@@ -30,6 +30,8 @@ Registered Registrar::Reply(const std::shared_ptr<Session>& s, std::vector<std::
   out.daemon_events = std::move(daemon_events);
   out.latest_committed = catalog_.Latest(s->job);
   out.release_words = s->events && s->events->writes_release_words();
+  out.sealed = s->sealed;
+  out.verify = s->verify;
   return out;
 }
 
@@ -49,6 +51,9 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
   if (Status st = loader_.Load(*s, &req.layouts); !st.ok()) return st;
   std::vector<std::string> events;
   if (Status st = loader_.AttachDevice(*s, req.device, &events); !st.ok()) return st;
+  // Versions already snapshotted keep the seal rule they were taken under.
+  s->sealed = req.sealed || req.verify;
+  s->verify = req.verify;
   // Load let go of the regions the new table no longer names.
   if (device || s->device >= 0) sessions_.AwaitReleases(*s, "re-registration");
   return Reply(s, std::move(events));
@@ -83,6 +88,8 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
     MutexLock lock(session->mu);
     if (Status st = loader_.Load(*session, &req.layouts); !st.ok()) return st;
     if (Status st = loader_.AttachDevice(*session, req.device, &events); !st.ok()) return st;
+    session->sealed = req.sealed || req.verify;
+    session->verify = req.verify;
   }
   // A new job becomes the caller's; its directory exists (durably) before any shard is
   // written into it.
@@ -96,7 +103,14 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   // Not while a live trainer holds the rank (this registration is then refused).
   bool rank_free = true;
   for (const auto& other : sessions_.All()) {
-    if (other->job == req.job && other->rank == req.rank && !other->TrainerExited()) rank_free = false;
+    if (other->job != req.job || other->rank != req.rank) continue;
+    if (!other->TrainerExited()) {
+      rank_free = false;
+    } else {
+      // Closed now rather than at the reaper's next round: closing drops the versions it
+      // never sealed, which the wait below would otherwise wait for.
+      sessions_.Close(other, /*trainer_gone=*/true);
+    }
   }
   auto older_go = [this, rank_free](const ShardMeta& m) {
     if (promoter_ && rank_free) promoter_->SupersedeRankBelow(m.job, m.rank, m.version);

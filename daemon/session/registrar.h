@@ -36,6 +36,9 @@ struct RegistrationRequest {
   std::string descriptor_table;
   DeviceRegistration device;
   ItemLayouts layouts;  // as the client sent them; TableLoader::Load checks them
+  // Versions are sealed by the client, and verified by the daemon (see Session).
+  bool sealed = false;
+  bool verify = false;
 };
 
 struct Registered {
@@ -45,6 +48,8 @@ struct Registered {
   std::vector<std::string> daemon_events;
   std::uint64_t latest_committed = 0;
   bool release_words = false;  // the session writes the trainer's release words
+  bool sealed = false;
+  bool verify = false;
 };
 
 class Registrar {

@@ -82,7 +82,16 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
     if (!image.ok()) return NotFound("peer " + src.peer + ": " + image.status().message());
     src.image = std::move(image).value();
   }
-  if (Status st = CheckIdentity(s, version, src, registration); !st.ok()) return st;
+  // A peer's replica is another daemon's copy, possibly of another run of the job under the
+  // same numbers: one that does not fit this registration (another world size, other items,
+  // dtypes or shapes: FailedPrecondition, found before any byte is written) is passed over
+  // like a bad copy. The next source, the persistent tier's last, says whether the
+  // registration fits the version at all.
+  auto misfit = [&](const Status& st) {
+    if (src.tier != Tier::kPeer || st.code() != StatusCode::kFailedPrecondition) return st;
+    return DataLoss("the replica from peer " + src.peer + " does not fit this registration: " + st.message());
+  };
+  if (Status st = CheckIdentity(s, version, src, registration); !st.ok()) return misfit(st);
   std::vector<RestoreTarget> targets;
   targets.reserve(s.items.size());
   for (std::size_t i = 0; i < s.items.size(); ++i) {
@@ -96,8 +105,9 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
     target.region_offset = t.offset;
     targets.push_back(std::move(target));
   }
-  if (src.tier == Tier::kPeer) {  // issue 17: a failure names the peer
+  if (src.tier == Tier::kPeer) {  // a failure names the peer
     auto got = engine_.RestoreFromImage(*src.image, targets);
+    if (!got.ok() && got.status().code() == StatusCode::kFailedPrecondition) return misfit(got.status());
     if (!got.ok()) return got.status().With("replica from peer " + src.peer);
     return got;
   }

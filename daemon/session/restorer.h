@@ -68,7 +68,8 @@ class Restorer {
         counters_(counters),
         errors_(errors),
         restart_waits_newest_(restart_waits_newest),
-        elastic_(engine.storage(), tiers, errors, engine.readers(), engine.backend(), engine.lanes()) {}
+        elastic_(engine.storage(), tiers, errors, engine.readers(), engine.backend(), engine.lanes(),
+                 engine.limits()) {}
 
   // Restores `requested` (0: the newest committed version) into the session's regions.
   Result<Restored> Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) REQUIRES(s.mu);

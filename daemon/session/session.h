@@ -64,6 +64,11 @@ struct Session {
   std::string registration GUARDED_BY(mu);
   std::uint64_t registrations GUARDED_BY(mu) = 0;
   std::uint64_t last_version GUARDED_BY(mu) = 0;
+  // Sealed: a version is published only once the client sealed it (a wait with `seal`), and
+  // dropped if the client aborts it or goes away first. Verify (implies sealed): the sealing
+  // wait compares the host regions with the checksums of the copy. Set by each registration.
+  bool sealed GUARDED_BY(mu) = false;
+  bool verify GUARDED_BY(mu) = false;
   std::map<std::uint64_t, std::shared_ptr<ShardJob>> shards GUARDED_BY(mu);
 
   // The device of its tensors (-1: host memory only); set under `mu`.

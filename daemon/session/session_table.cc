@@ -83,6 +83,17 @@ void SessionTable::Close(const std::shared_ptr<Session>& s, bool trainer_gone) {
     if (auto it = rank_owner_.find(key); it != rank_owner_.end() && it->second == s->id)
       rank_owner_.erase(it);
   }
+  // A sealed registration's versions count only once the client vouched for them: one it
+  // could no longer seal is dropped, never published.
+  if (abort_) {
+    for (const auto& shard : shards_.Unsealed(s->job, s->id)) {
+      const std::string v = std::to_string(shard->meta().version);
+      abort_(shard, Aborted(trainer_gone ? "trainer pid " + std::to_string(s->peer.pid) +
+                                               " exited before it sealed version " + v +
+                                               " (the wait that vouches for its memory never came)"
+                                         : "the registration ended before version " + v + " was sealed"));
+    }
+  }
   if (!trainer_gone) {
     spdlog::info("job {} rank {}: unregistered", s->job, s->rank);
     return;

@@ -65,6 +65,10 @@ class SessionTable {
   // Snapshot call.
   void NoteFailure(const std::string& job, std::uint32_t rank, std::uint64_t version) EXCLUDES(mu_);
   std::vector<std::shared_ptr<Session>> All() const EXCLUDES(mu_);
+  // How a closed session's versions that were never sealed are aborted (set before the
+  // first session: the daemon's ShardAborter).
+  using Aborter = std::function<void(const std::shared_ptr<ShardJob>&, const Status&)>;
+  void SetAborter(Aborter abort) { abort_ = std::move(abort); }
 
  private:
   void ReapLoop() EXCLUDES(reap_mu_);
@@ -72,6 +76,7 @@ class SessionTable {
   ShardRegistry& shards_;
   DeviceBackend* backend_;
   const std::function<void()> on_reap_;
+  Aborter abort_;
   const std::uint32_t max_sessions_per_uid_;
   ItemBudget& items_;
   mutable Mutex mu_;

@@ -128,6 +128,7 @@ Result<std::map<std::uint64_t, VersionOnTiers>> TierSet::List(const std::string&
     auto& v = out[e.version];
     v.committed = e.committed;
     v.restorable = e.restorable && !e.committed;
+    if (!e.committed) v.aborted = e.aborted;
     v.persistent_ranks = e.ranks;
   }
   auto note = [&](std::uint64_t version) -> VersionOnTiers& {

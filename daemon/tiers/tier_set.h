@@ -93,6 +93,7 @@ struct ShardSource {
 struct VersionOnTiers {
   bool committed = false;
   bool restorable = false;  // issue 17: not committed, every rank's shard replicated
+  std::string aborted;      // non-empty: a rank aborted it, and why
   std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
   std::vector<std::uint32_t> local_ranks;
   std::vector<std::uint32_t> memory_ranks;

@@ -36,7 +36,7 @@ Tensors come back as torch tensors if torch imports, else numpy arrays, else Raw
 
 Names:
   SharedRegion  POSIX shm owned by this process (buffer protocol: memoryview, numpy, torch)
-  Client        connect / register_items / snapshot / wait_snapshot / wait_snapshot_on_stream /
+  Client        connect / register_items / snapshot / wait_snapshot / wait_snapshot_on_stream / abort_snapshot /
                 wait_durable / restore / status / unregister / report_stall (the stall the next
                 snapshot reports, for waits run on a thread of their own)
   Level         CAPTURED, LOCAL, PERSISTED (= DURABLE), COMMITTED (for wait_durable)
@@ -45,6 +45,8 @@ Names:
   DaemonRestartedError  versions lost to a restart of the daemon (a subclass of Error;
                 ``versions``: their numbers). The client reconnects by itself (within
                 Client.connect's reconnect_budget, default 120 s) and registers again.
+  TornSnapshotError  a version aborted because registered memory changed during its copy
+                (a subclass of Error; ``version``: its number): never committed
   VersionNotFoundError  a version or job that does not exist or is not committed (a subclass
                 of Error and of FileNotFoundError)
   DTYPES        accepted dtype names (safetensors spelling: "F32", "BF16", "I64", ...)
@@ -56,10 +58,11 @@ unregister, and the file reads of the loader) releases the GIL.
 """
 
 from ._ckpt import (DTYPES, Blob, Client, DaemonRestartedError, Error, Layout, Level, Registration, RestoreResult,
-                    SharedRegion, TensorItem)
+                    SharedRegion, TensorItem, TornSnapshotError)
 from .loader import (Checkpoint, RawTensor, Shard, VersionNotFoundError, list_versions, load_file, load_version,
                      read_header)
 
 __all__ = ["Blob", "Checkpoint", "Client", "DTYPES", "DaemonRestartedError", "Error", "Layout", "Level", "RawTensor",
-           "Registration", "RestoreResult", "Shard", "SharedRegion", "TensorItem", "VersionNotFoundError",
+           "Registration", "RestoreResult", "Shard", "SharedRegion", "TensorItem", "TornSnapshotError",
+           "VersionNotFoundError",
            "list_versions", "load_file", "load_version", "read_header"]

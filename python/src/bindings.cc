@@ -227,9 +227,23 @@ PYBIND11_MODULE(_ckpt, m) {
                       "e.versions: those versions (list of int, ascending); e.code: 10 (ABORTED). The client "
                       "registered again with the restarted daemon: later snapshots work."));
   py::setattr(restarted_type, "versions", py::none());
+  // ckpt.TornSnapshotError: a version aborted because its memory changed during its copy.
+  static PyObject* torn_type =
+      py::exception<ckpt::TornSnapshotError>(m, "TornSnapshotError", error_type).release().ptr();
+  py::setattr(torn_type, "__doc__",
+              py::str("A version aborted because registered memory changed between its snapshot and the end of "
+                      "its copy (a torn snapshot): found by the daemon's verification (the message names the "
+                      "item and its bytes) or reported by abort_snapshot. It is never committed; the previous "
+                      "committed version is untouched. e.version: its number; e.code: 10 (ABORTED)."));
+  py::setattr(torn_type, "version", py::none());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const ckpt::TornSnapshotError& e) {
+      py::object inst = py::reinterpret_borrow<py::object>(torn_type)(e.what());
+      inst.attr("code") = e.code();
+      inst.attr("version") = e.version();
+      PyErr_SetObject(torn_type, inst.ptr());
     } catch (const ckpt::DaemonRestartedError& e) {
       py::object inst = py::reinterpret_borrow<py::object>(restarted_type)(e.what());
       inst.attr("code") = e.code();
@@ -409,6 +423,11 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<ckpt::Registration>(m, "Registration", "What register_items returns")
       .def_readonly("item_count", &ckpt::Registration::item_count)
       .def_readonly("tensor_bytes", &ckpt::Registration::tensor_bytes)
+      .def_readonly("sealed", &ckpt::Registration::sealed,
+                    "versions commit only once a wait sealed them (register_items(sealed=True), or verify)")
+      .def_readonly("verify", &ckpt::Registration::verify,
+                    "the daemon verifies each version at its sealing wait (verify=True or ckptd "
+                    "--verify-snapshots)")
       .def_readonly("latest_committed", &ckpt::Registration::latest_committed,
                     "Newest committed version of the job (0: none)")
       .def("__repr__", [](const ckpt::Registration& r) {
@@ -448,13 +467,17 @@ PYBIND11_MODULE(_ckpt, m) {
       .def(
           "register_items",
           [](ckpt::Client& c, const std::string& job, std::uint32_t rank, std::uint32_t world,
-             const py::iterable& items) {
+             const py::iterable& items, bool sealed, bool verify) {
             std::vector<ckpt::TensorItem> out;
             for (const auto& item : items) out.push_back(ToItem(item));
+            ckpt::RegisterOptions options;
+            options.sealed = sealed;
+            options.verify = verify;
             py::gil_scoped_release release;
-            return c.register_items(job, rank, world, out);
+            return c.register_items(job, rank, world, out, options);
           },
-          py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("items"),
+          py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("items"), py::kw_only(),
+          py::arg("sealed") = false, py::arg("verify") = false,
           "Registers (or re-registers) this rank's tensors. items: list of ckpt.TensorItem or tuples, each\n"
           "  (name, dtype, shape, region[, offset][, layout])      host memory: offset bytes into a "
           "SharedRegion\n"
@@ -463,7 +486,12 @@ PYBIND11_MODULE(_ckpt, m) {
           "                                              e.g. tensor.data_ptr(); CUDA builds only)\n"
           "with dtype a safetensors name (see ckpt.DTYPES), shape a list of ints and layout a ckpt.Layout "
           "(the item's place in a global tensor; omitted: rank-private). Tensors must be packed "
-          "(contiguous).")
+          "(contiguous).\n"
+          "sealed=True: a version is published and can commit only once a wait sealed it (wait_snapshot or "
+          "wait_snapshot_on_stream with seal=True, the client's word that the tensors did not change since "
+          "the snapshot), or is dropped by abort_snapshot, or when the trainer exits or unregisters first. "
+          "verify=True (implies sealed): the daemon also compares host memory with its copy at that wait "
+          "and aborts the version if it changed (TornSnapshotError naming the item).")
       .def(
           "snapshot",
           [](ckpt::Client& c, std::uint64_t version, const std::optional<py::dict>& blobs,
@@ -481,17 +509,29 @@ PYBIND11_MODULE(_ckpt, m) {
           "queued work the version is taken.")
       .def(
           "wait_snapshot",
-          [](ckpt::Client& c, std::uint64_t version, std::optional<double> timeout) {
+          [](ckpt::Client& c, std::uint64_t version, std::optional<double> timeout, bool seal) {
             std::chrono::nanoseconds stall;
             {
               py::gil_scoped_release release;
-              stall = c.wait_snapshot(version, ToTimeout(timeout));
+              stall = c.wait_snapshot(version, ToTimeout(timeout), seal);
             }
             return std::chrono::duration<double>(stall).count();
           },
-          py::arg("version"), py::arg("timeout") = py::none(),
+          py::arg("version"), py::arg("timeout") = py::none(), py::arg("seal") = true,
           "Blocks until every byte of `version` is out of trainer memory; returns the time blocked in "
-          "seconds. timeout: seconds (None: forever).")
+          "seconds. timeout: seconds (None: forever). seal (sealed registrations): then seal the version "
+          "(verified first with verify=True: TornSnapshotError if its memory changed); False only waits.")
+      .def(
+          "abort_snapshot",
+          [](ckpt::Client& c, std::uint64_t version, const std::string& reason) {
+            py::gil_scoped_release release;
+            c.abort_snapshot(version, reason);
+          },
+          py::arg("version"), py::arg("reason"),
+          "Sealed registrations: drops `version`, not sealed yet (never published nor committed; status "
+          "and `ckptctl ls` show it aborted with `reason`, at most 1024 bytes); later waits on it raise "
+          "TornSnapshotError. ckpt.Error (code 9, FAILED_PRECONDITION) for a version sealed already or "
+          "a registration that is not sealed.")
       .def(
           "report_stall",
           [](ckpt::Client& c, double seconds) {
@@ -504,16 +544,16 @@ PYBIND11_MODULE(_ckpt, m) {
           "last wait blocked: for a trainer whose waits run on a thread of their own.")
       .def(
           "wait_snapshot_on_stream",
-          [](ckpt::Client& c, std::uint64_t version, const py::object& stream) {
+          [](ckpt::Client& c, std::uint64_t version, const py::object& stream, bool seal) {
             void* s = ToStream(stream);
             std::chrono::nanoseconds stall;
             {
               py::gil_scoped_release release;
-              stall = c.wait_snapshot_on_stream(version, s);
+              stall = c.wait_snapshot_on_stream(version, s, seal);
             }
             return std::chrono::duration<double>(stall).count();
           },
-          py::arg("version"), py::arg("stream"),
+          py::arg("version"), py::arg("stream"), py::arg("seal") = true,
           "GPU registrations: makes `stream` (int cudaStream_t or torch.cuda.Stream) wait until every "
           "byte of `version` is copied, so work queued there afterwards (the optimizer step) runs after "
           "the copies; the host blocks only until the daemon has queued them. Returns the seconds the "

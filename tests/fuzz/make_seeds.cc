@@ -20,6 +20,7 @@
 
 #include "format/checksum.h"
 #include "format/global_layout.h"
+#include "format/limits.h"
 #include "format/markers.h"
 #include "format/shard_format.h"
 #include "format/version_index.h"
@@ -133,8 +134,9 @@ int main(int argc, char** argv) {
           Shard({"j", 1, 0, 1, ""}, {Item("empty", ItemKind::kTensor, DType::kF16, {0, 5}),
                                      Item("mask", ItemKind::kTensor, DType::kBool, {2, 2}),
                                      Item("none", ItemKind::kBlob, DType::kU8, {0})}));
-    Write(shards / "no-items",
-          Shard({"job.x_y-z", 18446744073709551615ull, 4294967294u, 4294967295u, ""}, {}));
+    Write(
+        shards / "no-items",
+        Shard({"job.x_y-z", 18446744073709551615ull, ckpt::kMaxWorldSize - 1, ckpt::kMaxWorldSize, ""}, {}));
     Write(shards / "all-dtypes",
           Shard({"dt", 7, 1, 2, "s"}, {Item("f64", ItemKind::kTensor, DType::kF64, {1}),
                                        Item("f16", ItemKind::kTensor, DType::kF16, {1}),
@@ -208,8 +210,9 @@ int main(int argc, char** argv) {
 
     const fs::path committed = dir / "committed";
     Write(committed / "rendered", ckpt::RenderCommitted({"job-1", 42, 8, 1764612000}));
-    Write(committed / "rendered-limits",
-          ckpt::RenderCommitted({"a", 18446744073709551615ull, 4294967295u, -9223372036854775807 - 1}));
+    Write(
+        committed / "rendered-limits",
+        ckpt::RenderCommitted({"a", 18446744073709551615ull, ckpt::kMaxWorldSize, -9223372036854775807 - 1}));
 
     const fs::path markers = dir / "markers";
     Write(markers / "node-marker", ckpt::RenderNodeMarker({{0, "reg-a"}, {3, "reg.b_c-9"}, {70000, "r"}}));

@@ -21,7 +21,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
   echo "usage: $0 [SECONDS] [TARGET...]" >&2
   exit 2
 fi
-all_targets=(shard_header descriptor_table config latest committed registration job_owner version_index layout_metadata markers)
+all_targets=(shard_header descriptor_table config latest committed registration job_owner version_index layout_metadata markers shard_piece)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do

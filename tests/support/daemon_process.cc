@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +24,7 @@ namespace ckpt::test {
 namespace {
 
 pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int keep_fd, int err_fd = -1,
-            const std::vector<std::string>& env = {}) {
+            const std::vector<std::string>& env = {}, std::uint64_t open_files = 0) {
   // Built before fork: the child of a threaded process must not allocate.
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -39,6 +40,10 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int keep_fd, int e
     ::dup2(out_fd, 1);
     ::dup2(err_fd >= 0 ? err_fd : out_fd, 2);
     if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
+    if (open_files != 0) {
+      const rlimit lim{open_files, open_files};
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+    }
     ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
@@ -85,7 +90,7 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
   int err = options_.stderr_path.empty()
                 ? -1
                 : ::open(options_.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  pid_ = Spawn(argv, log, ready[1], err, options_.env);
+  pid_ = Spawn(argv, log, ready[1], err, options_.env, options_.open_files);
   ::close(log);
   if (err >= 0) ::close(err);
   ::close(ready[1]);
@@ -177,6 +182,17 @@ v1::StatusReply DaemonProcess::Status() const {
   v1::StatusReply reply;
   grpc::Status s = Stub()->Status(&ctx, v1::StatusRequest(), &reply);
   if (!s.ok()) throw std::runtime_error("Status failed: " + s.error_message());
+  return reply;
+}
+
+v1::ListReply DaemonProcess::List(const std::string& job) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ListRequest req;
+  req.set_job(job);
+  v1::ListReply reply;
+  grpc::Status s = Stub()->List(&ctx, req, &reply);
+  if (!s.ok()) throw std::runtime_error("List failed: " + s.error_message());
   return reply;
 }
 

@@ -27,6 +27,8 @@ struct DaemonOptions {
   std::vector<std::string> env;
   // If set, the daemon's stderr goes here and only its stdout to Log().
   std::string stderr_path;
+  // If set, the daemon's open-file limit (soft and hard: it cannot raise it).
+  std::uint64_t open_files = 0;
 };
 
 class DaemonProcess {
@@ -58,6 +60,8 @@ class DaemonProcess {
 
   std::unique_ptr<v1::Checkpoint::Stub> Stub() const;
   v1::StatusReply Status() const;
+  // The daemon's List of `job` (throws on an error).
+  v1::ListReply List(const std::string& job) const;
 
  private:
   DaemonOptions options_;

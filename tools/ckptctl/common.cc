@@ -53,6 +53,13 @@ std::string Human(std::uint64_t bytes) {
 
 const char* LevelWord(ckpt::v1::Level level) { return ckpt::LevelName(ckpt::LevelFromProto(level)); }
 
+const char* ShardWord(const ckpt::v1::ShardStatus& shard) {
+  if (shard.aborted()) return "ABORTED";
+  if (!shard.error().empty()) return "FAILED";
+  if (shard.awaiting_seal()) return "unsealed";
+  return LevelWord(shard.level());
+}
+
 void PrintJson(const nlohmann::ordered_json& doc) {
   // Replace rather than throw on bytes that are not UTF-8 (a string field holds any bytes).
   std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";

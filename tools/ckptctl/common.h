@@ -38,6 +38,9 @@ std::string Human(std::uint64_t bytes);
 // The short lower-case word of a wire level: "copying" (none yet), "captured", "local",
 // "persisted", "committed".
 const char* LevelWord(ckpt::v1::Level level);
+// A shard's state in one word: ABORTED (a torn snapshot, not an error of the daemon),
+// FAILED, "unsealed" (written, waiting for its trainer's seal), else its level.
+const char* ShardWord(const ckpt::v1::ShardStatus& shard);
 
 // Prints `doc` on stdout, indented, with a final newline.
 void PrintJson(const nlohmann::ordered_json& doc);

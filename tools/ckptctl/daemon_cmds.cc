@@ -101,7 +101,7 @@ int Status(const std::string& socket, bool json) {
   for (const auto& sh : r.shards()) {
     std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n",
                 sh.job().c_str(), sh.version(), sh.rank(),
-                sh.error().empty() ? LevelWord(sh.level()) : "FAILED", Human(sh.copied_bytes()).c_str(),
+                ShardWord(sh), Human(sh.copied_bytes()).c_str(),
                 Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
                 sh.error().empty() ? "" : "  ", sh.error().c_str());
   }
@@ -146,9 +146,12 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
               "memory ranks");
   for (const auto& v : r.versions()) {
     std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(),
-                v.committed() ? "committed" : v.restorable() ? "replicated" : "incomplete",
-                join(v.durable_ranks()).c_str(),
-                join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
+                v.committed()    ? "committed"
+                : v.aborted()    ? "aborted"
+                : v.restorable() ? "replicated"
+                                 : "incomplete",
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
+    if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
   }
   return kOk;
 }

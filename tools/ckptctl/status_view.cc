@@ -117,7 +117,7 @@ std::string RenderFrame(const ckpt::v1::StatusReply& r, const std::optional<Thro
     if (InFlight(sh) || skip-- > 0) continue;
     out += Format("  job %-16s v%-6" PRIu64 " rank %-4u %-9s %s  durable after %.1f ms%s%s\n",
                   sh.job().c_str(), sh.version(), sh.rank(),
-                  sh.error().empty() ? LevelWord(sh.level()) : "FAILED", Human(sh.total_bytes()).c_str(),
+                  ShardWord(sh), Human(sh.total_bytes()).c_str(),
                   sh.durable_ms(), sh.error().empty() ? "" : "  ", sh.error().c_str());
   }
   if (r.errors_size() > 0)

@@ -86,6 +86,41 @@ class DaemonRestartedError : public Error {
   std::vector<std::uint64_t> versions_;
 };
 
+// A version aborted because the trainer's memory changed between snapshot(v) and the end of
+// its copy (a torn snapshot), found by the daemon's verification or reported by the client
+// (abort_snapshot); code() is ABORTED (10). The version is never committed; the previous
+// committed version is untouched.
+class TornSnapshotError : public Error {
+ public:
+  TornSnapshotError(const std::string& message, std::uint64_t version)
+      : Error(DaemonRestartedError::kAborted, message), version_(version) {}
+  std::uint64_t version() const { return version_; }
+
+ private:
+  std::uint64_t version_;
+};
+
+// How the versions of a registration become final. The contract of every registration: the
+// registered memory of version v must not change from snapshot(v) until wait_snapshot(v)
+// (or wait_snapshot_on_stream(v), for work queued after it) returns; the update that the
+// wait protects (the optimizer step) comes after it. These options make the daemon enforce
+// what it can of that contract instead of trusting it.
+struct RegisterOptions {
+  // A version is published (its final file name, the memory tier, peers) and can commit only
+  // once this client sealed it: wait_snapshot(v) / wait_snapshot_on_stream(v) with `seal`
+  // (the default), the client's word that nothing changed, or abort_snapshot(v) to drop it.
+  // A version never sealed (the trainer died, or unregistered, before its wait) is dropped;
+  // the next snapshot after v is refused while v is neither sealed nor aborted.
+  bool sealed = false;
+  // Implies sealed. The daemon hashes every piece of host memory it copies, and at the
+  // sealing wait reads the regions again and compares: a piece that changed aborts the
+  // version, and the wait throws TornSnapshotError naming the item and its bytes. Costs one
+  // more read of the state at each wait (docs/DESIGN-NOTES.md gives the figures). GPU
+  // tensors are not read again (their copies are ordered after the trainer's stream).
+  // ckptd --verify-snapshots turns it on for every registration.
+  bool verify = false;
+};
+
 struct ClientOptions {
   // How long one call keeps trying to reach a daemon that went away (restarting) before it
   // fails. Unset: $CKPT_RECONNECT_BUDGET_S (seconds, may be fractional), else 120 s. Zero:
@@ -171,6 +206,9 @@ struct Registration {
   std::uint32_t item_count = 0;
   std::uint64_t tensor_bytes = 0;
   std::uint64_t latest_committed = 0;  // 0 if the job has no committed version
+  // In force for this registration (the daemon's --verify-snapshots may turn both on).
+  bool sealed = false;
+  bool verify = false;
 };
 
 // What `ckptctl status` shows, as JSON text (the daemon's StatusReply).
@@ -192,7 +230,7 @@ class Client {
 
   // Registers (or, called again, re-registers) this trainer's tensors.
   Registration register_items(const std::string& job, std::uint32_t rank, std::uint32_t world_size,
-                              const std::vector<TensorItem>& items);
+                              const std::vector<TensorItem>& items, const RegisterOptions& options = {});
   // Asks the daemon to capture version `version` and returns at once. Throws if a registered
   // region changed since registration, or a GPU tensor's allocation was freed or moved
   // (register again), or if an earlier version failed in the background (the error says
@@ -201,9 +239,17 @@ class Client {
   // (a cudaStream_t; nullptr: the legacy default stream) has run: the client records an
   // interprocess event there and the daemon's copies wait on it.
   void snapshot(std::uint64_t version, const std::vector<Blob>& blobs = {}, void* cuda_stream = nullptr);
-  // Blocks until every byte of `version` is out of trainer memory; returns the stall.
+  // Blocks until every byte of `version` is out of trainer memory; returns the stall. For a
+  // sealed registration (RegisterOptions) it then seals the version unless `seal` is false
+  // (verifying it first in verify mode: TornSnapshotError if its memory changed).
   std::chrono::nanoseconds wait_snapshot(std::uint64_t version,
-                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+                                         bool seal = true);
+  // Sealed registrations: drops `version` (never published nor committed; status and
+  // `ckptctl ls` show it aborted with `reason`), for a trainer that found its memory changed
+  // before the copy ended. FAILED_PRECONDITION for a version sealed already or of another
+  // registration.
+  void abort_snapshot(std::uint64_t version, const std::string& reason);
   // The stream-ordered form, for GPU registrations: makes `cuda_stream` (a cudaStream_t)
   // wait until every byte of `version` is copied, so work queued there afterwards (the
   // optimizer) runs after the copies while the CPU goes on. The host blocks only until the
@@ -212,12 +258,14 @@ class Client {
   // the time the host blocked. The stream waits on a release word where the daemon and the
   // device allow (see stream_wait()): should the daemon die before the copies run, the
   // client releases the stream itself, and its next call reports the version lost.
-  std::chrono::nanoseconds wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream);
+  // Seals the version (sealed registrations) unless `seal` is false.
+  std::chrono::nanoseconds wait_snapshot_on_stream(std::uint64_t version, void* cuda_stream, bool seal = true);
   // Sets the trainer's stall that the next snapshot reports to the daemon (its stall metric),
   // in place of the time the last wait blocked: for a trainer whose waits run on a thread of
   // their own (ckpt.torch's worker), where the trainer blocked for less or not at all.
   void report_stall(std::chrono::nanoseconds stall);
-  // Blocks until `version` reaches `level` (default: committed across all ranks).
+  // Blocks until `version` reaches `level` (default: committed across all ranks). For a sealed
+  // registration it seals the version first, as wait_snapshot does (it implies that wait).
   void wait_durable(std::uint64_t version, Level level = Level::kCommitted,
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   // Fills the registered regions from `version` (nullopt: the newest committed) and returns
