@@ -965,6 +965,8 @@ std::chrono::nanoseconds Client::wait_snapshot(std::uint64_t version, std::chron
   return impl_->NoteStall(std::chrono::steady_clock::now() - start);
 }
 
+void Client::report_stall(std::chrono::nanoseconds stall) { (void)impl_->NoteStall(stall); }
+
 void Client::abort_snapshot(std::uint64_t version, const std::string& reason) {
   const std::string what = "abort_snapshot " + std::to_string(version);
   Impl::Call c = impl_->Current(what);
