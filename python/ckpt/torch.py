@@ -810,9 +810,6 @@ class Checkpointer:
         self._check_open()
         step = int(step)
         self._wait_noting_restart()  # the previous version's memory (staging too) is free
-        # Verified by the daemon, the previous seal may report an abort, whose item this version
-        # must protect already: its result is waited for (sealed by now, normally).
-        self._collect_seal(block=self._verified)
         if self._restage or not self._tracking_current():
             self._refresh()
         parts = self._blob_state(step)
@@ -932,7 +929,9 @@ class Checkpointer:
                 self._pending = None  # never sealed, whatever the abort call says
                 self._client.report_stall(stall)  # the trainer's stall, not the worker's wait
                 self._abort(step, moved)
-            elif self._exiting:  # the worker thread is gone: sealed here
+            elif self._exiting or self._verified:
+                # Here, when the worker thread is gone; and when the daemon verifies: it reads the
+                # memory again at the seal, which must be over before the update changes it.
                 try:
                     self._seal_version(step, stall)
                 except TornSnapshotError as e:
