@@ -68,8 +68,10 @@ RuntimeWarning names the item, its module path and state_dict key, and the step;
 protected from the next save on: staged if small enough, else the wait moves before the
 forward, and if it still changes with the wait there, save() waits for each capture before
 returning (each step said once). Writes the counter cannot see (through t.data, numpy views,
-other threads) are caught by the daemon with verify=True; such an abort (TornSnapshotError from
-the seal) is recorded and acted on the same way. Nothing is left for the trainer to call.
+other threads) are caught by the daemon with verify=True when they come after its copy of the
+item (it compares memory with its copy at the seal; a write before the copy goes into it
+unseen); such an abort (TornSnapshotError from the seal) is recorded and acted on the same way.
+Nothing is left for the trainer to call.
 
 Optimizer state that appears lazily (Adam's exp_avg after the first step) is handled by
 re-registration, not by materialising it: every save checks, cheaply (identity and address of
@@ -624,8 +626,9 @@ class Checkpointer:
       called explicitly too.
     verify: the daemon also compares host memory with its copy at each version's sealing
       wait and aborts the version if it changed: catches writes the version counters do not
-      see (through t.data, numpy views, other threads or processes). Costs one more read of
-      the host state per version.
+      see (through t.data, numpy views, other threads or processes) made after its copy of the
+      item. Costs one more read of the host state per version, and the seal is then made on
+      the training thread (the re-read must end before the update).
     reconnect_budget: seconds a call waits for a daemon that went away (restarting) before it
       raises; None: $CKPT_RECONNECT_BUDGET_S, else 120 (only when the Checkpointer connects
       the client itself; give a Client its own budget in Client.connect).

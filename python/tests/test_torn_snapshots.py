@@ -89,7 +89,8 @@ def test_committed_versions_are_exact_and_the_resume_bit_identical(case, daemon,
 def test_a_change_the_guard_cannot_prevent_is_detected_and_that_version_aborted(case, daemon, temp_dir):
     """No kill: a large EMA weight changed before the forward (the version counter sees it,
     but the tensor is too large to stage and the change comes before any wait), and a write
-    through .data (invisible to the counter; the daemon's verify mode sees it). The version
+    through .data (invisible to the counter; made after the daemon's copy, the daemon's verify
+    mode sees it at the seal: a write before the copy would go into it unseen). The version
     is aborted: not committed, shown aborted by the daemon, while the one before stays
     restorable; then the Checkpointer protects the tensor and later versions commit."""
     job = f"detect-{case.replace('_', '-')}"
@@ -103,7 +104,7 @@ def test_a_change_the_guard_cannot_prevent_is_detected_and_that_version_aborted(
     expected = {"large_ema_before": [1, 2], "data_write": [2]}[case]
     assert aborted == expected, (aborted, committed)
     assert committed == [v for v in range(1, STEPS + 1) if v not in expected]
-    listing = daemon.ctl("ls", job).stdout
+    listing = daemon.ctl("ls", "--job", job).stdout
     for v in expected:
         assert any(line.split()[:2] == [f"v{v}", "aborted"] for line in listing.splitlines() if line.strip()), listing
     for v in committed:
@@ -144,7 +145,7 @@ def test_the_abort_names_the_tensor_and_the_step_and_the_tensor_is_staged_from_t
     with pytest.raises(ckpt.TornSnapshotError) as e:
         ck.client.wait_durable(2, ckpt.Level.COMMITTED, 60)
     assert e.value.version == 2 and e.value.code == 10
-    listing = daemon.ctl("ls", "abort-names").stdout
+    listing = daemon.ctl("ls", "--job", "abort-names").stdout
     assert re.search(r"v2\s+aborted", listing) and "model.2.weight" in listing, listing
 
     ck.save(3)  # registers again: the weight is staged now

@@ -138,8 +138,9 @@ def batch(step: int, device: str):
     return x.to(device), y.to(device)
 
 
-def train_step(model, opt, sched, scaler, case: str, step: int) -> float:
-    """Iteration `step` (1-based); the caller saves after it."""
+def train_step(model, opt, sched, scaler, case: str, step: int, captured=None) -> float:
+    """Iteration `step` (1-based); the caller saves after it. captured (with ckpt): waits until
+    the pending version is out of trainer memory, without sealing it."""
     with torch.no_grad():  # changes at the start of the iteration, after the previous save
         if case == "ema_module_before":
             for e, p in zip(model.ema.parameters(), model.fc.parameters()):
@@ -152,7 +153,12 @@ def train_step(model, opt, sched, scaler, case: str, step: int) -> float:
         if case == "large_ema_before":
             model.big_ema.weight.mul_(0.9).add_(0.01)
     if case == "data_write" and step >= 3:
-        model.head.weight.data.mul_(0.999)  # through .data: invisible to the version counter
+        # Through .data: invisible to the version counter. Made once the daemon has copied the
+        # version, as the daemon's verify can see it: at the seal it compares memory with its
+        # copy (a write before the copy of the item would go into the copy unseen).
+        if captured is not None:
+            captured()
+        model.head.weight.data.mul_(0.999)
     x, y = batch(step, next(model.parameters()).device)
     loss = nn.functional.cross_entropy(model(x), y)
     if scaler is not None:
@@ -374,8 +380,14 @@ def main() -> int:
         start = 0
     print(f"@ready {start}", flush=True)
     reported = 0
+    def captured():
+        if ck._job is not None:  # the worker thread's snapshot call and wait for the capture
+            ck._job.result()
+        elif ck.pending is not None:
+            ck.client.wait_snapshot(ck.pending, seal=False)
+
     for step in range(start + 1, args.steps + 1):
-        loss = train_step(model, opt, sched, scaler, args.case, step)
+        loss = train_step(model, opt, sched, scaler, args.case, step, captured)
         ck.save(step)
         aborted = getattr(ck, "aborted_versions", [])
         for version, _ in aborted[reported:]:
