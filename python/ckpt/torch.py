@@ -125,6 +125,7 @@ import pickle
 import random
 import re
 import sys
+import threading
 import time
 import types
 import warnings
@@ -1978,8 +1979,9 @@ class Checkpointer:
             raise RuntimeError("this Checkpointer is closed")
 
 
-# The open Checkpointers, whose last versions _seal_at_exit seals.
+# The open Checkpointers, whose last versions _seal_at_exit seals (within _EXIT_SEAL_S seconds).
 _LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+_EXIT_SEAL_S = 10.0
 
 
 @atexit.register
@@ -1988,16 +1990,28 @@ def _seal_at_exit() -> None:
     each Checkpointer left open is compared and sealed (or aborted) as close() would:
     unsealed, the daemon drops it when the process goes. (A trainer killed loses it: never
     sealed, so never committed half-changed.)"""
-    for ck in list(_LIVE):
-        if ck._closed:
-            continue
-        ck._exiting = True
-        try:
-            ck._wait_noting_restart()
-            ck._collect_seal(block=True)
-        except Exception as e:  # noqa: BLE001 (the interpreter is exiting: said, not raised)
-            print(f"ckpt.torch: the last version of job '{ck.job}' could not be sealed at exit: {e}",
-                  file=sys.stderr)
+    live = [ck for ck in list(_LIVE) if not ck._closed and (ck._pending is not None or ck._seal is not None)]
+    if not live:
+        return
+
+    def seal_all():
+        for ck in live:
+            ck._exiting = True
+            try:
+                ck._wait_noting_restart()
+                ck._collect_seal(block=True)
+            except Exception as e:  # noqa: BLE001 (the interpreter is exiting: said, not raised)
+                print(f"ckpt.torch: the last version of job '{ck.job}' could not be sealed at exit: {e}",
+                      file=sys.stderr)
+
+    # On a thread, waited for a bounded time: a daemon gone would make the client try to
+    # reconnect for its whole budget, and the exit must not hang on that.
+    try:
+        t = threading.Thread(target=seal_all, name="ckpt.torch-seal-at-exit", daemon=True)
+        t.start()
+    except RuntimeError:  # no new threads at this stage of the exit (newer Pythons)
+        return
+    t.join(_EXIT_SEAL_S)
 
 
 def _load_own_state(obj: Any, sd: Any, rebind: Mapping[str, str]) -> None:
