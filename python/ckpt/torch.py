@@ -814,9 +814,6 @@ class Checkpointer:
         self._check_open()
         step = int(step)
         self._wait_noting_restart()  # the previous version's memory (staging too) is free
-        # Its seal too (sent by the worker during the update, normally done): a trainer killed
-        # after this save() then resumes from the version before, never two versions back.
-        self._collect_seal(block=True)
         if self._restage or not self._tracking_current():
             self._refresh()
         parts = self._blob_state(step)
