@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What checkpointing every step costs a short-step PyTorch trainer on CPU (issue 15).
+"""What checkpointing every step costs a short-step PyTorch trainer on CPU.
 
 The workload: a small CNN with batch-norm layers (so the Checkpointer waits before every
 forward, the tighter of its two waits), SGD with nesterov momentum, and a step of about 30 ms
@@ -12,7 +12,10 @@ ckpt none, ...), so drift of the shared machine hits both alike. Each block star
 lead-in steps (the ckpt block's first save registers the optimizer's momentum buffers), and a
 ckpt block ends by waiting for its last version to be committed, outside the timings.
 
-Figures per scheduler: median step time of each mode, overhead = ckpt / none - 1 (also the
+Figures per scheduler: whether the versions held exactly the state of their step (every committed
+version of a ckpt block compared value by value with the state cloned at its save(), outside
+the timings; and the versions aborted), the cost of the version counters (record and compare,
+for the tensors the Checkpointer guards), median step time of each mode, overhead = ckpt / none - 1 (also the
 median over rounds of each round's own ratio, and the same ratio of the training thread's CPU
 time per step, which a busy shared machine disturbs far less than wall time), and the
 medians of the two things the trainer waits for per step in ckpt mode: save() and the wait
@@ -32,6 +35,7 @@ import cProfile
 import gc
 import io
 import json
+import operator
 import os
 import platform
 import pstats
@@ -141,10 +145,14 @@ class Workload:
         return n
 
 
-def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, profiler=None):
+def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, profiler=None, torn=None):
     """`iters` timed steps of one mode; returns (step seconds, save seconds, wait seconds,
-    training-thread CPU seconds per step)."""
+    training-thread CPU seconds per step). torn (ckpt mode): a dict whose counts this block
+    adds to: every committed version of the block compared value by value with the state the
+    trainer had at its save() (cloned after the timed part of each step), and the versions
+    the Checkpointer aborted."""
     steps, saves, waits, cpus = [], [], [], []
+    saved = {}
     ck = None
     if mode == "ckpt":
         ck = ckpt.torch.Checkpointer(daemon.sock, f"overhead-{w.kind}", model=w.model, optimizer=w.opt,
@@ -171,8 +179,24 @@ def run_block(w: Workload, mode: str, iters: int, lead_in: int, daemon: Daemon, 
                 steps.append(t3 - t0)
                 saves.append(t3 - t2)
                 waits.append(ck.last_stall_s if ck is not None else 0.0)
+            if ck is not None and torn is not None:
+                saved[w.step] = {n: t.detach().clone() for n, t in ck.tensors().items()}
         if ck is not None:
-            ck.wait_durable(timeout=60)
+            try:
+                ck.wait_durable(timeout=60)
+            except ckpt.Error as e:
+                if e.code != 10:  # ABORTED: the last version was (counted below)
+                    raise
+            if torn is not None:
+                committed = set(ckpt.list_versions(daemon.root, f"overhead-{w.kind}"))
+                for step, want in saved.items():
+                    if step not in committed:
+                        continue
+                    got = ckpt.torch.load_checkpoint(daemon.root, f"overhead-{w.kind}", step)["tensors"]
+                    torn["versions_checked"] = torn.get("versions_checked", 0) + 1
+                    torn["values_differing"] = torn.get("values_differing", 0) + sum(
+                        int((got[n] != t).sum()) for n, t in want.items())
+                torn["aborted"] = torn.get("aborted", 0) + len(getattr(ck, "aborted_versions", []))
     finally:
         if ck is not None:
             ck.close()
@@ -222,9 +246,10 @@ def main() -> int:
             w = Workload(kind, args.batch, total)
             times = {"none": ([], [], [], []), "ckpt": ([], [], [], [])}
             blocks = []
+            torn = {}
             for r in range(args.rounds):
                 for mode in (("none", "ckpt") if r % 2 == 0 else ("ckpt", "none")):
-                    got = run_block(w, mode, args.iters, args.lead_in, daemon)
+                    got = run_block(w, mode, args.iters, args.lead_in, daemon, torn=torn)
                     for acc, values in zip(times[mode], got):
                         acc.extend(values)
                     blocks.append([mode, round(median_ms(got[0]), 2)])
@@ -243,10 +268,24 @@ def main() -> int:
                    "overhead_cpu_pct": round((ckpt_cpu / none_cpu - 1) * 100, 2),
                    "steps_per_mode": len(times["none"][0]), "blocks_ms_p50": blocks,
                    "state_bytes": w.state_bytes(),
-                   "tensor_items": None, "blob_bytes": blob_bytes(daemon, kind)}
+                   "tensor_items": None, "blob_bytes": blob_bytes(daemon, kind), "torn": torn}
             with ckpt.torch.Checkpointer(daemon.sock, f"overhead-{kind}", model=w.model, optimizer=w.opt,
                                          scheduler=w.sched, extra_state=w.data) as ck:
                 run["tensor_items"] = len(ck.items)
+                guard = getattr(ck, "_guard", None)
+                if guard is not None:  # what save() and the wait do with the version counters
+                    version = operator.attrgetter("_version")
+                    reps = 2000
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        recorded = list(map(version, guard))
+                    t1 = time.perf_counter()
+                    for _ in range(reps):
+                        _ = list(map(version, guard)) != recorded
+                    t2 = time.perf_counter()
+                    run["guarded_tensors"] = len(guard)
+                    run["counters_record_us"] = round((t1 - t0) / reps * 1e6, 2)
+                    run["counters_compare_us"] = round((t2 - t1) / reps * 1e6, 2)
             gc.collect()
             if args.profile:
                 prof = cProfile.Profile()
@@ -274,11 +313,16 @@ def main() -> int:
               f"overhead measured; save_ms_p50 and wait_ms_p50, timed on the training thread, are the "
               f"figures that hold")
     print(f"{'scheduler':<11} {'step none':>10} {'step ckpt':>10} {'overhead':>9} {'paired':>8} {'cpu ovh':>8} "
-          f"{'save p50':>9} {'wait p50':>9} {'blob':>8}")
+          f"{'save p50':>9} {'wait p50':>9} {'blob':>8}  torn values / versions checked, aborted")
     for r in runs:
+        t = r["torn"]
         print(f"{r['scheduler']:<11} {r['step_ms_none']:>8.2f}ms {r['step_ms_ckpt']:>8.2f}ms "
               f"{r['overhead_pct']:>8.2f}% {r['overhead_pct_paired_p50']:>7.2f}% {r['overhead_cpu_pct']:>7.2f}% "
-              f"{r['save_ms_p50']:>7.3f}ms {r['wait_ms_p50']:>7.3f}ms {r['blob_bytes']:>7}B")
+              f"{r['save_ms_p50']:>7.3f}ms {r['wait_ms_p50']:>7.3f}ms {r['blob_bytes']:>7}B  "
+              f"{t.get('values_differing', 0)} / {t.get('versions_checked', 0)}, {t.get('aborted', 0)}")
+        if "guarded_tensors" in r:
+            print(f"{'':<11} version counters of {r['guarded_tensors']} tensors: record {r['counters_record_us']} us, "
+                  f"compare {r['counters_compare_us']} us")
     for kind, text in profiles.items():
         print(f"--- cProfile of save(), {kind} ---\n{text}")
     if args.out:

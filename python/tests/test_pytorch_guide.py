@@ -18,7 +18,7 @@ import pytest
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "pytorch.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 RESHARDING = ["reshard.py", "zero_reshard.py", "private_refused.py"]  # section 7, in order
-EXPECTED = ["train.py", "read_shard.py", "surgery.py", "fresh_or_resume.py", "durable.py", "big_state.py",
+EXPECTED = ["train.py", "read_shard.py", "in_place.py", "fresh_or_resume.py", "durable.py", "big_state.py",
             *RESHARDING]
 
 

@@ -406,6 +406,8 @@ def test_two_ranks_commit_together_and_each_restores_its_own_shard(daemon):
     for model, opt, sched, ck in ranks:
         train_step(model, opt, sched, 1)
         ck.save(1)
+    for _, _, _, ck in ranks:  # each rank seals its shard (its next update would)
+        ck.wait_snapshot()
     ranks[0][3].wait_durable(1, ckpt.Level.COMMITTED, timeout=60)
     expected = [state_of(model, opt) for model, opt, _, _ in ranks]
     for model, opt, sched, ck in ranks:

@@ -248,6 +248,8 @@ def save_4_ranks(daemon, job, replicated=True):
         torch.manual_seed(100 + r)  # each rank's own torch stream (the ranks share this process)
         rng.append(torch.get_rng_state())
         ck.save(1)
+    for ck in cks:  # each rank seals its shard (a version commits once every rank has)
+        ck.wait_snapshot()
     for ck in cks:
         ck.wait_durable(1, timeout=60)
         ck.close()
@@ -293,6 +295,8 @@ def test_load_at_another_world_size_reshards_and_follows_the_blob_rules(daemon, 
         (m.w.sum() + m.b.sum()).backward()
         opt.step()
         ck.save(2)
+    for ck, _, _ in ranks:  # each rank seals its shard first
+        ck.wait_snapshot()
     for ck, _, _ in ranks:
         ck.wait_durable(2, timeout=60)
         ck.close()

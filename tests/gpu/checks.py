@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU checks of issue 13: what only a GPU can settle, each printed PASS/FAIL (or SKIP,
+"""The GPU checks: what only a GPU can settle, each printed PASS/FAIL (or SKIP,
 with the reason) with its figures, all written to one JSON file.
 
     python3 tests/gpu/checks.py --bin DIR --out FILE.json [--work DIR] [--only NAME,...]
@@ -30,6 +30,9 @@ this after its own proof. The checks (names for --only):
                     MiB (2 streams), single-thread xxh3, plain pinned copies (the limits)
   no_context        registration and snapshot from a thread with no current CUDA context
   pin_time          the daemon's start-up with an 8 GiB pool next to a 64 MiB one
+  torn              the torn-snapshot matrix with the model on the GPU (GPU staging, the
+                    counters before the stream-ordered wait, aborts), trainers killed with
+                    SIGKILL at random steps: every committed version exact, resumes bit-exact
 
 Each check runs its own daemon (and removes its files); a check that fails does not stop the
 others. Exits 1 if any check failed.
@@ -780,6 +783,67 @@ def check_pin_time(ctx):
     return fig
 
 
+TORN_GPU_CASES = ("batchnorm", "buffers", "ema_module_before", "ema_buffers_after", "clip_before", "accumulate",
+                  "large_buffer", "large_ema_before")
+
+
+def check_torn(ctx):
+    """The torn-snapshot matrix (python/tests/test_torn_snapshots.py) with the model on the GPU:
+    staging into GPU memory (a device-side copy ordered before the snapshot's event), the
+    counters compared before wait_snapshot_on_stream, aborts; each case killed with SIGKILL
+    right after the saves of two random steps (seed $CKPT_TORN_SEED, in the figures), resumed,
+    every committed version compared value by value with a reference run, and the resumed
+    losses and final state bit for bit."""
+    import random
+
+    import ckpt
+    import ckpt.torch
+    sys.path.insert(0, str(REPO / "python" / "tests"))
+    import torn_trainer
+
+    steps = 8
+    seed = int(os.environ.get("CKPT_TORN_SEED") or random.SystemRandom().randrange(1 << 31))
+    fig = {"seed": seed, "cases": {}}
+    failures = []
+    d = Daemon(ctx.bin, ctx.work, "torn", "--pool-mib", 256, "--chunk-mib", 16)
+    env = {**os.environ, "CKPTD_SOCKET": d.socket,
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        for case in TORN_GPU_CASES:
+            kills = sorted(random.Random(f"{seed}:{case}").sample(range(1, steps), 2))
+            ref_losses, ref = torn_trainer.reference(case, steps, "cuda")
+            job = f"torn-gpu-{case.replace('_', '-')}"
+            try:
+                starts, losses, aborted, final = torn_trainer.run_with_kills(
+                    d.socket, env, case, job, steps, Path(d.dir) / f"{job}.pt", kills, device="cuda")
+            except AssertionError as e:
+                failures.append(f"{case}: {e}")
+                continue
+            committed = ckpt.list_versions(d.root, job)
+            torn = {}
+            for v in committed:
+                diff = torn_trainer.differing(ckpt.torch.load_checkpoint(d.root, job, v)["tensors"], ref[v])
+                if diff:
+                    torn[v] = diff
+            bad_losses = sorted(k for k, seen in losses.items() if any(x != ref_losses[k].hex() for x in seen))
+            final_diff = torn_trainer.differing(final, ref[steps])
+            fig["cases"][case] = {"kills": kills, "resumed_from": starts, "committed": committed,
+                                  "aborted": aborted}
+            if torn:
+                failures.append(f"{case}: committed versions differ from their step: {json.dumps(torn)[:300]}")
+            if bad_losses or final_diff:
+                failures.append(f"{case}: the resumed run differs (losses of steps {bad_losses}, "
+                                f"final state {json.dumps(final_diff)[:200]})")
+            if case not in torn_trainer.DETECTED and aborted:
+                failures.append(f"{case}: protected from the first step, yet versions {aborted} were aborted")
+            if any(v in committed for v in aborted):
+                failures.append(f"{case}: aborted versions were committed: {aborted} / {committed}")
+    finally:
+        d.stop()
+    expect(not failures, "; ".join(failures), fig)
+    return fig
+
+
 CHECKS = [
     ("small_allocs", check_small_allocs),
     ("killed_pending", check_killed_pending),
@@ -792,6 +856,7 @@ CHECKS = [
     ("restore_rates", check_restore_rates),
     ("matrix", check_matrix),
     ("torch", check_torch),
+    ("torn", check_torn),
 ]
 CPU_CHECKS = {"pin_time"}  # the checks that need no GPU
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU proof (issue 3): a real ckptd checkpoints a trainer whose state lives in GPU
+# The GPU proof: a real ckptd checkpoints a trainer whose state lives in GPU
 # memory (4 GiB by default), every iteration, once with stream-ordered waits
 # (wait_snapshot_on_stream) and once with host waits (wait_snapshot); after each run a new
 # trainer process restores the newest version into fresh GPU buffers and checks every byte,
@@ -8,18 +8,20 @@
 # next to plain cudaMemcpy into pinned memory, flush and restore throughput next to the
 # storage's (dd, O_DIRECT).
 #
-# Then the checks of issue 13 (tests/gpu/checks.py, with PyTorch): small allocations, a
+# Then the checks (tests/gpu/checks.py, with PyTorch): small allocations, a
 # trainer killed with an event pending, the daemon killed during a stream-ordered wait,
 # memory returned after unregister, the PyTorch path next to DCP async_save, two trainers,
-# capture under load, restore rates, a throughput matrix, a thread with no context, and the
-# pool's pin time; written to tests/gpu/out/gpu_checks.json.
+# capture under load, restore rates, a throughput matrix, a thread with no context, the
+# pool's pin time, and the torn-snapshot matrix with the model on the GPU (`--only torn`:
+# GPU staging, trainers killed at random steps, every committed version exact); written to
+# tests/gpu/out/gpu_checks.json.
 #
 # Usage: tests/gpu/run.sh [--dir DIR] [--state-gib S] [--iters I] [--compute-ms C]
 #                         [--build DIR | --prebuilt BUNDLE] [--jobs N] [--skip-proof]
 #   --prebuilt    binaries made here by tests/gpu/bundle.sh, for a GPU machine without
 #                 gRPC's development files (the Python module is linked there, against
 #                 that machine's interpreter, from the bundle's objects)
-#   --skip-proof  only the checks of issue 13, not the two 20-iteration runs
+#   --skip-proof  only the checks, not the two 20-iteration runs
 #
 # On a lent GPU machine (the device tool: one command of at most 10 minutes, files back
 # only from $OUT): run `bash tests/gpu/bundle.sh` here first, then there, carrying
@@ -272,13 +274,13 @@ run_mode() {  # $1 stream|host
   rm -rf "$d"
 }
 checks_rc=0
-run_checks() {  # the checks of issue 13 (tests/gpu/checks.py), with this machine's PyTorch
+run_checks() {  # the checks (tests/gpu/checks.py), with this machine's PyTorch
   if [ -z "$pydir" ]; then
     echo "FAIL: no Python module for $(python3 --version) was built: the PyTorch checks cannot run" >&2
     checks_rc=1
     return
   fi
-  step "the checks of issue 13 (tests/gpu/checks.py)"
+  step "the checks (tests/gpu/checks.py)"
   PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python3 "$here/tests/gpu/checks.py" \
       --bin "$bin" --out "$out_dir/gpu_checks.json" --work "$work/checks" 2>&1 | tee "$out_dir/checks.log" |
       sed 's/^/   /' || checks_rc=1
