@@ -177,6 +177,8 @@ TEST_CASE("sealed: abort_snapshot drops the version with the trainer's reason", 
   state.Fill(2);
   client.snapshot(2);
   client.wait_snapshot(2, std::chrono::milliseconds(0), false);
+  // A reason too long is refused and changes nothing: the version can still be aborted.
+  CHECK_THROWS_WITH(client.abort_snapshot(2, std::string(1025, 'x')), Catch::Contains("at most 1024"));
   client.abort_snapshot(2, "tensor model.bn.running_mean changed after save(2)");
   client.abort_snapshot(2, "twice is harmless");
   CHECK_THROWS_WITH(client.wait_durable(2), Catch::Contains("model.bn.running_mean changed after save(2)"));
