@@ -3,20 +3,16 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/decimal.h"
+
 namespace ckpt {
 namespace {
 
-// A decimal id without sign, leading zeros or overflow; uid_t/gid_t -1 is "no id", so it
-// is refused too.
+// A uid or gid in decimal (common/decimal.h); uid_t/gid_t -1 is "no id", so it is refused.
 std::optional<std::uint32_t> ParseId(std::string_view s) {
-  if (s.empty() || s.size() > 10 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  if (v >= std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
-  return static_cast<std::uint32_t>(v);
+  auto v = ParseDecimal(s, std::numeric_limits<std::uint32_t>::max() - 1);
+  if (!v) return std::nullopt;
+  return static_cast<std::uint32_t>(*v);
 }
 
 // Takes "KEY=VALUE\n" off the front of `text`.

@@ -3,6 +3,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/decimal.h"
 #include "format/limits.h"
 
 namespace ckpt {
@@ -67,20 +68,6 @@ std::optional<std::string> ParseRegistration(std::string_view text) {
   return std::string(text);
 }
 
-namespace {
-
-std::optional<std::uint64_t> ParseCanonicalDecimal(std::string_view s) {
-  if (s.empty() || s.size() > 19 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  return v;
-}
-
-}  // namespace
-
 std::string RenderNodeMarker(const NodeClaims& claims) {
   std::string out;
   for (const auto& [rank, registration] : claims) {
@@ -98,7 +85,7 @@ std::optional<NodeClaims> ParseNodeMarker(std::string_view text) {
     text.remove_prefix(nl + 1);
     const auto space = line.find(' ');
     if (space == std::string_view::npos) return std::nullopt;
-    auto rank = ParseCanonicalDecimal(line.substr(0, space));
+    auto rank = ParseDecimal(line.substr(0, space));
     auto registration = ParseRegistration(line.substr(space + 1));
     if (!rank || *rank > std::numeric_limits<std::uint32_t>::max() || !registration) return std::nullopt;
     const auto r = static_cast<std::uint32_t>(*rank);
@@ -119,7 +106,7 @@ std::optional<RestorableMarker> ParseRestorable(std::string_view text) {
   text.remove_prefix(kPrefix.size());
   const auto nl = text.find('\n');
   if (nl == std::string_view::npos) return std::nullopt;
-  auto world = ParseCanonicalDecimal(text.substr(0, nl));
+  auto world = ParseDecimal(text.substr(0, nl));
   if (!world || *world == 0 || *world > kMaxNodeMarkerRanks) return std::nullopt;
   auto claims = ParseNodeMarker(text.substr(nl + 1));
   // Every rank once, in order (ParseNodeMarker holds them increasing): 0..W-1 exactly.
@@ -138,7 +125,7 @@ std::optional<RankRecord> ParseRankRecord(std::string_view text) {
     if (!old) return std::nullopt;
     return RankRecord{0, std::move(*old)};
   }
-  auto generation = ParseCanonicalDecimal(text.substr(0, space));
+  auto generation = ParseDecimal(text.substr(0, space));
   auto registration = ParseRegistration(text.substr(space + 1));
   if (!generation || *generation == 0 || !registration) return std::nullopt;
   return RankRecord{*generation, std::move(*registration)};

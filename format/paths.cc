@@ -2,23 +2,10 @@
 
 #include <cstdio>
 
+#include "common/decimal.h"
 #include "format/markers.h"
 
 namespace ckpt {
-namespace {
-
-std::optional<std::uint64_t> ParseDigits(std::string_view s) {
-  if (s.empty() || s.size() > 19) return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  return v;
-}
-
-}  // namespace
-
 namespace {
 std::string& TmpSuffixStorage() {
   static std::string suffix = ".tmp";
@@ -50,7 +37,8 @@ std::string RankFileName(std::uint32_t rank) {
 
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name) {
   if (name.size() < 2 || name[0] != 'v') return std::nullopt;
-  auto v = ParseDigits(name.substr(1));
+  // Version numbers have at most 19 digits, as they always had (every uint64 up to 10^19 - 1).
+  auto v = ParsePaddedDecimal(name.substr(1), 9'999'999'999'999'999'999ULL);
   if (!v || VersionDirName(*v) != name) return std::nullopt;  // only the canonical spelling
   return v;
 }
@@ -62,18 +50,12 @@ std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
       name.substr(name.size() - kSuffix.size()) != kSuffix) {
     return std::nullopt;
   }
-  auto v = ParseDigits(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
+  auto v = ParsePaddedDecimal(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
   if (!v || *v > UINT32_MAX || ShardFileName(static_cast<std::uint32_t>(*v)) != name) return std::nullopt;
   return static_cast<std::uint32_t>(*v);
 }
 
 namespace {
-
-// Canonical decimal: digits without leading zeros ("0" alone aside).
-std::optional<std::uint64_t> ParseCanonical(std::string_view s) {
-  if (s.size() > 1 && s[0] == '0') return std::nullopt;
-  return ParseDigits(s);
-}
 
 bool OwnerChars(std::string_view s) {
   if (s.empty() || s.size() > kMaxMarkerOwnerBytes) return false;
@@ -103,7 +85,7 @@ std::optional<NodeMarkerId> ParseNodeMarkerName(std::string_view name, NodeMarke
   name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
   const auto dot = name.find_last_of('.');
   if (dot == std::string_view::npos) return std::nullopt;
-  auto ranks = ParseCanonical(name.substr(dot + 1));
+  auto ranks = ParseDecimal(name.substr(dot + 1));
   if (!ranks || *ranks == 0 || !OwnerChars(name.substr(0, dot))) return std::nullopt;
   return NodeMarkerId{std::string(name.substr(0, dot)), *ranks};
 }
@@ -119,12 +101,12 @@ std::optional<RegistrationId> ParseRegistrationName(std::string_view name) {
   if (dot1 == std::string_view::npos) return std::nullopt;
   const auto dot2 = name.find('.', dot1 + 1);
   if (dot2 == std::string_view::npos) return std::nullopt;
-  auto rank = ParseDigits(name.substr(kPrefix.size(), dot1 - kPrefix.size()));
+  auto rank = ParsePaddedDecimal(name.substr(kPrefix.size(), dot1 - kPrefix.size()));
   if (!rank || *rank > UINT32_MAX ||
       RankFileName(static_cast<std::uint32_t>(*rank)) != name.substr(0, dot1)) {
     return std::nullopt;
   }
-  auto generation = ParseCanonical(name.substr(dot1 + 1, dot2 - dot1 - 1));
+  auto generation = ParseDecimal(name.substr(dot1 + 1, dot2 - dot1 - 1));
   auto registration = ParseRegistration(name.substr(dot2 + 1));
   if (!generation || !registration) return std::nullopt;
   return RegistrationId{static_cast<std::uint32_t>(*rank), *generation, std::move(*registration)};

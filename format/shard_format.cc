@@ -1,4 +1,5 @@
 #include "format/shard_format.h"
+#include "common/align.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -23,8 +24,6 @@ namespace {
 
 // Parsing uses the map-backed json: key order does not matter, items are sorted by offset.
 using Json = nlohmann::json;
-
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string KindName(ItemKind k) { return k == ItemKind::kBlob ? "blob" : "tensor"; }
 

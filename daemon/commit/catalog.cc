@@ -1,4 +1,5 @@
 #include "daemon/commit/catalog.h"
+#include "common/strings.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,10 +15,6 @@
 
 namespace ckpt {
 namespace {
-
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The node's part of marker names: `node`, else the owner of this process's temporary files
 // (".OWNER.tmp"), in the characters a marker name allows and short enough to leave room.

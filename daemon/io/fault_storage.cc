@@ -1,4 +1,5 @@
 #include "daemon/io/fault_storage.h"
+#include "common/strings.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -14,10 +15,6 @@ namespace ckpt {
 namespace {
 
 constexpr std::string_view kTag = " (injected by CKPTD_TEST_FAULT)";
-
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 std::string_view BaseName(std::string_view path) {
   auto slash = path.find_last_of('/');

@@ -1,4 +1,5 @@
 #include "daemon/io/storage.h"
+#include "common/strings.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,13 +16,6 @@
 #include "format/paths.h"
 
 namespace ckpt {
-namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
 
 Status Storage::WriteFileAtomic(const std::string& path, const std::string& content, mode_t mode) {
   // A name no one can guess: in a directory others can write, nothing can be planted at it

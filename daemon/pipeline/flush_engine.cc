@@ -1,4 +1,5 @@
 #include "daemon/pipeline/flush_engine.h"
+#include "common/align.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -11,8 +12,6 @@
 
 namespace ckpt {
 namespace {
-
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // The tier a shard's file is written to (the memory tier's image is counted apart).
 metrics::TierLabel FirstTier(const ShardJob& shard) {

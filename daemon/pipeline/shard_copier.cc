@@ -1,4 +1,5 @@
 #include "daemon/pipeline/shard_copier.h"
+#include "common/align.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,12 +13,6 @@
 #include "format/shard_format.h"
 
 namespace ckpt {
-namespace {
-
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
-
 Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
   const std::string final_path = JoinPath(dst.dir, dst.name);
   const std::string tmp_path = final_path + TmpSuffix();

@@ -1,4 +1,5 @@
 #include "daemon/replication/replicator.h"
+#include "common/align.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
@@ -57,8 +58,6 @@ std::string Stalled(const std::string& peer, std::chrono::milliseconds limit) {
   return "peer " + peer + " moved no byte for " + std::to_string(limit.count() / 1000) +
          " s (--peer-progress-timeout-s): given up";
 }
-
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string Describe(const std::string& job, std::uint64_t version, std::uint32_t rank) {
   return "job " + job + " version " + std::to_string(version) + " rank " + std::to_string(rank);

@@ -1,4 +1,5 @@
 #include "daemon/tiers/memory_tier.h"
+#include "common/align.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -12,8 +13,6 @@ namespace ckpt {
 namespace {
 
 constexpr std::uint64_t kPage = 4096;
-
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
