@@ -34,7 +34,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/io/counting_storage.h"
 #include "daemon/pipeline/shard_job.h"

@@ -67,7 +67,7 @@ cp "$here/daemon/io/counting_storage.h" "$base_src/daemon/io/"
 if ! grep -q ckpt-commit-scale "$base_src/CMakeLists.txt"; then
   cat >>"$base_src/CMakeLists.txt" <<'CMAKE'
 
-add_executable(ckpt-commit-scale bench/commit_scale.cc daemon/commit/catalog.cc daemon/commit/commit_tracker.cc
+add_executable(ckpt-commit-scale bench/commit_scale.cc daemon/catalog/catalog.cc daemon/commit/commit_tracker.cc
   daemon/pipeline/shard_registry.cc daemon/pipeline/shard_job.cc daemon/pipeline/item_hasher.cc daemon/io/storage.cc)
 target_link_libraries(ckpt-commit-scale PRIVATE ckpt_backend ckpt_format spdlog::spdlog CLI11::CLI11 Threads::Threads)
 CMAKE

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/commit/version_index_writer.h"
+#include "daemon/catalog/version_index_writer.h"
 #include "daemon/io/storage.h"
 #include "format/shard_format.h"
 

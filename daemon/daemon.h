@@ -23,11 +23,11 @@
 #include "backend/region_importer.h"
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/commit/replica_claims.h"
-#include "daemon/config.h"
-#include "daemon/error_log.h"
+#include "daemon/base/config.h"
+#include "daemon/base/error_log.h"
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/flush_engine.h"
 #include "daemon/pipeline/host_pool.h"
@@ -45,8 +45,8 @@
 #include "daemon/session/uid_limits.h"
 #include "daemon/tiers/local_tier.h"
 #include "daemon/tiers/memory_tier.h"
-#include "daemon/tiers/promoter.h"
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/promoter.h"
+#include "daemon/pipeline/tier_set.h"
 
 namespace ckpt {
 

@@ -38,19 +38,21 @@
 #include "common/safe_file.h"
 #include "common/socket_path.h"
 #include "common/unique_fd.h"
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 #include "daemon/daemon.h"
 #include "daemon/io/fault_storage.h"
 #include "daemon/io/shm_importer.h"
-#include "daemon/log.h"
-#include "daemon/metrics/metrics_export.h"
+#include "daemon/base/log.h"
+#include "daemon/exposition/metrics_export.h"
 #include "daemon/rpc/acceptor.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 #include "daemon/rpc/service.h"
 #include "format/paths.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_error.h"
+#endif
+#ifdef CKPTD_TEST_DEVICE_SEAM
 #include "cuda/test_device_backend.h"
 #endif
 
@@ -443,14 +445,19 @@ int Run(Config config, int argc, char** argv) {
     char c = kStickySignal;
     [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
   });
-  auto test_backend = cuda::MakeTestDeviceBackend();  // tests only (cuda/test_device_backend.h)
+#ifdef CKPTD_TEST_DEVICE_SEAM
+  // ckptd-test-device only, a binary of the tests that is never installed: a fake device
+  // stands for CUDA when CKPTD_TEST_DEVICE is set (cuda/test_device_backend.h).
+  auto test_backend = cuda::MakeTestDeviceBackend();
   if (!test_backend.ok()) {
     spdlog::critical("cannot start: {}", test_backend.status().message());
     return kRuntimeFailureExit;
   }
   if (test_backend.value()) {
     backend = std::move(test_backend).value();
-  } else if (auto made = cuda::MakeCudaBackend(); made.ok()) {
+  } else
+#endif
+  if (auto made = cuda::MakeCudaBackend(); made.ok()) {
     backend = std::move(made).value();
   } else {
     no_backend_reason = made.status().message();

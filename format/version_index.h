@@ -2,7 +2,7 @@
 // version with its chunks across ranks and files, every rank-private item and every blob,
 // so that a reader (a restore at another world size, ckptctl export, Python) finds a piece
 // without opening every shard's header. It is written on the persistent tier before
-// COMMITTED (see daemon/commit/version_index_writer.h), for every version, with layouts or
+// COMMITTED (see daemon/catalog/version_index_writer.h), for every version, with layouts or
 // without. Human-readable JSON, one chunk, item or blob a line:
 //
 //   {"format": "ckptd-index/1", "job": "J", "version": 42, "world_size": 4,

@@ -1,5 +1,5 @@
 // The commit stage and the daemon's view of the checkpoint tree, on a real directory.
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 
 #include <sys/stat.h>
 

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/io/counting_storage.h"
 #include "daemon/io/storage.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/io/storage.h"
 #include "support/test_dirs.h"
 

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_secret.h"
 
 using namespace ckpt;
 

@@ -22,7 +22,7 @@
 
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "common/unique_fd.h"
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_secret.h"
 #include "format/shard_format.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"

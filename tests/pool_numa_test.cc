@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/pipeline/numa.h"
+#include "daemon/base/numa.h"
 #include "support/daemon_process.h"
 #include "support/test_dirs.h"
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "ckpt/v1/peer.grpc.pb.h"
-#include "daemon/replication/peer_list.h"
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_list.h"
+#include "daemon/base/peer_secret.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
 #include "support/peer_cluster.h"

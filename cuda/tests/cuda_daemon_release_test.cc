@@ -7,6 +7,7 @@
 // allocations the session no longer names before they reply; a close that never returns
 // holds up neither the replies (beyond their bound), nor other trainers, nor SIGTERM; a
 // sticky CUDA error makes the daemon exit with status 70.
+#include <cstdlib>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
@@ -87,6 +88,10 @@ struct Fixture {
     DaemonOptions o;
     o.root = dir.path() + "/root";
     o.socket = dir.path() + "/sock/ckptd.sock";
+    // ckptd-test-device: ckptd with the fake device; $CKPTD_TEST_DEVICE_BINARY where a GPU
+    // bundle (tests/gpu/bundle.sh) put it.
+    const char* bundled = std::getenv("CKPTD_TEST_DEVICE_BINARY");
+    o.binary = bundled != nullptr && *bundled != '\0' ? bundled : CKPTD_TEST_DEVICE_BINARY;
     return o;
   }
 

@@ -37,7 +37,7 @@
 #include <utility>
 
 #include "common/mutex.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "format/markers.h"
 

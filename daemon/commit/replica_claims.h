@@ -26,7 +26,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "format/markers.h"
 #include "format/shard_format.h"
 

@@ -11,7 +11,7 @@
 //
 // What the daemon already keeps for its Status report (pool, tiers, sessions, pending
 // promotions, restored bytes) is read from there when rendering (RenderMetrics in
-// daemon/metrics/exposition.h), not counted twice. Data-path updates are relaxed atomic
+// daemon/exposition/exposition.h), not counted twice. Data-path updates are relaxed atomic
 // adds on series looked up once, here. Thread-safe.
 #pragma once
 

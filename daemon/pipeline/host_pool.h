@@ -16,7 +16,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/pipeline/numa.h"
+#include "daemon/base/numa.h"
 
 namespace ckpt {
 
@@ -28,7 +28,7 @@ class HostPool {
     char* data = nullptr;
   };
 
-  // The pool's pages are placed by `numa` (daemon/pipeline/numa.h) before they are touched.
+  // The pool's pages are placed by `numa` (daemon/base/numa.h) before they are touched.
   static Result<std::unique_ptr<HostPool>> Create(std::uint64_t pool_bytes, std::uint64_t chunk_bytes,
                                                   const NumaPlacement& numa = {});
   ~HostPool();

@@ -27,7 +27,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "daemon/throttled_log.h"
+#include "daemon/base/throttled_log.h"
 
 namespace ckpt {
 

@@ -23,7 +23,7 @@
 
 #include "ckpt/v1/peer.pb.h"
 #include "common/status.h"
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_secret.h"
 #include "format/checksum.h"
 
 namespace ckpt {

@@ -43,13 +43,13 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 #include "daemon/replication/peer_acceptor.h"
-#include "daemon/replication/peer_list.h"
-#include "daemon/replication/peer_secret.h"
-#include "daemon/throttled_log.h"
+#include "daemon/base/peer_list.h"
+#include "daemon/base/peer_secret.h"
+#include "daemon/base/throttled_log.h"
 #include "daemon/tiers/memory_tier.h"
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/tier_set.h"
 
 namespace grpc {
 class Channel;

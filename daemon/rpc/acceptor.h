@@ -20,8 +20,8 @@
 #include <string>
 
 #include "common/unique_fd.h"
-#include "daemon/rpc/peer_registry.h"
-#include "daemon/throttled_log.h"
+#include "daemon/session/peer_registry.h"
+#include "daemon/base/throttled_log.h"
 
 namespace ckpt {
 

@@ -10,7 +10,7 @@
 #include "daemon/session/admission.h"
 #include "daemon/session/registrar.h"
 #include "daemon/session/restorer.h"
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/tier_set.h"
 
 namespace ckpt {
 

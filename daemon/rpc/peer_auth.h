@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 
 namespace ckpt {
 

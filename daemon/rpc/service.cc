@@ -10,7 +10,7 @@
 
 #include "common/names.h"
 #include "daemon/metrics/daemon_metrics.h"
-#include "daemon/metrics/exposition.h"
+#include "daemon/exposition/exposition.h"
 #include "daemon/rpc/convert.h"
 #include "daemon/rpc/jobs_report.h"
 #include "daemon/rpc/status_report.h"

@@ -7,7 +7,7 @@
 
 #include "ckpt/v1/ckpt.pb.h"
 #include "daemon/daemon.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 
 namespace ckpt {
 

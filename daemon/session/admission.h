@@ -17,7 +17,7 @@
 
 #include "common/cancellable_wait.h"
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/pipeline/snapshot_engine.h"
 #include "daemon/session/session.h"

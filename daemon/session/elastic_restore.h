@@ -41,10 +41,10 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/error_log.h"
+#include "daemon/base/error_log.h"
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/restore_engine.h"
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/tier_set.h"
 #include "format/box.h"
 #include "format/global_layout.h"
 

@@ -25,7 +25,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/io/storage.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 #include "format/job_owner.h"
 #include "format/paths.h"
 

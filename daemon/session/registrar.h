@@ -17,15 +17,15 @@
 
 #include "common/cancellable_wait.h"
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/shard_registry.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 #include "daemon/session/job_owners.h"
 #include "daemon/session/session_table.h"
 #include "daemon/session/table_loader.h"
 #include "daemon/session/uid_limits.h"
-#include "daemon/tiers/promoter.h"
+#include "daemon/pipeline/promoter.h"
 
 namespace ckpt {
 

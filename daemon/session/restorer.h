@@ -23,13 +23,13 @@
 #include "common/cancellable_wait.h"
 #include "common/status.h"
 #include "daemon/commit/commit_tracker.h"
-#include "daemon/error_log.h"
+#include "daemon/base/error_log.h"
 #include "daemon/pipeline/restore_engine.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/session/elastic_restore.h"
 #include "daemon/session/registrar.h"
 #include "daemon/session/session.h"
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/tier_set.h"
 
 namespace ckpt {
 

@@ -25,7 +25,7 @@
 #include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/pipeline/shard_job.h"
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 #include "shm/descriptor_table.h"
 
 namespace ckpt {

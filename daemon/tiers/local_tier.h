@@ -21,8 +21,8 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
-#include "daemon/config.h"
+#include "daemon/catalog/catalog.h"
+#include "daemon/base/config.h"
 #include "daemon/io/storage.h"
 #include "format/paths.h"
 #include "format/shard_format.h"

@@ -1,4 +1,4 @@
-// Fuzz target: ckptd's config-file parser (daemon/config.h, ParseConfigText: what
+// Fuzz target: ckptd's config-file parser (daemon/base/config.h, ParseConfigText: what
 // `--config FILE` reads, CLI11's INI/TOML reader and every option's check).
 //
 // Invariants checked on every file that parses: each value is within the range its option
@@ -9,7 +9,7 @@
 #include <iostream>
 #include <string>
 
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 #include "fuzz_check.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

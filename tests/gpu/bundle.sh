@@ -31,12 +31,12 @@ ninja -C "$build" -t targets all | grep '^ckpt-gpu-trainer:' >/dev/null ||
   { echo "bundle.sh: $build has no CUDA backend (the CUDA toolkit was not found)" >&2; exit 1; }
 cuda_tests=()
 for src in "$here"/cuda/tests/*_test.cc; do cuda_tests+=("$(basename "$src" .cc)"); done
-ninja -C "$build" ckptd ckptctl ckpt ckpt-gpu-trainer cuda_ipc_exporter _ckpt ckpt_format ckpt_common \
+ninja -C "$build" ckptd ckptd-test-device ckptctl ckpt ckpt-gpu-trainer cuda_ipc_exporter _ckpt ckpt_format ckpt_common \
   "${cuda_tests[@]}"
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/py/ckpt"
-bins=(ckptd ckptctl ckpt-gpu-trainer)
+bins=(ckptd ckptd-test-device ckptctl ckpt-gpu-trainer)
 for b in "${bins[@]}"; do strip -o "$out/bin/$b" "$build/$b"; done
 for t in "${cuda_tests[@]}" cuda_ipc_exporter; do
   f="$(find "$build" -name "$t" -type f -perm -u+x | head -1)"

@@ -105,7 +105,8 @@ if [ -n "$prebuilt" ]; then
     { cat "$out_dir/ckptd-help.log"; fail "the bundled ckptd does not start here (libraries?)"; }
   step "preflight: the cuda_ tests"
   for t in "${cuda_tests[@]}"; do
-    CUDA_IPC_EXPORTER_BINARY="$bin/cuda_ipc_exporter" CKPTD_BINARY="$bin/ckptd" "$bin/$t" >"$out_dir/$t.log" 2>&1 ||
+    CUDA_IPC_EXPORTER_BINARY="$bin/cuda_ipc_exporter" CKPTD_BINARY="$bin/ckptd" \
+      CKPTD_TEST_DEVICE_BINARY="$bin/ckptd-test-device" "$bin/$t" >"$out_dir/$t.log" 2>&1 ||
       { tail -40 "$out_dir/$t.log"; fail "$t"; }
     echo "   $t: $(grep -E "test cases|No tests ran" "$out_dir/$t.log" | tail -1)"
   done

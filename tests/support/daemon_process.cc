@@ -71,7 +71,9 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
   // $CKPTD_BINARY: where a bundle of tests/gpu/bundle.sh put ckptd on a GPU machine (the
   // build path compiled in does not exist there).
   const char* binary = std::getenv("CKPTD_BINARY");
-  std::vector<std::string> argv = {binary != nullptr && *binary != '\0' ? binary : CKPTD_BINARY,
+  std::vector<std::string> argv = {!options_.binary.empty()                ? options_.binary
+                                   : binary != nullptr && *binary != '\0' ? std::string(binary)
+                                                                           : std::string(CKPTD_BINARY),
                                    "--root",
                                    options_.root,
                                    "--socket",

@@ -29,6 +29,8 @@ struct DaemonOptions {
   std::string stderr_path;
   // If set, the daemon's open-file limit (soft and hard: it cannot raise it).
   std::uint64_t open_files = 0;
+  // If set, the daemon binary to start instead of ckptd (ckptd-test-device, say).
+  std::string binary;
 };
 
 class DaemonProcess {

@@ -17,7 +17,7 @@
 #include <string>
 #include <tuple>
 
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_secret.h"
 #include "format/shard_format.h"
 
 namespace grpc {

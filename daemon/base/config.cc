@@ -1,4 +1,4 @@
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 
 #include <grp.h>
 #include <unistd.h>
@@ -19,8 +19,8 @@
 #include "common/listen_address.h"
 #include "common/safe_file.h"
 #include "common/socket_path.h"
-#include "daemon/replication/peer_list.h"
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_list.h"
+#include "daemon/base/peer_secret.h"
 
 namespace ckpt {
 

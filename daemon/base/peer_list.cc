@@ -1,4 +1,4 @@
-#include "daemon/replication/peer_list.h"
+#include "daemon/base/peer_list.h"
 
 #include <algorithm>
 #include <cstdio>

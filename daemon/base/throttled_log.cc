@@ -1,4 +1,4 @@
-#include "daemon/throttled_log.h"
+#include "daemon/base/throttled_log.h"
 
 #include <spdlog/spdlog.h>
 

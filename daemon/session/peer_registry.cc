@@ -1,4 +1,4 @@
-#include "daemon/rpc/peer_registry.h"
+#include "daemon/session/peer_registry.h"
 
 #include <sys/stat.h>
 

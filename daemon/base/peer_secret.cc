@@ -1,4 +1,4 @@
-#include "daemon/replication/peer_secret.h"
+#include "daemon/base/peer_secret.h"
 
 #include <fcntl.h>
 #include <openssl/crypto.h>

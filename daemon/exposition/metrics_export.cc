@@ -1,4 +1,4 @@
-#include "daemon/metrics/metrics_export.h"
+#include "daemon/exposition/metrics_export.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/metrics/exposition.h"
+#include "daemon/exposition/exposition.h"
 
 namespace ckpt::metrics {
 namespace {

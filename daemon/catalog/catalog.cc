@@ -1,4 +1,4 @@
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "common/strings.h"
 
 #include <spdlog/spdlog.h>

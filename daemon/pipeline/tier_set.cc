@@ -1,4 +1,4 @@
-#include "daemon/tiers/tier_set.h"
+#include "daemon/pipeline/tier_set.h"
 
 #include <algorithm>
 

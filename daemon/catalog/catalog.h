@@ -45,7 +45,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "daemon/commit/version_index_writer.h"
+#include "daemon/catalog/version_index_writer.h"
 #include "daemon/io/storage.h"
 #include "format/markers.h"
 #include "format/paths.h"

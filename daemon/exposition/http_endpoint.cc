@@ -1,4 +1,4 @@
-#include "daemon/metrics/http_endpoint.h"
+#include "daemon/exposition/http_endpoint.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/metrics/exposition.h"
+#include "daemon/exposition/exposition.h"
 
 namespace ckpt::metrics {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/io/storage.h"
 #include "daemon/pipeline/shard_copier.h"
 #include "daemon/tiers/local_tier.h"

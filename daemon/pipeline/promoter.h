@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "daemon/commit/catalog.h"
+#include "daemon/catalog/catalog.h"
 #include "daemon/pipeline/shard_copier.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/tiers/local_tier.h"

@@ -1,4 +1,4 @@
-#include "daemon/metrics/textfile_writer.h"
+#include "daemon/exposition/textfile_writer.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "daemon/error_log.h"
+#include "daemon/base/error_log.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-#include "daemon/tiers/promoter.h"
+#include "daemon/pipeline/promoter.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-#include "daemon/metrics/exposition.h"
+#include "daemon/exposition/exposition.h"
 
 #include <chrono>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/pipeline/numa.h"
+#include "daemon/base/numa.h"
 
 namespace ckpt {
 
@@ -50,7 +50,7 @@ struct Config {
   std::uint64_t memory_mib = 4096;
   // Host pool size: the daemon's memory for data in flight, allocated once at start.
   std::uint64_t pool_mib = 1024;
-  // Where the pool's pages live (--pool-numa local|interleave|N: daemon/pipeline/numa.h).
+  // Where the pool's pages live (--pool-numa local|interleave|N: daemon/base/numa.h).
   NumaPlacement pool_numa;
   // Pool chunk size: the unit of copy and of write.
   std::uint64_t chunk_mib = 16;

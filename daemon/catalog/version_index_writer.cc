@@ -1,4 +1,4 @@
-#include "daemon/commit/version_index_writer.h"
+#include "daemon/catalog/version_index_writer.h"
 
 #include <algorithm>
 #include <atomic>

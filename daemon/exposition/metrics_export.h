@@ -11,10 +11,10 @@
 #include <string>
 
 #include "common/status.h"
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 #include "daemon/daemon.h"
-#include "daemon/metrics/http_endpoint.h"
-#include "daemon/metrics/textfile_writer.h"
+#include "daemon/exposition/http_endpoint.h"
+#include "daemon/exposition/textfile_writer.h"
 
 namespace ckpt::metrics {
 

@@ -1,4 +1,4 @@
-#include "daemon/pipeline/numa.h"
+#include "daemon/base/numa.h"
 
 #include <linux/mempolicy.h>
 #include <sys/syscall.h>
