@@ -139,8 +139,9 @@ class PeerServiceImpl final : public v1::Peer::Service {
     if (Status st = CheckShardKey(req.key()); !st.ok()) return ToPeerGrpc(st);
     auto image = memory_.Find(req.key().job(), req.key().version(), req.key().rank());
     if (!image) {
-      return ToPeerGrpc(NotFound("no image of " + DescribeShard(req.key().job(), req.key().version(), req.key().rank()) +
-                             " in this daemon's memory"));
+      return ToPeerGrpc(NotFound("no image of " +
+                                 DescribeShard(req.key().job(), req.key().version(), req.key().rank()) +
+                                 " in this daemon's memory"));
     }
     std::uint64_t sent = 0;
     const std::string binding =

@@ -123,7 +123,7 @@ void Replicator::Enqueue(std::shared_ptr<MemoryImage> image) {
         auto& st = states_[k];
         st.done = true;
         st.error = FailedPrecondition(DescribeShard(q.job, q.version, q.rank) + " was superseded by version " +
-                           std::to_string(m.version) + " before it was sent to its peers");
+                                      std::to_string(m.version) + " before it was sent to its peers");
         it = queue_.erase(it);
       } else {
         ++it;
