@@ -13,15 +13,18 @@
 
 namespace ckpt {
 
-// Which service answers. A Peer call is refused with kPermissionDenied when its token of the
-// shared secret is missing or wrong, or when the caller cannot prove it knows the secret: it
-// did not authenticate, which gRPC calls UNAUTHENTICATED, and the peer tests (and the daemons'
-// own FromGrpc below) read that code. On Checkpoint, the caller is known (its uid, from the
-// Unix socket) and may not do what it asked: PERMISSION_DENIED, as GrpcCodeNumber says.
+// Which service answers. The Peer service refuses with kPermissionDenied a call whose token
+// of the shared secret is missing, wrong or replayed, or whose shard image carries no valid
+// MAC: the caller did not authenticate, which gRPC calls UNAUTHENTICATED, and that is the code
+// the peer tests expect (FromGrpc reads either as kPermissionDenied). On Checkpoint the caller
+// is known (its uid, from the Unix socket) and may not do what it asked: PERMISSION_DENIED,
+// as GrpcCodeNumber says, which the client and its tests expect.
 enum class GrpcService { kCheckpoint, kPeer };
 
 // `s` as the gRPC status a `service` handler returns: the same message, its code by
-// GrpcCodeNumber (kIoError is UNKNOWN), except kPermissionDenied on kPeer.
+// GrpcCodeNumber (kIoError is UNKNOWN), except kPermissionDenied on kPeer. (The Peer
+// handlers refuse with kInvalidArgument, kNotFound, kResourceExhausted, kDataLoss and
+// kPermissionDenied only; FromGrpc reads any code it does not keep as kIoError.)
 grpc::Status ToGrpc(const Status& s, GrpcService service = GrpcService::kCheckpoint);
 
 // The inverse, for a caller reading a Peer call's status: `what: message` with the code the
