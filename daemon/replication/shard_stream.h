@@ -6,9 +6,10 @@
 // its xxh3-64 if asked, the last carrying the MAC of --peer-secret over every byte and the
 // transfer's binding (PeerSecret::ImageBinding).
 // In (ReceiveImage): the pieces in order into an image that the caller allocates once the
-// header is known, each byte copied once, straight into it. The order and sizes, the header,
-// the piece checksums (if asked) and the MAC are checked on the way; a stream that fails a
-// check gives an error and no image.
+// header is known (in the first piece, read through a buffer of its own); every later byte is
+// copied once, straight into the image. The order and sizes, the header, the piece
+// checksums (if asked) and the MAC are checked on the way; a stream that fails a check gives
+// an error and no image.
 //
 // Stateless functions; each call works on its own stream and image: safe from any thread.
 #pragma once
