@@ -1,4 +1,4 @@
-// ckpt-peer-fetch: what a peer restore's transfer costs, alone (issue 17). Two Replicators in
+// ckpt-peer-fetch: what a peer restore's transfer costs, alone. Two Replicators in
 // this process stand for two daemons on loopback TCP (their Peer servers, the shared secret,
 // --replicas 1); one holds a shard of --mib MiB (16 tensors, a valid header and item
 // checksums) in its memory tier, the other fetches it --iters times (Replicator::Fetch, the

@@ -18,7 +18,8 @@
 // reply without a proof bound to the nonce it just sent, which no recorded reply has:
 //   - a reply carries, in trailing metadata "ckpt-peer-proof", the 64 hex digits of
 //     HMAC-SHA256(key, "ckptd-peer/v3 reply <call> <nonce> <answer>"), where the answer says
-//     what the reply says (each call's is in replicator.cc);
+//     what the reply says (each call's is in peer_service.cc, which makes them, and in
+//     replicator.cc and replicator_restore.cc, which check them);
 //   - a shard image on the wire (GetShard, and PutShard the other way) ends with the
 //     HMAC-SHA256 of every byte of it followed by ImageBinding (job, version, rank,
 //     registration, sending node, file size, call and nonce): the receiver computes it as

@@ -1,22 +1,22 @@
-// Replicator: peer replication of the memory tier.
+// Replicator: peer replication of the memory tier, the caller's side. Its receiving side is
+// PeerServer (peer_service.h), which it starts; the stream of a shard image is shard_stream.h.
 //
-// Sender: each shard this daemon captured and published with a memory image is sent, whole,
-// to the peer rule's R holders (PeerList: the next R daemons of --peers), over the Peer
-// service (proto/ckpt/v1/peer.proto) in pieces with checksums, which reference the image's
-// memory rather than copy it (piece_wire.h). One thread sends, at the
-// lowest CPU priority (nice 19), one piece in flight per stream (gRPC's flow control bounds
-// the bytes in flight to the window), and it yields to the trainer's data path: while the
-// host pool holds more than a quarter of its bytes (copies and flushes in flight) it waits
-// 3 ms between pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
-// that refuses or cannot be reached is replaced by the next daemon of the ring that does
-// not hold the shard yet, so R copies exist whenever R peers can take them.
+// Sender (replicator.cc): each shard this daemon captured and published with a memory image
+// is sent, whole, to the peer rule's R holders (PeerList: the next R daemons of --peers), over
+// the Peer service (proto/ckpt/v1/peer.proto) in pieces with checksums, which reference the
+// image's memory rather than copy it (piece_wire.h). One thread sends, at the lowest CPU
+// priority (nice 19), one piece in flight per stream (gRPC's flow control bounds the bytes in
+// flight to the window), and it yields to the trainer's data path: while the host pool holds
+// more than a quarter of its bytes (copies and flushes in flight) it waits 3 ms between
+// pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
+// that refuses or cannot be reached is replaced by the next daemon of the ring that does not
+// hold the shard yet, so R copies exist whenever R peers can take them.
 //
-// Receiver: a gRPC server on TCP (--peer-listen) whose calls must carry a token of the
-// shared secret (PeerSecret); a replica is verified (every piece's checksum, the header, the
-// image's MAC) and kept in the memory tier under its budget (MemoryTier::ReserveReplica:
-// replicas give way before own shards). Restores on other daemons read images back
-// (GetShard), own or replica, without piece checksums: the image's MAC is checked as it
-// arrives, and the restore verifies the header and every item it reads.
+// Restore side (PeerShards, replicator_restore.cc): asks the peers which hold a shard, reads
+// an image back (GetShard), own or replica, into a buffer of its own, without piece
+// checksums: the image's MAC is checked as it arrives, and the restore verifies the header
+// and every item it reads. AnyHolds and DropNewer pass over a peer that did not answer a
+// moment ago.
 //
 // Trust: whatever listens on a peer's address may be something else than that peer's
 // daemon. Every answer this daemon acts on (an acknowledgement, "held", a dropped count, an
@@ -44,16 +44,16 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/base/config.h"
-#include "daemon/replication/peer_acceptor.h"
 #include "daemon/base/peer_list.h"
 #include "daemon/base/peer_secret.h"
 #include "daemon/base/throttled_log.h"
+#include "daemon/replication/peer_service.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/pipeline/tier_set.h"
 
 namespace grpc {
 class Channel;
-class Server;
+class ClientContext;
 class Status;
 }  // namespace grpc
 
@@ -116,13 +116,6 @@ class Replicator : public PeerShards {
   std::uint64_t replicated_shards() const { return replicated_; }
   std::uint64_t failures() const { return failures_; }
 
-  // The receiver's side, for the gRPC service (replicator.cc).
-  MemoryTier& memory() { return memory_; }
-  const PeerSecret& secret() const { return secret_; }
-  // Refused peer calls, logged at most once a second.
-  ThrottledLog& refused_log() { return refused_log_; }
-  bool corrupt_replicas() const { return corrupt_replicas_; }
-
  private:
   using Key = std::tuple<std::string, std::uint64_t, std::uint32_t>;  // job, version, rank
   struct State {
@@ -132,12 +125,13 @@ class Replicator : public PeerShards {
   };
   Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks,
              std::chrono::milliseconds progress_timeout);
-  Status StartServer(const std::string& listen, PeerAcceptor::Limits limits);
   void SendLoop() EXCLUDES(mu_);
   // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it. The
   // pieces in flight reference the image's memory, so they hold a reference to it.
   Status SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& image, std::uint64_t* held);
   void Pace();
+  // The deadline of a HasShard, DropNewer or DropJob call.
+  static constexpr std::chrono::seconds kHasDeadline{3};
   // Whether `peer` failed to answer a HasShard or DropNewer within the last kSilentFor, and
   // noting whether it answered (AnyHolds, DropNewer).
   static constexpr std::chrono::seconds kSilentFor{5};
@@ -152,19 +146,20 @@ class Replicator : public PeerShards {
   // `peer` answered without proof of the secret (`why`): counted and logged (throttled);
   // returns PermissionDenied with `why`'s message.
   Status Unproven(const std::string& peer, const Status& why);
+  // The proof a reply carried (trailing metadata), or "".
+  static std::string ProofOf(const grpc::ClientContext& ctx);
+  // Why a transfer with `peer` was given up after `limit` without progress (ProgressWatch).
+  static std::string Stalled(const std::string& peer, std::chrono::milliseconds limit);
 
   const PeerList peers_;
   const PeerSecret secret_;
   MemoryTier& memory_;
   const Hooks hooks_;
-  const bool corrupt_replicas_;  // test seam: CKPTD_TEST_CORRUPT_REPLICAS=1
   const std::chrono::milliseconds progress_timeout_;  // --peer-progress-timeout-s
   std::string bound_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<PeerAcceptor> acceptor_;  // --peer-listen's connections, within limits
-  std::unique_ptr<class PeerServiceImpl> service_;
+  std::unique_ptr<PeerServer> server_;
   std::atomic<std::uint64_t> replicated_{0}, failures_{0};
-  ThrottledLog refused_log_, unproven_log_, send_log_;
+  ThrottledLog unproven_log_, send_log_;
 
   Mutex mu_;
   CondVar changed_;

@@ -6,11 +6,6 @@
 
 namespace ckpt {
 
-grpc::Status ToGrpc(const Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(GrpcCodeNumber(s.code())), s.message());
-}
-
 RegistrationRequest FromProto(const v1::RegisterRequest& req) {
   RegistrationRequest out;
   out.job = req.job();

@@ -1,6 +1,6 @@
 // The edge between the wire (ckpt.v1) and the daemon's own types: every translation of a
-// request into the parts' inputs, of their results into replies, and of a Status into a
-// gRPC status happens here. Levels use proto/level_codec.h.
+// request into the parts' inputs and of their results into replies happens here. Levels use
+// proto/level_codec.h; a Status becomes a gRPC status by proto/grpc_status.h's ToGrpc.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,10 +11,9 @@
 #include "daemon/session/registrar.h"
 #include "daemon/session/restorer.h"
 #include "daemon/pipeline/tier_set.h"
+#include "proto/grpc_status.h"
 
 namespace ckpt {
-
-grpc::Status ToGrpc(const Status& s);
 
 RegistrationRequest FromProto(const v1::RegisterRequest& req);
 // Copies the blobs' bytes (once): the shard keeps them until it is written.

@@ -1,0 +1,23 @@
+#include "daemon/replication/peer_protocol.h"
+
+#include "ckpt/v1/peer.pb.h"
+#include "common/names.h"
+#include "daemon/base/peer_secret.h"
+
+namespace ckpt {
+
+std::string DescribeShard(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  return "job " + job + " version " + std::to_string(version) + " rank " + std::to_string(rank);
+}
+
+Status CheckShardKey(const v1::ShardKey& key) {
+  if (std::string why = CheckJobId(key.job()); !why.empty()) return InvalidArgument(why);
+  if (key.version() == 0) return InvalidArgument("version 0 is not a version");
+  return Status::Ok();
+}
+
+std::string HasAnswer(const std::string& subject, const v1::HasShardReply& reply) {
+  return PeerSecret::HasAnswer(subject, reply.held(), reply.file_bytes(), reply.registration());
+}
+
+}  // namespace ckpt
