@@ -68,7 +68,7 @@ struct LoadedShard {
 };
 
 // Reads the header of `s`'s current copy and checks it is (job, version, rank) of W. A
-// replica in a peer's memory (issue 17) is fetched whole first.
+// replica in a peer's memory (peer replication) is fetched whole first.
 Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, const RestoreLimits& limits,
                 LoadedShard& s) {
   if (s.src().tier == Tier::kPeer && !s.src().image) {
