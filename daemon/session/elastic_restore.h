@@ -97,7 +97,7 @@ class ElasticRestore {
   // Whether the registration's items are exactly rank `rank`'s shard of the version (same
   // items, shapes and layouts): then the plain restore of that shard serves it. Reads that
   // shard's header from its fastest tier.
-  // `fetched` (if given) gets the copy read when it is a peer's replica (issue 17), fetched
+  // `fetched` (if given) gets the copy read when it is a peer's replica (peer replication), fetched
   // whole, so that the fast path restores from it rather than fetching it again.
   Result<bool> MatchesOwnShard(const ElasticRequest& req, ShardSource* fetched = nullptr);
 

@@ -64,7 +64,8 @@ Status Restorer::CheckIdentity(const Session& s, std::uint64_t version, const Sh
                     " (was written by another rank or copied into place)");
   }
   if (registration != nullptr && meta.session != *registration) {
-    // Issue 17: a version not committed yet may have copies of two runs under one number.
+    // A version not committed yet (restored from peers' memory) may have copies of two runs
+    // under one number: only the one its RESTORABLE marker names is this version.
     return DataLoss(where + " of version " + std::to_string(version) + " was written by registration '" +
                     meta.session + "', not by '" + *registration +
                     "' that its RESTORABLE marker names (a shard of another run of the job)");
@@ -76,7 +77,7 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
                                          const std::string* registration) {
   ShardSource src = given;
   if (src.tier == Tier::kPeer && !src.image) {
-    // Issue 17: a replica in a peer's memory, fetched now; a peer that cannot give it is
+    // A replica in a peer's memory, fetched now; a peer that cannot give it is
     // worth the next source, like a missing copy (NOT_FOUND: "could not be read").
     auto image = tiers_.FetchFromPeer(src, s.job, version, s.rank);
     if (!image.ok()) return NotFound("peer " + src.peer + ": " + image.status().message());
@@ -254,7 +255,7 @@ Result<Restorer::Chosen> Restorer::Choose(Session& s, std::uint64_t requested, b
   const std::uint64_t latest = held.ok() ? held->latest : catalog.Latest(s.job);
   std::string why_not;  // for a version asked for by number that is not taken
   if (uncommitted_ok && tiers_.peers() != nullptr) {
-    // Issue 17: a version newer than the newest committed one (or the one asked for, if it is
+    // With peer replication: a version newer than the newest committed one (or the one asked for, if it is
     // not committed) whose every rank's shard is still in some daemon's memory.
     // Only above the newest committed version: one below it belongs to a timeline a commit
     // already left (or retention is deleting it).
@@ -377,7 +378,7 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
   }
   s.last_version = v;
   if (PeerShards* peers = tiers_.peers()) {
-    // Issue 17: the timeline above v is left on every daemon too: peers drop this rank's
+    // The timeline above v is left on every daemon too: peers drop this rank's
     // images above v (a replica of an old version v+1 must never be read for the new v+1),
     // and no version above v is taken as restorable. After the new registration, so that a
     // claim deciding one meanwhile sees that this rank's registration changed.

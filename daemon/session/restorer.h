@@ -40,19 +40,19 @@ struct Restored {
   std::vector<RestoredBlob> blobs;
   std::uint32_t world_size = 0;  // that wrote the version
   bool resharded = false;        // restored by ElasticRestore
-  // Issue 17: not committed yet; restored because its RESTORABLE marker names a shard of
-  // every rank that a live daemon holds.
+  // Not committed yet; restored from peers' memory because its RESTORABLE marker names a
+  // shard of every rank that a live daemon holds.
   bool uncommitted = false;
 };
 
 // Bytes restored, by tier read, and read from files, since the daemon started.
 struct RestoreCounters {
   std::atomic<std::uint64_t> from_memory{0}, from_local{0}, from_persistent{0};
-  std::atomic<std::uint64_t> from_peer{0};  // issue 17: peers' memory
+  std::atomic<std::uint64_t> from_peer{0};  // peers' memory (peer replication)
   std::atomic<std::uint64_t> bytes_read{0};
   // Restores by ElasticRestore (another world size or decomposition).
   std::atomic<std::uint64_t> resharded{0};
-  // Issue 17: restores of a version not committed yet (restorable from peers' memory).
+  // Restores of a version not committed yet (restorable from peers' memory).
   std::atomic<std::uint64_t> uncommitted{0};
 };
 
@@ -85,11 +85,11 @@ class Restorer {
     std::uint64_t latest = 0;  // the job's newest committed version
     std::unique_ptr<VersionHold> hold;
     std::uint32_t world_size = 0;  // that wrote it
-    // Issue 17: a version not committed yet, restorable from memory: each rank's shard is
+    // A version not committed yet, restorable from peers' memory: each rank's shard is
     // the one of this registration (empty: committed, any copy is the committed one).
     NodeClaims registrations;
   };
-  // `requested` (0: the newest) committed, or with peers (issue 17) and `uncommitted_ok`, a
+  // `requested` (0: the newest) committed, or with peer replication and `uncommitted_ok`, a
   // newer (or the requested) version not committed yet whose RESTORABLE marker names, for
   // every rank, a shard that some live daemon holds or that is durable.
   Result<Chosen> Choose(Session& s, std::uint64_t requested, bool uncommitted_ok) REQUIRES(s.mu);

@@ -80,7 +80,7 @@ int Status(const std::string& socket, bool json) {
       std::printf("  %-10s %s; keeps %s\n", t.name().c_str(), t.dir().c_str(), t.retention().c_str());
     }
   }
-  if (r.replicas() > 0) {  // issue 17: peer replication
+  if (r.replicas() > 0) {  // peer replication is on: what it sent, holds and restored
     std::printf("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
                 " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
                 r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),

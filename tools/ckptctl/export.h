@@ -3,8 +3,11 @@
 //
 //   ROOT/JOB/vNNNNNNNNNN/index.json + rank-*.safetensors     (what the daemon wrote)
 //     -> LoadExportSource: the tensors to export, each with the chunks it is made of
+//        (export_source.cc)
 //     -> SelectTensors (--filter, --blobs), CheckTiling, PackFiles (--max-shard-size)
-//     -> the writer (RunExport): DIR/model-00001-of-0000N.safetensors ... + the index
+//        (export_plan.cc)
+//     -> the writer (RunExport, export.cc; the copies in export_copy.cc, the directory in
+//        export_output_dir.cc): DIR/model-00001-of-0000N.safetensors ... + the index
 //
 // Each global tensor is exported whole under its global name, a replicated one once; a
 // rank-private item as "rank<R>/<name>"; a blob (only with --blobs) as the U8 tensor

@@ -8,6 +8,7 @@
 #include "format/paths.h"
 #include "format/shard_format.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/committed_version.h"
 #include "tools/ckptctl/common.h"
 
 namespace ckptctl {
@@ -15,49 +16,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool Exists(const std::string& path) {
-  std::error_code ec;
-  return fs::symlink_status(path, ec).type() != fs::file_type::not_found && !ec;
-}
-
-// The newest version of `job` with a COMMITTED marker (what every reader restores; the
-// `latest` file is only a pointer), 0 if none.
-std::uint64_t NewestCommitted(const ckpt::CheckpointTree& tree, const std::string& job) {
-  std::uint64_t newest = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(tree.JobDir(job), ec)) {
-    auto v = ckpt::ParseVersionDirName(e.path().filename().string());
-    if (v && *v > newest && Exists(tree.CommittedMarker(job, *v))) newest = *v;
-  }
-  return newest;
-}
-
 // The shard files `sel` names; kNotFound (and why, printed) when the job, the version or
 // the rank's shard is not there.
 int Resolve(const TreeSelection& sel, std::vector<std::string>* paths) {
   const ckpt::CheckpointTree tree(sel.root);
-  if (!Exists(tree.JobDir(sel.job))) {
-    std::cerr << "ckptctl: no job '" << sel.job << "' under " << sel.root << " (" << tree.JobDir(sel.job)
-              << " does not exist)\n";
+  auto chosen = ChooseVersion(tree, sel.job, sel.version);
+  if (!chosen.ok()) {
+    std::cerr << "ckptctl: " << chosen.status().message() << "\n";
     return kNotFound;
   }
-  std::uint64_t version = sel.version;
-  if (version == 0) {
-    version = NewestCommitted(tree, sel.job);
-    if (version == 0) {
-      std::cerr << "ckptctl: job '" << sel.job << "' under " << sel.root << " has no committed version\n";
-      return kNotFound;
-    }
-  }
+  const std::uint64_t version = chosen.value();
   const std::string dir = tree.VersionDir(sel.job, version);
-  if (!Exists(dir)) {
-    std::cerr << "ckptctl: job '" << sel.job << "' has no version " << version << " under " << sel.root
-              << " (" << dir << " does not exist)\n";
-    return kNotFound;
-  }
   if (sel.rank >= 0) {
     const std::string path = tree.ShardPath(sel.job, version, static_cast<std::uint32_t>(sel.rank));
-    if (!Exists(path)) {
+    if (!PathExists(path)) {
       std::cerr << "ckptctl: version " << version << " of job '" << sel.job << "' has no shard of rank "
                 << sel.rank << " (" << path << " does not exist)\n";
       return kNotFound;
@@ -95,7 +67,7 @@ int Verify(std::vector<std::string> paths, const TreeSelection& tree, bool json)
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   for (const auto& p : paths) {
     nlohmann::ordered_json entry = {{"path", p}};
-    if (!Exists(p)) {
+    if (!PathExists(p)) {
       ++missing;
       entry["result"] = "missing";
       entry["error"] = p + ": no such file";
@@ -127,7 +99,7 @@ int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   int rc = kOk;
   for (const auto& path : paths) {
-    if (!Exists(path)) {
+    if (!PathExists(path)) {
       std::cerr << "ckptctl: inspect: " << path << ": no such file\n";
       rc = std::max<int>(rc, kNotFound);
       continue;
