@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Commit at scale (issue 15): the commit protocol of 8, 64 and 512 simulated daemons x 8
+# Commit at scale: the commit protocol of 8, 64 and 512 simulated daemons x 8
 # ranks on one shared directory, with the real Catalog and CommitTracker of each daemon
 # (bench/commit_scale.cc says what is simulated). Each size runs twice in one go: with the
 # protocol of this tree ("per-node": one marker per daemon and version) and with the one of

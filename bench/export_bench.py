@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""How fast `ckptctl export` consolidates a version of 4 ranks, and how little memory it takes
-(issue 16).
+"""How fast `ckptctl export` consolidates a version of 4 ranks, and how little memory it takes.
 
 A real ckptd; 4 ranks (one process, 4 clients) register pieces of 3 global F32 tensors of
 --dim x --dim each: A split along dimension 0 (each chunk one run), B along dimension 1 (runs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fast-path benchmarks (issue 15), one after the other, into one JSON next to their
+# The fast-path benchmarks, one after the other, into one JSON next to their
 # targets and the figures at 8059c89 (before the work):
 #   rpc_latency   snapshot / wait_snapshot p50 against an empty gRPC call (the floor),
 #                 1, 1,000 and 10,000 items                        (bench/rpc_latency.sh)
@@ -51,7 +51,7 @@ done
 python3 - "$out" "${parts[@]}" <<'EOF'
 import json, sys
 out, parts = sys.argv[1], sys.argv[2:]
-# Targets from issue 15 and the figures measured at 8059c89, before the work.
+# The targets, and the figures measured at 8059c89, before the fast path was built.
 targets = {
     "rpc_latency": {"target": "snapshot and wait_snapshot p50 <= 2x the floor, 1 / 1,000 / 10,000 items",
                     "before": {"floor_p50_us": "34-52", "snapshot_p50_us": {"1": 423, "1000": 509, "10000": 1090},

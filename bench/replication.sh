@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peer replication of the memory tier (issue 17), 1 GiB per rank, one run on this machine.
+# Peer replication of the memory tier, 1 GiB per rank, one run on this machine.
 #
 # Usage: bench/replication.sh [--out FILE.json] [--build DIR] [--dir DIR] [--mib N]
 #                             [--iters N] [--skip-restore] [--skip-stall]

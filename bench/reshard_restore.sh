@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Restore at another world size (issue 16): 1 GiB of global state (4 F32 tensors, two split
+# Restore at another world size: 1 GiB of global state (4 F32 tensors, two split
 # by rows and two by columns) written by 4 ranks, then restored, in one run:
 #   - into 2 ranks (row boxes: resharded; each rank's pieces come from all 4 shards), and
 #   - into 4 ranks with the boxes of the save (the same-size restore, the fast path),

@@ -139,7 +139,7 @@ class FloorServer {
       errno = ECHILD;
       Die("the floor server did not start");
     }
-    // The client side as libckpt makes it (client/client.cc, NewStub).
+    // The client side as libckpt makes it (client/session.cc, NewStub).
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(1 << 30);
     args.SetMaxSendMessageSize(1 << 30);

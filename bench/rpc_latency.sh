@@ -2,7 +2,7 @@
 # Per-call latency against the gRPC floor, measured in the same run: starts a ckptd of its
 # own, runs `ckpt-rpc-latency --floor --json` with 1, 1,000 and 10,000 items, writes
 # {"runs": [{items, floor_p50_us, snapshot_p50_us, snapshot_p99_us, wait_p50_us,
-# snapshot_ratio, wait_ratio, ...}]} and prints a table. The target (issue 15): snapshot
+# snapshot_ratio, wait_ratio, ...}]} and prints a table. The target: snapshot
 # and wait_snapshot (for a version already captured) p50 at most 2x the floor.
 #
 # Usage: bench/rpc_latency.sh [--out FILE.json] [--build DIR] [--iters I] [--dir DIR]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What checkpointing every step costs a PyTorch trainer with ~30 ms steps on CPU (issue 15):
+# What checkpointing every step costs a PyTorch trainer with ~30 ms steps on CPU:
 # bench/torch_overhead.py's CNN (batch norm, SGD nesterov) with StepLR and with OneCycleLR,
 # ckpt.torch.Checkpointer against a real ckptd vs no checkpointing, in alternating blocks.
 #

@@ -1,8 +1,8 @@
 // Why a CUDA IPC open may fail: legacy CUDA IPC (cudaIpcOpenMemHandle,
 // cudaIpcOpenEventHandle) does not work between processes in different PID namespaces, as
 // with a trainer in a container that has neither the host's PID namespace (docker
-// --pid=host, Kubernetes hostPID: true) nor one shared with ckptd (UCX PR #11514, NCCL
-// issue #360). The daemon names that cause in the error when it can tell.
+// --pid=host, Kubernetes hostPID: true) nor one shared with ckptd (a limit UCX and NCCL
+// document too). The daemon names that cause in the error when it can tell.
 //
 // In: the trainer's pid as the daemon sees it (SO_PEERCRED; 0 when the trainer's PID
 // namespace is not below the daemon's, so that its pid has no number there) and the two

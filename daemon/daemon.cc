@@ -100,7 +100,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_,
                                      *copier_, pool_->chunk_bytes());
   if (config_.replicas > 0) {
-    // Issue 17: shards go to peers' memory, and restores read peers' memory.
+    // Shards go to peers' memory, and restores read peers' memory.
     const HostPool* pool = pool_.get();
     replica_claims_ = std::make_unique<ReplicaClaims>(*catalog_, [this](const std::string& m) { errors_.Record(m); });
     auto replicator = Replicator::Create(

@@ -85,7 +85,7 @@ class Daemon {
   const CommitTracker& commits() const { return *commits_; }
   const ErrorLog& errors() const { return errors_; }
   RestoreCounters& restore_counters() { return restore_counters_; }
-  // Peer replication (issue 17); null with --replicas 0.
+  // Peer replication; null with --replicas 0.
   Replicator* replicator() { return replicator_.get(); }
 
   // Seals a shard of a sealed registration (ShardJob::Seal), or aborts it (ShardJob::Abort,

@@ -5,7 +5,7 @@
 //   ROOT/JOB/vNNNNNNNNNN/node-OWNER.K.done one line "RANK REGISTRATION" for each of the K ranks
 //                                          whose shard a daemon made durable
 //   ROOT/JOB/vNNNNNNNNNN/node-OWNER.K.repl the same lines, for the ranks whose shards peers hold
-//   ROOT/JOB/vNNNNNNNNNN/RESTORABLE        "world_size W" and a line per rank (issue 17)
+//   ROOT/JOB/vNNNNNNNNNN/RESTORABLE        "world_size W" and a line per rank
 //   ROOT/JOB/ranks/rank-NNNNN              "GENERATION REGISTRATION": the rank's newest
 //   ROOT/JOB/ranks/rank-NNNNN.G.REG        the registration REG (generation G), its id again
 //
@@ -59,7 +59,7 @@ inline constexpr std::size_t kMaxNodeMarkerRanks = 1 << 16;
 std::string RenderNodeMarker(const NodeClaims& claims);
 std::optional<NodeClaims> ParseNodeMarker(std::string_view text);
 
-// Issue 17: VERSION/RESTORABLE, written once the `.repl` markers of a version not committed
+// VERSION/RESTORABLE, written once the `.repl` markers of a version not committed
 // yet claim every rank 0..world_size-1 with its current registration: "world_size W\n", then
 // the node marker lines of every rank (each rank, in order, with the registration whose shard
 // peers hold). A restore takes it only with shards of exactly these registrations.

@@ -8,9 +8,9 @@
 //   ROOT/JOB/set-aside/v0000000050/               versions set aside by a rollback
 //   ROOT/JOB/v0000000042/node-OWNER.8.done        a daemon's 8 ranks of the version are durable
 //                                                 (holds each rank and the registration that wrote it)
-//   ROOT/JOB/v0000000042/node-OWNER.8.repl        issue 17: a daemon's 8 ranks of the version are
+//   ROOT/JOB/v0000000042/node-OWNER.8.repl        a daemon's 8 ranks of the version are
 //                                                 replicated to peers' memory (same contents)
-//   ROOT/JOB/v0000000042/RESTORABLE               issue 17: not committed yet, but every rank's
+//   ROOT/JOB/v0000000042/RESTORABLE               not committed yet, but every rank's
 //                                                 shard is replicated (restorable from memory)
 //   ROOT/JOB/ranks/rank-00003.5.REG               the rank's registration REG, its 5th (the highest
 //                                                 generation of a rank is its current one)
@@ -40,7 +40,7 @@ inline constexpr std::string_view kSetAsideDir = "set-aside";
 inline constexpr std::string_view kTmpSuffix = ".tmp";
 inline constexpr std::string_view kRanksDir = "ranks";
 inline constexpr std::string_view kOwnerFile = "owner";
-// Issue 17: a version not committed yet whose every rank's shard was replicated to peers'
+// A version not committed yet whose every rank's shard was replicated to peers'
 // memory (format/markers.h, RestorableMarker).
 inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
 // A rank aborted the version (its memory changed during the copy): ABORTED.rank-RRRRR holds
@@ -60,7 +60,7 @@ std::string RankFileName(std::uint32_t rank);       // "rank-00003"
 // is 1 to kMaxMarkerOwnerBytes of [A-Za-z0-9_-]; RANKS (>= 1, decimal) is how many ranks the
 // marker holds, so that a listing of the directory tells how many ranks are claimed.
 inline constexpr std::size_t kMaxMarkerOwnerBytes = 160;
-// Issue 17: the same name with ".repl" is a daemon's marker of the ranks whose shards of the
+// The same name with ".repl" is a daemon's marker of the ranks whose shards of the
 // version it replicated to its peers' memory ("node-OWNER.RANKS.repl"), the same contents.
 enum class NodeMarkerKind { kDone, kReplicated };
 std::string NodeMarkerName(std::string_view owner, std::uint64_t ranks, NodeMarkerKind kind = NodeMarkerKind::kDone);

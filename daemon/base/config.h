@@ -86,7 +86,8 @@ struct Config {
   // A trainer's restart (a new registration of a rank whose trainer exited) first waits
   // for the rank's newest version in flight to settle, so that the restart can restore it
   // ("newest"), or restores the newest version committed by then at once, giving up the
-  // versions in flight ("none"). See docs/DESIGN-NOTES.md, "Persist queue and recovery".
+  // versions in flight ("none"). See docs/DESIGN-NOTES.md, "A restart waits for what it
+  // will restore, not for older versions".
   bool restart_waits_newest = true;
   // Verify mode for every registration: each version is checked, at the trainer's wait,
   // against the checksums of its copy, and aborted if its memory changed (see Session).
@@ -111,7 +112,7 @@ struct Config {
   std::string metrics_listen;
   std::string metrics_textfile;
   std::uint32_t metrics_interval_s = 15;
-  // Issue 17, peer replication of the memory tier (daemon/replication/, DESIGN-NOTES "Peer
+  // Peer replication of the memory tier (daemon/replication/, DESIGN-NOTES "Peer
   // replication"). Each shard captured here is sent to `replicas` peers (0: off); the peers
   // are the next `replicas` entries after this daemon's own in `peers` (cyclically). `peers`
   // is every daemon's --peer-listen address in one order shared by all of them (a

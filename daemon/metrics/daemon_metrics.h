@@ -40,10 +40,10 @@ inline constexpr std::size_t kErrorKinds = 7;
 const char* ErrorKindName(ErrorKind kind);
 
 // Tiers as label values; kMemory is the memory tier's image of a shard; kPeer (restores
-// only) a replica in a peer daemon's memory (issue 17).
+// only) a replica in a peer daemon's memory.
 enum class TierLabel { kMemory, kLocal, kPersistent, kPeer };
 
-// Issue 17, peer replication: what happened to shards sent to or asked of peers (the
+// Peer replication: what happened to shards sent to or asked of peers (the
 // `event` label of ckptd_replication_events_total).
 enum class ReplicationEvent {
   kSent,           // a shard image a peer acknowledged holding

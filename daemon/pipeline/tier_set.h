@@ -23,7 +23,7 @@
 
 namespace ckpt {
 
-// kPeer (issue 17): a replica in a peer daemon's memory, read over the network.
+// kPeer: a replica in a peer daemon's memory, read over the network.
 enum class Tier { kMemory, kLocal, kPersistent, kPeer };
 const char* TierName(Tier tier);  // "memory", "local", "persistent", "peer"
 // The order of speed, which is not the enum's: memory, local, peer, persistent. True when
@@ -52,7 +52,7 @@ class VersionHold {
   const std::uint64_t version_;
 };
 
-// Issue 17: the shards that peer daemons hold in memory (daemon/replication/Replicator).
+// The shards that peer daemons hold in memory (daemon/replication/Replicator).
 class PeerShards {
  public:
   virtual ~PeerShards() = default;
@@ -92,7 +92,7 @@ struct ShardSource {
 // A version as the tiers hold it.
 struct VersionOnTiers {
   bool committed = false;
-  bool restorable = false;  // issue 17: not committed, every rank's shard replicated
+  bool restorable = false;  // not committed, but every rank's shard is replicated
   std::string aborted;      // non-empty: a rank aborted it, and why
   std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
   std::vector<std::uint32_t> local_ranks;
@@ -128,17 +128,17 @@ class TierSet {
   // The committed version `requested` (0: the newest) of `job`, held; NotFound saying why
   // if there is none. Reads the shared directory (another node may have committed).
   Result<HeldVersion> HoldCommitted(const std::string& job, std::uint64_t requested);
-  // Issue 17: peers' memory as a source of restores (null: none). Set once, before serving.
+  // Peers' memory as a source of restores (null: none). Set once, before serving.
   void SetPeers(PeerShards* peers) { peers_ = peers; }
   PeerShards* peers() { return peers_; }
   // Reads a kPeer source's image from its peer.
   Result<std::shared_ptr<MemoryImage>> FetchFromPeer(const ShardSource& src, const std::string& job,
                                                      std::uint64_t version, std::uint32_t rank);
   // The tiers holding (job, version, rank), fastest first; the persistent tier always comes
-  // last (its file may be missing: the read says so). With peers (issue 17) and no image in
+  // last (its file may be missing: the read says so). With peers and no image in
   // this daemon's memory, each peer holding one comes after the local tier, in the order
   // PeerShards::Holding gives. `ask_peers` false: this daemon's own tiers only (no call to
-  // any peer). `registration` (issue 17, a version not committed yet): a memory image of
+  // any peer). `registration` (a version not committed yet, which two runs may have written): a memory image of
   // another registration is no source, and does not stop the peers being asked.
   std::vector<ShardSource> Sources(const std::string& job, std::uint64_t version, std::uint32_t rank,
                                    bool ask_peers = true, const std::string* registration = nullptr);

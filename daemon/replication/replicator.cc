@@ -199,11 +199,9 @@ void Replicator::Pace() {
   // a little between pieces (the sender runs at nice 19, so it also gives way for the CPU).
   if (!hooks_.pool_used || hooks_.pool_bytes == 0) return;
   // 3 ms per 1 MiB piece caps the sender at about 350 MB/s while the pool is busy, and never
-  // stops it (a flush-bound trainer keeps the pool busy all the time). It was 1 ms while
-  // every piece cost the sender two copies at nice 19, which throttled it as much again;
-  // without them (piece_wire.h) 1 ms let replication double the flush-bound trainer's
-  // stall p50 on the 2-core VM, 3 ms keeps it at R=0's (DESIGN-NOTES, "Peer replication of
-  // the memory tier", measured).
+  // stops it (a flush-bound trainer keeps the pool busy all the time). A shorter wait lets
+  // replication take the writers' share of the cores: at 1 ms a flush-bound trainer's stall
+  // p50 doubled on 2 cores, at 3 ms it stays at R=0's (docs/BENCHMARKS.md, "Peer replication").
   static_assert(kReplicaPiece == 1 << 20, "the wait is per MiB");
   if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
 }

@@ -152,7 +152,7 @@ grpc::Status CheckpointService::Wait(grpc::ServerContext* ctx, const v1::WaitReq
   spdlog::debug("job {} rank {}: waiting for version {} to be {}", s.value()->job, s.value()->rank,
                 req->version(), LevelName(want));
   ckpt::Status st = WaitInSlices(deadline, gate_.CancelCheckOf(ctx), [&](auto slice_end) {
-    if (want == Level::kReplicated) {  // issue 17: acknowledged by R peers
+    if (want == Level::kReplicated) {  // acknowledged by R peers
       return daemon_.replicator()->WaitReplicated(shard->meta().job, shard->meta().version, shard->meta().rank,
                                                   slice_end);
     }
@@ -277,7 +277,7 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   const std::string job = s.value()->job;
   daemon_.sessions().Unregister(s.value(), gate_.CancelCheckOf(ctx));
   if (Replicator* r = daemon_.replicator()) {
-    // Issue 17: the job ended on this node (no session of it left): its replicas go.
+    // The job ended on this node (no session of it left): its replicas go.
     const auto all = daemon_.sessions().All();
     if (std::none_of(all.begin(), all.end(), [&](const auto& other) { return other->job == job; })) {
       r->OnJobEnded(job);

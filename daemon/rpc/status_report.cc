@@ -154,7 +154,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restored_bytes_peer(restored.from_peer);
   reply->set_restores_uncommitted(restored.uncommitted);
   AddTiers(daemon, reply);
-  if (Replicator* r = daemon.replicator()) {  // issue 17
+  if (Replicator* r = daemon.replicator()) {
     reply->set_replicas(r->replicas());
     reply->set_peer_address(r->peers().self_address());
     reply->set_replicated_shards(r->replicated_shards());

@@ -16,7 +16,7 @@
 // or read by a restore or a promotion). A shard that still does not fit is not kept (its
 // restore reads a file), and the log says what holds the budget.
 //
-// Replicas (issue 17): images of shards another daemon captured and sent here
+// Replicas: images of shards another daemon captured and sent here
 // (daemon/replication/) live in the same budget, marked with their origin. They give way
 // before any shard of this daemon's own: an own shard short of room drops replicas (least
 // recently used rank first, its oldest version first) before images of finished jobs; a

@@ -22,7 +22,7 @@ enum class Level : std::uint8_t {
   kDurable = 3,
   // Every rank persisted and COMMITTED written.
   kCommitted = 4,
-  // Issue 17: the rank's shard is held, verified, in the memory of --replicas R peer
+  // The rank's shard is held, verified, in the memory of --replicas R peer
   // daemons. Not on the scale above (a shard may be replicated before or after it is
   // local or persisted): only a wait asks for it, and a daemon never reports it as the
   // level a version reached. With --replicas 0 a wait for it is FAILED_PRECONDITION.
