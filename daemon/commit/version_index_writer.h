@@ -6,8 +6,8 @@
 //
 // The index is built from the shard headers themselves, the one record that cannot disagree
 // with the data (their header checksums cover the layouts): the daemon that commits reads
-// every rank's header (8 + N bytes each), several at once. docs/DESIGN-NOTES.md ("Issue 16:
-// layouts, format 3 and the version index") weighs this against other designs and gives its
+// every rank's header (8 + N bytes each), several at once. docs/DESIGN-NOTES.md (layouts,
+// format 3 and the version index) weighs this against other designs and gives its
 // cost at thousands of ranks. Thread-compatible: the catalog calls it under its commit lock.
 #pragma once
 
