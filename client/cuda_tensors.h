@@ -18,7 +18,8 @@
 //
 // The CUDA implementation is client/cuda_tensors.cc, compiled only when libckpt is built
 // with CUDA; without it ResolveCudaTensors fails with "this libckpt was built without
-// CUDA". This header has no CUDA types, so client.cc compiles either way.
+// CUDA" (client/registration.cc). This header has no CUDA types, so the rest of libckpt
+// compiles either way.
 //
 // Thread-safety: CudaTensors is safe to use from several threads (its event rings are
 // fixed once made, CUDA's calls are thread-safe, and every call restores the calling

@@ -1,4 +1,4 @@
-// ckpt::SharedRegion's names and process exit (client/client.cc): a region still held when
+// ckpt::SharedRegion's names and process exit (client/shared_region.cc): a region still held when
 // the process that created it exits normally has its name removed then, and a forked child
 // that exits leaves its parent's regions alone.
 #include <fcntl.h>

@@ -32,6 +32,15 @@
 // status), and the file is rewritten at the next commit or by RepairLatest() (the commit
 // tracker calls it every second), whichever comes first. Errors of background work are
 // reported through `report` (the daemon's error log). Thread-safe.
+//
+// The class is spread over files by job:
+//   catalog.cc             the commit protocol: version directories, rank registrations,
+//                          node markers, COMMITTED
+//   catalog_latest.cc      the newest committed version: its cache, scan and `latest` file
+//   catalog_recovery.cc    recovery at start-up (Recover)
+//   catalog_restorable.cc  RESTORABLE markers (versions restorable from peers' memory)
+//   catalog_retention.cc   retention, pins, and a rollback's set-aside
+//   catalog_versions.cc    what readers see: jobs, versions, ABORTED markers, sizes
 #pragma once
 
 #include <atomic>
@@ -55,7 +64,7 @@ namespace ckpt {
 struct VersionEntry {
   std::uint64_t version = 0;
   bool committed = false;
-  bool restorable = false;           // issue 17: a RESTORABLE marker (replicated, not committed)
+  bool restorable = false;           // a RESTORABLE marker: replicated to peers, not committed
   std::string aborted;               // non-empty: a rank aborted it (the first ABORTED marker's text)
   std::vector<std::uint32_t> ranks;  // ranks with a durable shard
 };
@@ -111,12 +120,13 @@ class Catalog {
   // not count for a commit); the one it replaces stays.
   Status WriteNodeMarker(const std::string& job, std::uint64_t version, const NodeClaims& claims,
                          std::uint64_t replaces, NodeMarkerKind kind = NodeMarkerKind::kDone);
-  // Issue 17 (docs/DESIGN-NOTES.md, "Which version all ranks restore from memory"): the
-  // `.repl` markers (WriteNodeMarker with kReplicated) of a version not committed yet claim
-  // every rank with its current registration: writes VERSION/RESTORABLE naming them (the
-  // same rule as a commit's, so that a shard left by an earlier run never completes it);
-  // *restorable says whether the version is so now. Any daemon may decide it, each with the
-  // same contents.
+  // Peer replication: a version not committed yet may be restored from peers' memory once
+  // every rank's shard is replicated. When the `.repl` markers (WriteNodeMarker with
+  // kReplicated) of such a version claim every rank with its current registration: writes
+  // VERSION/RESTORABLE naming them (the same rule as a commit's, so that a shard left by an
+  // earlier run never completes it); *restorable says whether the version is so now. Any
+  // daemon may decide it, each with the same contents, so that all ranks restore the same
+  // version from memory.
   Status DecideRestorable(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                           bool* restorable);
   Result<RestorableMarker> ReadRestorable(const std::string& job, std::uint64_t version);

@@ -8,7 +8,8 @@
 // with the data (their header checksums cover the layouts): the daemon that commits reads
 // every rank's header (8 + N bytes each), several at once. docs/DESIGN-NOTES.md ("Layouts,
 // format 3 and the version index") weighs this against other designs; docs/BENCHMARKS.md
-// ("Version index build") gives its cost at thousands of ranks. Thread-compatible: the catalog calls it under its commit lock.
+// ("Version index build") gives its cost at thousands of ranks. Thread-compatible: the
+// catalog calls it under its commit lock.
 #pragma once
 
 #include <cstdint>

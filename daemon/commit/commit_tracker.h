@@ -78,9 +78,9 @@ class CommitTracker {
   // A rank of `job` rolled back to `version`: versions above it will be committed again, and
   // the ones awaited now never will (they were set aside).
   void RolledBack(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
-  // Issue 17: a rank restored `version` before it was committed: it never commits now (the
-  // ranks register again), so it is no longer awaited, and this daemon's shards of it are
-  // let go without an error to report (a marker that comes late is ignored).
+  // A rank restored `version` from peers' memory before it was committed: it never commits
+  // now (the ranks register again), so it is no longer awaited, and this daemon's shards of
+  // it are let go without an error to report (a marker that comes late is ignored).
   void Forget(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
 
   // Versions this daemon committed since it started.

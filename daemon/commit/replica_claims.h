@@ -1,5 +1,5 @@
-// ReplicaClaims (issue 17): from shards replicated to peers' memory to versions restorable
-// before they are committed. Each shard of this daemon that R peers acknowledged is claimed
+// ReplicaClaims: from shards replicated to peers' memory (ckptd --replicas) to versions
+// restorable before they are committed. Each shard of this daemon that R peers acknowledged is claimed
 // in this daemon's `.repl` marker of its version (node-OWNER.K.repl: every rank of the
 // version replicated from here so far, with the registration that wrote it; the marker of K
 // ranks replaces the one of K-1). Then, once the markers of all daemons claim every rank with
@@ -11,7 +11,8 @@
 // before the other's marker is there, so a version claimed here and not restorable yet is
 // looked at again by a thread, kRecheckFirst later and then with a doubling backoff up to
 // kRecheckMax, until it is restorable, committed, or kRecheckFor has passed (a rank never
-// replicated it). docs/DESIGN-NOTES.md, "Which version all ranks restore from memory".
+// replicated it). docs/DESIGN-NOTES.md, peer replication, "Which version all ranks restore
+// from memory".
 // Thread-safe.
 #pragma once
 

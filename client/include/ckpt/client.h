@@ -198,8 +198,10 @@ struct RestoreResult {
   std::uint64_t tensor_bytes = 0;
   std::uint32_t world_size = 0;  // that wrote the version
   bool resharded = false;        // filled from the pieces of other ranks or another world size
-  // Issue 17: the version was not committed yet; every rank's shard was replicated to peers'
-  // memory (--replicas), and a restore of the newest version took it (docs/replication.md).
+  // The version was not committed yet: every rank's shard had been replicated to peers'
+  // memory (ckptd --replicas), which makes a version restorable before its commit, and a
+  // restore of the newest version took it (`ckptctl ls` shows such a version as
+  // `replicated`: docs/ops/ckptctl.md).
   bool uncommitted = false;
 };
 

@@ -1,0 +1,103 @@
+// Which committed versions stay on the tree: retention after each commit (keep_last,
+// keep_every), the pins of versions a restore reads, and a rollback's set-aside of the
+// versions newer than the one it returns to.
+#include "daemon/catalog/catalog.h"
+
+#include <string>
+#include <vector>
+
+#include "format/paths.h"
+
+namespace ckpt {
+
+Catalog::Retention Catalog::retention() const {
+  const std::uint64_t r = retention_.load();
+  return {static_cast<std::uint32_t>(r >> 32), static_cast<std::uint32_t>(r)};
+}
+
+void Catalog::SetRetention(Retention r) { retention_.store(std::uint64_t{r.keep_last} << 32 | r.keep_every); }
+
+Status Catalog::ApplyRetention(const std::string& job) {
+  // Plain copies: clang before 16 cannot capture a structured binding in the lambda below.
+  const Retention kept = retention();
+  const std::uint32_t keep_last = kept.keep_last, keep_every = kept.keep_every;
+  if (keep_last == 0) return Status::Ok();
+  auto versions = List(job);
+  if (!versions.ok()) return versions.status();
+  std::vector<std::uint64_t> committed;
+  for (const auto& e : versions.value()) {
+    if (e.committed) committed.push_back(e.version);
+  }
+  if (committed.size() <= keep_last) return Status::Ok();
+  committed.resize(committed.size() - keep_last);  // the ones to delete, oldest first
+  if (keep_every > 0) {
+    std::erase_if(committed, [&](std::uint64_t v) { return v % keep_every == 0; });
+  }
+  for (std::uint64_t v : committed) {
+    if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
+    std::string dir = VersionDir(job, v);
+    // The marker goes first: a version half deleted is then simply not committed.
+    if (Status s = storage_->Remove(tree_.CommittedMarker(job, v)); !s.ok()) return s;
+    auto files = storage_->List(dir);
+    if (files.ok()) {
+      for (const auto& f : files.value()) {
+        if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
+      }
+    }
+    if (Status s = storage_->Remove(dir); !s.ok()) return s;
+  }
+  return storage_->SyncDir(JobDir(job));
+}
+
+void Catalog::Pin(const std::string& job, std::uint64_t version) {
+  MutexLock lock(commit_mu_);
+  pinned_.insert({job, version});
+}
+
+void Catalog::Unpin(const std::string& job, std::uint64_t version) {
+  MutexLock lock(commit_mu_);
+  if (auto it = pinned_.find({job, version}); it != pinned_.end()) pinned_.erase(it);
+}
+
+Result<int> Catalog::SetAsideNewerThan(const std::string& job, std::uint64_t version) {
+  // Listing under the lock: two ranks rolling back at once must not both move a version.
+  MutexLock lock(commit_mu_);
+  auto versions = List(job);
+  if (!versions.ok()) return versions.status();
+  std::string aside = tree_.SetAsideDir(job);
+  int moved = 0;
+  for (const auto& e : versions.value()) {
+    if (e.version <= version) continue;
+    if (moved == 0) {
+      if (Status s = storage_->MakeDirs(aside); !s.ok()) return s;
+    }
+    std::string target = JoinPath(aside, VersionDirName(e.version));
+    for (int n = 1; storage_->Exists(target); ++n) {
+      target = JoinPath(aside, VersionDirName(e.version) + "." + std::to_string(n));
+    }
+    if (Status s = storage_->Rename(VersionDir(job, e.version), target); !s.ok()) {
+      // The daemon of another node rolling back the same job moved it first.
+      if (!storage_->Exists(VersionDir(job, e.version))) continue;
+      if (moved > 0) PublishLatest(job, ScanLatest(job).value_or(version));  // the moved are gone
+      return s;
+    }
+    ++moved;
+  }
+  if (moved == 0) {
+    // Another node's daemon set them aside: follow.
+    auto v = ScanLatest(job);
+    if (!v.ok()) return v.status();
+    MutexLock cache(latest_mu_);
+    latest_[job] = v.value();
+    ++latest_writes_[job];
+    return moved;
+  }
+  Status synced = storage_->SyncDir(aside);
+  if (synced.ok()) synced = storage_->SyncDir(JobDir(job));
+  // The versions are moved: the newest committed one is `version` now, whatever `latest` says.
+  PublishLatest(job, ScanLatest(job).value_or(version));
+  if (!synced.ok()) return synced;
+  return moved;
+}
+
+}  // namespace ckpt
