@@ -3,7 +3,8 @@
 // rank, each a row block of a global tensor of --mib-per-item MiB per rank, with its block
 // checksums; the data sections sparse), then times VersionIndexWriter::Build (every header
 // read and parsed, the index built) and Render, and prints the figures; --out FILE writes
-// them as JSON (docs/results/index_build.json). The files are removed at the end.
+// them as JSON (docs/results/index_build_1024.json and index_build_4096.json are two runs:
+// --ranks 1024 and 4096). The files are removed at the end.
 #include <fcntl.h>
 #include <unistd.h>
 

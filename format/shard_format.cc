@@ -121,6 +121,12 @@ std::string ShardItem::TensorKey() const {
   return kind == ItemKind::kBlob ? std::string(kBlobPrefix) + name : name;
 }
 
+std::string ShapeText(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 Status CheckItemShape(const ShardItem& item) {
   std::uint64_t elems = 1;
   for (auto d : item.shape) {

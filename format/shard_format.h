@@ -169,6 +169,9 @@ class ShardLayout {
 // Checks that an item's shape and dtype give exactly its length in bytes.
 Status CheckItemShape(const ShardItem& item);
 
+// A shape as error messages write it: "[4096, 1024]".
+std::string ShapeText(const std::vector<std::int64_t>& shape);
+
 // A parsed shard header.
 struct ShardInfo {
   ShardMeta meta;

@@ -36,12 +36,6 @@ struct ShardBytes {
 
 namespace {
 
-std::string ShapeText(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targets) {
   std::map<std::string, const ShardItem*> stored;
   for (const auto& item : info.items) {

@@ -19,12 +19,6 @@
 namespace ckpt::elastic_internal {
 namespace {
 
-std::string ShapeText(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // Reads the header of `s`'s current copy and checks it is (job, version, rank) of W. A
 // replica in a peer's memory (peer replication) is fetched whole first.
 Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, const RestoreLimits& limits,
