@@ -1,4 +1,4 @@
-// The peer token (daemon/replication/peer_secret.*): good for one request once, refused with
+// The peer token (daemon/base/peer_secret.*): good for one request once, refused with
 // another key, call, subject or time, and refused when presented again. The callee's proof
 // and an image's MAC: good only with the key, for the caller's nonce and what was said.
 #include <catch2/catch.hpp>
