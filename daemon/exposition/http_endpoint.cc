@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/accept.h"
 #include "daemon/exposition/exposition.h"
 
 namespace ckpt::metrics {
@@ -159,25 +160,23 @@ void MetricsHttpEndpoint::Loop() {
 bool MetricsHttpEndpoint::AcceptPending(std::vector<Connection>& connections) {
   // A batch at most, so that the connections open are served between two batches.
   for (std::size_t i = 0; i < kMaxConnections; ++i) {
-    UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) {
-      switch (errno) {
-        case EINTR:
-        case ECONNABORTED:
-        case EPROTO:
-          continue;
-        case EMFILE:
-        case ENFILE:
-        case ENOBUFS:
-        case ENOMEM:
-          ThrottledWarn(std::string("out of file descriptors or memory (") + std::strerror(errno) +
-                        "): not accepting scrapes for " + std::to_string(kAcceptBackoff.count()) +
-                        " ms; raise the open-file limit (LimitNOFILE=)");
-          return false;
-        default:  // EAGAIN: nothing more pending
-          return true;
-      }
+    Accepted accepted = AcceptOne(listener_.get());
+    switch (accepted.outcome) {
+      case AcceptOutcome::kAccepted:
+        break;
+      case AcceptOutcome::kTransient:
+        continue;
+      case AcceptOutcome::kOutOfDescriptors:
+      case AcceptOutcome::kOutOfMemory:
+        ThrottledWarn(std::string("out of file descriptors or memory (") + std::strerror(accepted.error) +
+                      "): not accepting scrapes for " + std::to_string(kAcceptBackoff.count()) +
+                      " ms; raise the open-file limit (LimitNOFILE=)");
+        return false;
+      case AcceptOutcome::kDrained:
+      case AcceptOutcome::kFailed:
+        return true;
     }
+    UniqueFd fd = std::move(accepted.fd);
     if (connections.size() >= kMaxConnections) {
       SendParting(connections.front().fd.get(), "503 Service Unavailable",
                   "too many connections: the oldest is closed\n");

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,7 +21,6 @@ constexpr int kBatch = 256;  // connections accepted per wake-up
 // Not listening where asked: the daemon does not start.
 Status CannotListen(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 
-UniqueFd MakeReserve() { return UniqueFd(::eventfd(0, EFD_CLOEXEC)); }
 
 // The remote address of a connection, without its port.
 std::string RemoteAddress(int fd) {
@@ -81,7 +79,6 @@ Result<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(const std::string& lis
 
 PeerAcceptor::PeerAcceptor(UniqueFd listener, int port, Limits limits, std::function<void(int)> hand_over)
     : listener_(std::move(listener)),
-      reserve_(MakeReserve()),
       port_(port),
       limits_(limits),
       hand_over_(std::move(hand_over)) {
@@ -115,10 +112,7 @@ void PeerAcceptor::Loop() {
     if (fds[1].revents) return;
     back_off = false;
     if (fds[0].revents & POLLIN) AcceptPending();
-    if (!reserve_.valid()) {
-      reserve_ = MakeReserve();
-      back_off = !reserve_.valid();
-    }
+    back_off = !reserve_.Refill();
   }
 }
 
@@ -153,20 +147,15 @@ std::string PeerAcceptor::LimitPassed(const std::string& address) {
 
 void PeerAcceptor::AcceptPending() {
   for (int i = 0; i < kBatch; ++i) {
-    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      if (errno == EMFILE || errno == ENFILE) {
-        // The pending connection would be reported again at once, forever: taken with the
-        // reserve descriptor and closed, so its client hears it was refused.
-        reserve_.reset();
-        int shed = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (shed >= 0) ::close(shed);
-        refused_log_.Warn(std::string("peer server out of file descriptors (") + std::strerror(errno) +
-                          "): refused a connection; lower --peer-max-connections or raise LimitNOFILE=");
-      }
-      return;  // EAGAIN: nothing more pending
+    Accepted accepted = AcceptOne(listener_.get());
+    if (accepted.outcome == AcceptOutcome::kTransient) continue;
+    if (accepted.outcome == AcceptOutcome::kOutOfDescriptors) {
+      reserve_.Shed(listener_.get());  // the loop backs off if the reserve is not back
+      refused_log_.Warn(std::string("peer server out of file descriptors (") + std::strerror(accepted.error) +
+                        "): refused a connection; lower --peer-max-connections or raise LimitNOFILE=");
     }
+    if (accepted.outcome != AcceptOutcome::kAccepted) return;  // drained, or try at the next wake-up
+    const int conn = accepted.fd.release();
     const std::string address = RemoteAddress(conn);
     struct stat st {};
     ::fstat(conn, &st);

@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "common/accept.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -65,7 +66,8 @@ class PeerAcceptor {
   void SweepClosed() REQUIRES(mu_);
   void Forget(std::map<int, Entry>::iterator it) REQUIRES(mu_);
 
-  UniqueFd listener_, stop_read_, stop_write_, reserve_;
+  UniqueFd listener_, stop_read_, stop_write_;
+  DescriptorReserve reserve_;  // sheds a connection when out of descriptors
   const int port_;
   const Limits limits_;
   const std::function<void(int)> hand_over_;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <string>
 
+#include "common/accept.h"
 #include "common/unique_fd.h"
 #include "daemon/session/peer_registry.h"
 #include "daemon/base/throttled_log.h"
@@ -36,14 +37,10 @@ class Acceptor {
   bool AcceptPending();
 
  private:
-  // Accepts one connection with the reserve descriptor and closes it. Returns false if the
-  // reserve could not be taken back (still out of descriptors).
-  bool Shed(int err);
-
   const int listen_fd_;
   PeerRegistry& peers_;
   const std::function<void(int)> hand_over_;
-  UniqueFd reserve_;
+  DescriptorReserve reserve_;  // sheds a connection when out of descriptors
   ThrottledLog limit_log_;      // refused connections, at most one line a second
   ThrottledLog exhausted_log_;
 };
