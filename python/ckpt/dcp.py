@@ -83,7 +83,8 @@ except ImportError as e:  # torch 1.x: no DCP storage API of this shape
 
 from . import _ckpt
 from . import Client, Error, Level, SharedRegion, VersionNotFoundError, list_versions, load_file, read_header
-from .torch import _CODE_TO_TORCH, _TORCH_TO_CODE, _rank_and_world
+from ._torch_launcher import _rank_and_world
+from ._torch_tensors import _CODE_TO_TORCH, _TORCH_TO_CODE
 
 __all__ = ["Reader", "Writer", "share_memory", "version_of"]
 

@@ -53,7 +53,7 @@ import torch
 
 from . import Client, Level, SharedRegion, load_version
 from .loader import _open_regular
-from .torch import UnsupportedTensorError, _TORCH_TO_CODE
+from ._torch_tensors import _TORCH_TO_CODE, UnsupportedTensorError
 
 try:  # DeepSpeed's base class where DeepSpeed is installed
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine as _Base
