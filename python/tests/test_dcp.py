@@ -233,8 +233,8 @@ def test_load_falls_back_to_the_files_when_the_daemon_cannot(daemon, monkeypatch
     model = _model()
     sd = {"model": model.state_dict(), "extra": {"step": 9}}
     with monkeypatch.context() as m:  # a version saved without layouts (by a ckpt module that had none)
-        m.setattr(ckpt.dcp, "_LAYOUT", None)
-        m.setattr(ckpt.dcp, "_BLOB", None)
+        m.setattr(ckpt._dcp_writer, "_LAYOUT", None)
+        m.setattr(ckpt._dcp_writer, "_BLOB", None)
         dcp.save(sd, checkpoint_id=1, storage_writer=ckpt.dcp.Writer(daemon.socket, "dcp-old"))
     ckpt.dcp.close_all()
     # Rank 0 of 2 loads it: the daemon gives the blobs, but cannot assemble boxes of items that
