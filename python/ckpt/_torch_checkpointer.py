@@ -60,9 +60,9 @@ class Checkpointer(_Collecting, _Restoring):
       "forward" if a model buffer is too large to stage). Small buffers (batch norm's and any
       other) are staged, so the forward may change them during the capture. Whatever the
       choice, a version whose registered memory changed in place is aborted, never
-      committed, and the wait moves as far as that tensor needs (see "Torn snapshots" in the
-      module's documentation); `wait_before` then says where it is. wait_snapshot() can be
-      called explicitly too.
+      committed, and the wait moves as far as that tensor needs (docs/pytorch.md, "What keeps
+      a version exact while it is copied"); `wait_before` then says where it is.
+      wait_snapshot() can be called explicitly too.
     verify: the daemon also compares host memory with its copy at each version's sealing
       wait and aborts the version if it changed: catches writes the version counters do not
       see (through t.data, numpy views, other threads or processes) made after its copy of the
@@ -238,7 +238,8 @@ class Checkpointer(_Collecting, _Restoring):
         the optimizer step (and scheduler step) of iteration `step`; steps must increase. What
         the trainer changes in place afterwards cannot reach the version: staged tensors are
         copied here, the others are waited for or, if they change under the capture anyway,
-        the version is aborted (see "Torn snapshots" in the module's documentation).
+        the version is aborted (docs/pytorch.md, "What keeps a version exact while it is
+        copied").
 
         The non-tensor state (scheduler, objects, extra_state, RNG states, optimizer groups)
         is taken here, on the calling thread; the staged tensors (small buffers...) are copied
