@@ -558,6 +558,8 @@ class Checkpointer(_Collecting, _Restoring):
         """The registered tensors (the trainer's own objects) by item name."""
         return {s.name: s.tensor for s in self._slots}
 
+    # -- the pickled state of a save ----------------------------------------------------------
+
     def _blob_state(self, step: int) -> Dict[str, Any]:
         """The blob's content as of now, made of values nothing changes later: state the
         trainer may change is pickled here (_Pickled, also checked for size); the item table,
