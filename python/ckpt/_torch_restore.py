@@ -192,8 +192,6 @@ class _Restoring:
             raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
         if self.optimizer is None:
             return
-        if self.optimizer is None:
-            return
         specs = {i: {k: _StateWanted(f"{k} of parameter {i}", g["dtype"], list(g["shape"])) if g.get("replicated")
                      else _StateWanted(f"{k} of parameter {i}", g["dtype"], _shape(self._params[i]), like_param=True,
                                        same_type=True)
@@ -263,9 +261,6 @@ class _Restoring:
         if problems:
             more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
             raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
-        if self.optimizer is None:
-            return
-        changed = False
         if self.optimizer is None:
             return
         specs = {}
