@@ -1,44 +1,11 @@
 """ckpt.deepspeed: a DeepSpeed checkpoint engine that saves through ckptd.
 
-    import deepspeed, ckpt.deepspeed
     engine, *_ = deepspeed.initialize(model=model, config=config, ...)
     engine.checkpoint_engine = ckpt.deepspeed.CkptdCheckpointEngine(socket, "my-job")
     engine.save_checkpoint(save_dir)            # returns once the state is staged
     engine.load_checkpoint(save_dir)            # reads it back (the newest tag in save_dir/latest)
 
-DeepSpeed (0.19: DeepSpeedEngine.save_checkpoint / load_checkpoint) drives a checkpoint engine
-like this: makedirs(save_dir), create(CheckpointCommitInfo(tag, save_dir, save_latest)),
-makedirs(save_dir/tag), save(state_dict, path) once per file of the tag (model states, ZeRO
-optimizer partitions...), commit(info); then it writes save_dir/latest itself. Loading globs
-the tag directory for its files and calls load(path, map_location) for each. Older DeepSpeed
-passes the tag string instead of CheckpointCommitInfo; both are accepted.
-
-Here:
-  create(tag)      starts version V of the job: the number at the end of the tag
-                   ("global_step120" -> 120), else the last version + 1. Waits until the
-                   previous version is out of the staging memory (normally long done).
-  save(sd, path)   copies every tensor of `sd` (CPU or CUDA, any layout that copy_ takes) into
-                   daemon-visible shared memory (staging regions, kept and reused while the
-                   file's tensors keep their names, dtypes and shapes) and keeps the rest of
-                   `sd` (structure, non-tensor values) for the blob; writes a small JSON
-                   placeholder at `path` so that DeepSpeed's loader finds the file.
-  commit(tag)      registers the staged tensors (again only if the layout changed) and asks the
-                   daemon to snapshot V with the pickled structures as a blob; returns at once.
-                   The daemon copies, checksums, writes and commits V in the background.
-  wait()           blocks until the last committed version is committed on all ranks.
-  load(path, map_location)   rebuilds that file's state dict from the committed version
-                   (read from the daemon's root without the daemon, checksums verified);
-                   tensors are CPU tensors, moved to map_location when it is a device.
-  makedirs         os.makedirs, as DeepSpeed's own engines do.
-
-So the trainer waits for one memory copy of the state per checkpoint (like DCP's staging,
-without serialisation or I/O), where DeepSpeed's default engine waits for torch.save to a file.
-Checkpointing every iteration with a stall that hides behind forward/backward needs the
-state to live in shared memory all along: that is ckpt.torch.Checkpointer.
-
-When `deepspeed` imports, the class subclasses DeepSpeed's CheckpointEngine (HAVE_DEEPSPEED is
-then True); otherwise it is a plain class with the same methods. Pickled structures are loaded
-with pickle: load only checkpoints you trust.
+docs/pytorch.md, "DeepSpeed", says what each engine call does and what the trainer waits for.
 """
 
 from __future__ import annotations
@@ -53,7 +20,7 @@ import torch
 
 from . import Client, Level, SharedRegion, load_version
 from .loader import _open_regular
-from .torch import UnsupportedTensorError, _TORCH_TO_CODE
+from ._torch_tensors import _TORCH_TO_CODE, UnsupportedTensorError
 
 try:  # DeepSpeed's base class where DeepSpeed is installed
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine as _Base

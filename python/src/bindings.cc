@@ -265,7 +265,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .value("DURABLE", ckpt::Level::kDurable, "same as PERSISTED")
       .value("COMMITTED", ckpt::Level::kCommitted, "durable on all ranks and the commit marker written")
       .value("REPLICATED", ckpt::Level::kReplicated,
-             "held in the memory of the daemon's --replicas peers (issue 17; refused when replication is off)");
+             "held in the memory of the daemon's --replicas peers (refused when replication is off)");
 
   m.attr("DTYPES") = [] {
     py::tuple t(kDTypes.size());

@@ -1,4 +1,4 @@
-"""A PyTorch trainer survives a daemon restart (issue 12): ckptd is killed with SIGKILL at a
+"""A PyTorch trainer survives a daemon restart: ckptd is killed with SIGKILL at a
 deterministic point (CKPTD_TEST_PAUSE: before it copies a version) under a training loop that
 checkpoints through ckpt.torch.Checkpointer, and a new ckptd is started on the same root and
 socket. Training must go on, the version in flight be reported as lost, later versions commit,

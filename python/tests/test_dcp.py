@@ -233,8 +233,8 @@ def test_load_falls_back_to_the_files_when_the_daemon_cannot(daemon, monkeypatch
     model = _model()
     sd = {"model": model.state_dict(), "extra": {"step": 9}}
     with monkeypatch.context() as m:  # a version saved without layouts (by a ckpt module that had none)
-        m.setattr(ckpt.dcp, "_LAYOUT", None)
-        m.setattr(ckpt.dcp, "_BLOB", None)
+        m.setattr(ckpt._dcp_writer, "_LAYOUT", None)
+        m.setattr(ckpt._dcp_writer, "_BLOB", None)
         dcp.save(sd, checkpoint_id=1, storage_writer=ckpt.dcp.Writer(daemon.socket, "dcp-old"))
     ckpt.dcp.close_all()
     # Rank 0 of 2 loads it: the daemon gives the blobs, but cannot assemble boxes of items that
@@ -341,7 +341,7 @@ def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
         assert sorted(c["rank"] for c in index["tensors"]["model.r"]["chunks"]) == [0, 1]  # each rank's own copy
     out = _torchrun(daemon, temp_dir, 2, "load", daemon.socket, "dcp-2r")
     assert sorted(o["rank"] for o in out) == [0, 1]
-    # The column boxes came from the daemon (issue 16's restore by layout), else from the files.
+    # The column boxes came from the daemon (a restore by layout), else from the files.
     want = "daemon" if hasattr(ckpt._ckpt, "RestoreResult") else "daemon+files"
     assert [o["columns_from"] for o in out] == [want, want]
 
@@ -352,7 +352,7 @@ def test_two_ranks_dtensor_save_then_load(daemon, temp_dir):
               "meta": {"step": 0, "lr": []}}
     reader = ckpt.dcp.Reader(daemon.socket, "dcp-2r")
     dcp.load(target, checkpoint_id="step-41", storage_reader=reader)
-    # Through the daemon, which assembles each box from both ranks' chunks (issue 16's restore
+    # Through the daemon, which assembles each box from both ranks' chunks (a restore by layout
     # at another world size); from the shard files with a ckpt module without that client API.
     if hasattr(ckpt._ckpt, "RestoreResult"):
         assert (reader.source, reader.resharded) == ("daemon", True)

@@ -1,4 +1,4 @@
-"""Peer replication (issue 17) from Python: two daemons stand for two nodes (--replicas 1,
+"""Peer replication from Python: two daemons stand for two nodes (--replicas 1,
 loopback TCP), one rank on each. Node 1's shard headers never reach the persistent tier
 (CKPTD_TEST_FAULT), so version 2 is replicated but not committed; node 1 is then lost (kill -9,
 its local tier deleted) and a replacement daemon takes its place. restore() of the newest

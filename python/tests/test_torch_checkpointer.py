@@ -418,7 +418,7 @@ def test_two_ranks_commit_together_and_each_restores_its_own_shard(daemon):
         ck.close()
 
 
-# -- issue 15 / 18: what save() pickles, generators, the worker thread --------------------
+# -- what save() pickles, generators, the worker thread -----------------------------------
 
 
 def make_one_cycle(seed=0, total_steps=20):
@@ -595,8 +595,9 @@ def test_the_stall_the_daemon_records_is_the_trainers_not_the_worker_threads(sta
 
 
 def test_a_second_checkpointer_on_an_open_ones_model_is_refused_until_it_is_closed(daemon):
-    """Issue 18, point 1: a second Checkpointer on the same model or optimizer used to leave
-    the first one's hooks on them, waiting on the first registration at every step."""
+    """A second Checkpointer on the same model or optimizer is refused while the first is
+    open: it would leave the first one's hooks on them, waiting on the first registration at
+    every step."""
     model, opt, sched = make()
     first = ct.Checkpointer(daemon.socket, "twice", model=model, optimizer=opt)
     with pytest.raises(ValueError, match=r"already checkpointed by an open Checkpointer \(job 'twice', rank 0\)"):
