@@ -256,6 +256,17 @@ def _session(client_or_socket, job: str, rank: Optional[int], world_size: Option
         return s
 
 
+class _SessionOf:
+    """What Reader and Writer share: their _Session (of `self._target`), made at first use."""
+
+    _s: Optional[_Session] = None
+
+    def _session(self) -> _Session:
+        if self._s is None:
+            self._s = _session(*self._target)
+        return self._s
+
+
 def close_all() -> None:
     """Ends every registration ckpt.dcp opened in this process (versions in flight complete)."""
     with _SESSIONS_LOCK:

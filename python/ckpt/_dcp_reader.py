@@ -13,12 +13,12 @@ import torch
 
 from . import Client, Error, SharedRegion, VersionNotFoundError, list_versions, load_file, read_header
 from ._dcp_common import (_ALIGN, _FAILED_PRECONDITION, _LAYOUT, _RESULT, METADATA_BLOB, LoadItemType, LoadPlan,
-                          LoadPlanner, Metadata, MetadataIndex, StorageReader, _item_name, _safe, _Session, _session,
+                          LoadPlanner, Metadata, MetadataIndex, StorageReader, _item_name, _safe, _Session, _session, _SessionOf,
                           _TorchFuture, _blob_name, version_of)
 from ._dcp_writer import Writer
 from ._torch_tensors import _CODE_TO_TORCH, _TORCH_TO_CODE
 
-class Reader(StorageReader):
+class Reader(_SessionOf, StorageReader):
     """A DCP StorageReader that restores through ckptd (arguments as for Writer).
 
     read_metadata() restores this rank's shard of the version through the daemon (its
@@ -62,11 +62,6 @@ class Reader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
         return Writer.validate_checkpoint_id(checkpoint_id)
-
-    def _session(self) -> _Session:
-        if self._s is None:
-            self._s = _session(*self._target)
-        return self._s
 
     def read_metadata(self) -> Metadata:
         # No **kwargs: DCP would then retry a failure as a 'rank local' read, with the same error.

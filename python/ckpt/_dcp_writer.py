@@ -17,7 +17,7 @@ import torch
 from . import Client, Level, SharedRegion
 from ._dcp_common import (_ALIGN, _BLOB, _HAS_RESPONSE, _LAYOUT, _SHARED, METADATA_BLOB, Metadata, MetadataIndex,
                           SavePlan, SavePlanner, StorageMeta, StorageWriter, WriteItemType, WriteResult, _blob_name,
-                          _item_name, _local, _safe, _Session, _session, _TorchFuture,
+                          _item_name, _local, _safe, _Session, _session, _SessionOf, _TorchFuture,
                           create_default_global_save_plan, version_of)
 from ._torch_tensors import _TORCH_TO_CODE
 
@@ -105,7 +105,7 @@ def _copy_tensors(obj):
     return obj
 
 
-class Writer(StorageWriter):
+class Writer(_SessionOf, StorageWriter):
     """A DCP StorageWriter (and AsyncStager) that stores through ckptd.
 
     client_or_socket: a ckpt.Client or the daemon's socket (None: $CKPTD_SOCKET, else the
@@ -260,11 +260,6 @@ class Writer(StorageWriter):
             self._hook = None
 
     # -- the save -----------------------------------------------------------------------------
-
-    def _session(self) -> _Session:
-        if self._s is None:
-            self._s = _session(*self._target)
-        return self._s
 
     def _fail_staged(self, e: BaseException) -> None:
         staged, self._staged = self._staged, None

@@ -5,7 +5,7 @@ are staged through. Shared by ckpt.torch, ckpt.dcp and ckpt.deepspeed; see docs/
 from __future__ import annotations
 
 import operator
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -136,15 +136,22 @@ def _check_no_shared_storage(slots: List[_Slot]) -> None:
                 f"each tensor into its own shared memory, which would break that sharing")
         owners[ptr] = s.name
 
+def _packed(slots: List[_Slot]) -> Tuple[List[int], int]:
+    """The offsets of the tensors of `slots` packed one after the other in one block, each
+    at an _ALIGN boundary, and the size of the block."""
+    offsets, size = [], 0
+    for s in slots:
+        offsets.append(size)
+        size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    return offsets, size
+
+
 def _move_to_shm(slots: List[_Slot], regions: List[SharedRegion]) -> None:
     """Copies the tensors of `slots` into one new shared region (added to
     `regions`) and points them at it."""
     if not slots:
         return
-    offsets, size = [], 0
-    for s in slots:
-        offsets.append(size)
-        size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    offsets, size = _packed(slots)
     region = SharedRegion.create(size)
     regions.append(region)
     for s, off in zip(slots, offsets):
@@ -179,10 +186,7 @@ def _move_to_gpu_staging(slots: List[_Slot], regions: List[SharedRegion]) -> Non
     for s in slots:
         by_device.setdefault(s.tensor.device, []).append(s)
     for device, group in by_device.items():
-        offsets, size = [], 0
-        for s in group:
-            offsets.append(size)
-            size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        offsets, size = _packed(group)
         trainer = torch.empty(size, dtype=torch.uint8, device=device)
         staging = torch.empty(size, dtype=torch.uint8, device=device)
         for s, off in zip(group, offsets):
@@ -200,10 +204,7 @@ def _mirror(slots: List[_Slot], regions: List[SharedRegion]) -> None:
     tensors where they are; save() refreshes the copies, load() copies them back."""
     if not slots:
         return
-    offsets, size = [], 0
-    for s in slots:
-        offsets.append(size)
-        size += (s.tensor.numel() * s.tensor.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    offsets, size = _packed(slots)
     region = SharedRegion.create(size)
     regions.append(region)
     for s, off in zip(slots, offsets):
