@@ -21,6 +21,13 @@ from ._torch_tensors import _TORCH_TO_CODE, StateMismatchError, _shape, _Slot
 _NOT_FOUND, _FAILED_PRECONDITION = 5, 9  # gRPC status codes carried by ckpt.Error.code
 
 
+def _raise_mismatch(problems: List[str], where: str) -> None:
+    """StateMismatchError listing the first 8 of `problems` (and how many more), if any."""
+    if problems:
+        more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+        raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
+
+
 class _Restoring:
     """Checkpointer's restore half: load() and what it needs. Uses the Checkpointer's
     attributes and its _collect / _register / _tracking_current (_torch_collect.py)."""
@@ -187,9 +194,7 @@ class _Restoring:
         elif orphans:
             problems.append(f"the checkpoint has optimizer state of no parameter with a layout here: "
                             f"{', '.join(orphans[:5])}{' ...' if len(orphans) > 5 else ''}")
-        if problems:
-            more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
-            raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
+        _raise_mismatch(problems, where)
         if self.optimizer is None:
             return
         specs = {i: {k: _StateWanted(f"{k} of parameter {i}", g["dtype"], list(g["shape"])) if g.get("replicated")
@@ -258,9 +263,7 @@ class _Restoring:
         elif wanted and max(wanted) >= len(self._params):
             problems.append(f"the checkpoint's optimizer has state for parameter {max(wanted)} but this "
                             f"optimizer has {len(self._params)} parameters")
-        if problems:
-            more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
-            raise StateMismatchError(f"the state does not match {where}: " + "; ".join(problems[:8]) + more)
+        _raise_mismatch(problems, where)
         if self.optimizer is None:
             return
         specs = {}
