@@ -61,13 +61,16 @@ if [ ! -f "$base_src/.rev" ] || [ "$(cat "$base_src/.rev")" != "$baseline" ]; th
   git -C "$here" archive "$baseline" | tar -x -C "$base_src"
   echo "$baseline" >"$base_src/.rev"
 fi
-cp "$here/bench/commit_scale.cc" "$base_src/bench/"
+# The harness names headers where they are now; the baseline has them in their old places.
+sed -e 's#"daemon/catalog/catalog.h"#"daemon/commit/catalog.h"#' \
+    -e 's#"daemon/base/\([a-z_]*\.h\)"#"daemon/\1"#' \
+    "$here/bench/commit_scale.cc" >"$base_src/bench/commit_scale.cc"
 cp "$here/daemon/io/counting_storage.h" "$base_src/daemon/io/"
 # Only the commit stage's sources, not the whole daemon: a quicker build.
 if ! grep -q ckpt-commit-scale "$base_src/CMakeLists.txt"; then
   cat >>"$base_src/CMakeLists.txt" <<'CMAKE'
 
-add_executable(ckpt-commit-scale bench/commit_scale.cc daemon/catalog/catalog.cc daemon/commit/commit_tracker.cc
+add_executable(ckpt-commit-scale bench/commit_scale.cc daemon/commit/catalog.cc daemon/commit/commit_tracker.cc
   daemon/pipeline/shard_registry.cc daemon/pipeline/shard_job.cc daemon/pipeline/item_hasher.cc daemon/io/storage.cc)
 target_link_libraries(ckpt-commit-scale PRIVATE ckpt_backend ckpt_format spdlog::spdlog CLI11::CLI11 Threads::Threads)
 CMAKE

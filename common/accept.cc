@@ -51,9 +51,15 @@ DescriptorReserve::DescriptorReserve() : fd_(MakeReserve()) {}
 
 bool DescriptorReserve::Shed(int listener) {
   fd_.reset();
-  UniqueFd shed(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+  bool shed = false;
+  {
+    // Closed before the reserve is taken back: at the limit, the reserve needs the number
+    // the shed connection held.
+    UniqueFd conn(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    shed = conn.valid();
+  }
   fd_ = MakeReserve();
-  return shed.valid() && fd_.valid();
+  return shed && fd_.valid();
 }
 
 bool DescriptorReserve::Refill() {

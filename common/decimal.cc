@@ -3,6 +3,7 @@
 namespace ckpt {
 
 std::optional<std::uint64_t> ParseDecimal(std::string_view s, std::uint64_t max) {
+  if (max > kMaxDecimal) max = kMaxDecimal;
   if (s.empty() || (s.size() > 1 && s[0] == '0')) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {

@@ -37,8 +37,7 @@ std::string RankFileName(std::uint32_t rank) {
 
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name) {
   if (name.size() < 2 || name[0] != 'v') return std::nullopt;
-  // Version numbers have at most 19 digits, as they always had (every uint64 up to 10^19 - 1).
-  auto v = ParsePaddedDecimal(name.substr(1), 9'999'999'999'999'999'999ULL);
+  auto v = ParsePaddedDecimal(name.substr(1));
   if (!v || VersionDirName(*v) != name) return std::nullopt;  // only the canonical spelling
   return v;
 }

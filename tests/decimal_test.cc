@@ -1,5 +1,5 @@
-// The one decimal rule of names and markers: digits only, no sign, no leading zero, no
-// value above the caller's bound; padded names drop their zeros first.
+// The one decimal rule of names and markers: digits only, no sign, no leading zero, at most
+// 19 digits, no value above the caller's bound; padded names drop their zeros first.
 #include "common/decimal.h"
 
 #include <catch2/catch.hpp>
@@ -11,7 +11,7 @@ TEST_CASE("ParseDecimal accepts canonical decimals only", "[decimal]") {
   CHECK(ParseDecimal("0") == 0u);
   CHECK(ParseDecimal("7") == 7u);
   CHECK(ParseDecimal("1000") == 1000u);
-  CHECK(ParseDecimal("18446744073709551615") == UINT64_MAX);
+  CHECK(ParseDecimal("9999999999999999999") == ckpt::kMaxDecimal);
   CHECK_FALSE(ParseDecimal(""));
   CHECK_FALSE(ParseDecimal("00"));
   CHECK_FALSE(ParseDecimal("07"));
@@ -21,6 +21,9 @@ TEST_CASE("ParseDecimal accepts canonical decimals only", "[decimal]") {
   CHECK_FALSE(ParseDecimal("7 "));
   CHECK_FALSE(ParseDecimal("1e3"));
   CHECK_FALSE(ParseDecimal("0x10"));
+  CHECK_FALSE(ParseDecimal("10000000000000000000"));  // 20 digits
+  CHECK_FALSE(ParseDecimal("18446744073709551615"));  // 2^64 - 1: 20 digits too
+  CHECK_FALSE(ParseDecimal("18446744073709551615", UINT64_MAX));  // no bound goes past 19 digits
   CHECK_FALSE(ParseDecimal("18446744073709551616"));  // 2^64
   CHECK_FALSE(ParseDecimal("99999999999999999999999"));
 }
@@ -42,4 +45,6 @@ TEST_CASE("ParsePaddedDecimal drops the padding of fixed-width names", "[decimal
   CHECK_FALSE(ParsePaddedDecimal(""));
   CHECK_FALSE(ParsePaddedDecimal("00-1"));
   CHECK_FALSE(ParsePaddedDecimal("0099999", 99998));
+  CHECK(ParsePaddedDecimal("000009999999999999999999") == ckpt::kMaxDecimal);
+  CHECK_FALSE(ParsePaddedDecimal("00010000000000000000000"));
 }

@@ -10,6 +10,11 @@ trainer waits, how torn snapshots are kept out and how a restore reshards.
 
 from __future__ import annotations
 
+# The annotations of the classes named here resolve in this module (typing.get_type_hints).
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union  # noqa: F401
+
+import torch  # noqa: F401
+
 from . import (Client, DaemonRestartedError, Error, Level, SharedRegion, TornSnapshotError,  # noqa: F401
                VersionNotFoundError, load_version, read_header)  # noqa: F401 (importable from ckpt.torch as before)
 from ._torch_blob import BLOB  # noqa: F401 (the blob's name, for readers of the files)
