@@ -62,7 +62,8 @@ if [ ! -f "$base_src/.rev" ] || [ "$(cat "$base_src/.rev")" != "$baseline" ]; th
   echo "$baseline" >"$base_src/.rev"
 fi
 # The harness names headers where they are now; the baseline has them in their old places.
-sed -e 's#"daemon/catalog/catalog.h"#"daemon/commit/catalog.h"#' \
+old_catalog=daemon/commit  # the baseline's directory of catalog.h and catalog.cc
+sed -e "s#\"daemon/catalog/catalog.h\"#\"$old_catalog/catalog.h\"#" \
     -e 's#"daemon/base/\([a-z_]*\.h\)"#"daemon/\1"#' \
     "$here/bench/commit_scale.cc" >"$base_src/bench/commit_scale.cc"
 cp "$here/daemon/io/counting_storage.h" "$base_src/daemon/io/"

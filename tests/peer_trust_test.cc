@@ -321,8 +321,14 @@ TEST_CASE("GetShard streams without a token that never send their request are re
   }
   const int during = ThreadsOf(c[0].pid());
   CHECK(finished == kCalls);
+  // Refused for want of a token, or, past the server's 64-thread quota (a loaded machine
+  // runs the refusals slower than they arrive), refused for want of a thread: both without
+  // holding one.
   for (const auto& call : calls) {
-    if (call->finished) CHECK(call->status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    if (!call->finished) continue;
+    INFO(call->status.error_message());
+    CHECK((call->status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+           call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
   }
   CHECK(during < before + 20);
   // The calls left (none, once refused at once) are cancelled and drained.

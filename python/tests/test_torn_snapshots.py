@@ -187,7 +187,10 @@ def test_a_large_tensor_changed_before_the_forward_moves_the_wait_step_by_step(d
     texts = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
     assert len(texts) == 2, texts
     assert "before the model's forward" in texts[0] and "save() waits for the capture" in texts[1], texts
-    assert ckpt.list_versions(daemon.root, "ladder") == [3, 4, 5, 6]
+    # 3..6 are not aborted; of them only the newest is sure to be on disk: the persist queue
+    # skips a version that a newer one superseded before it was written.
+    versions = ckpt.list_versions(daemon.root, "ladder")
+    assert versions[-1] == 6 and set(versions) <= {3, 4, 5, 6}, versions
     ck.close()
 
 
