@@ -329,7 +329,7 @@ def test_a_resharding_load_refuses_rank_private_items_and_other_shapes_before_re
 
 
 FSDP2_SCRIPT = """
-import json, sys, torch, torch.distributed as dist
+import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 import ckpt.torch as ct
 rank, world, port, job, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -366,7 +366,12 @@ if ck:
     ck.close()
 out["full"] = {k: v.tolist() for k, v in full.items()}
 print("RESULT " + json.dumps(out), flush=True)
+# Both ranks are past every collective before either tears gloo down, and the interpreter's
+# finalization is skipped: torch 2's gloo workers can still hold tensors then and abort the
+# process ("terminate called without an active exception") after the work is done.
+dist.barrier()
 dist.destroy_process_group()
+os._exit(0)
 """
 
 
@@ -383,8 +388,10 @@ try:
     ct.Checkpointer(None, "hsdp", model=m)
 except ct.UnsupportedTensorError as e:
     print("RESULT " + json.dumps(str(e)), flush=True)
+dist.barrier()  # as in FSDP2_SCRIPT
 dist.destroy_process_group()
-""".replace("import sys,", "import json, sys,")
+os._exit(0)
+""".replace("import sys,", "import json, os, sys,")
 
 
 def run_ranks(daemon, world, *args, script=None):
