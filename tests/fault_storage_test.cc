@@ -2,10 +2,13 @@
 // real directory, so that the fault matrix breaks exactly the file and call it names.
 #include "daemon/io/fault_storage.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "format/paths.h"
 #include "support/test_dirs.h"
@@ -36,6 +39,8 @@ TEST_CASE("CKPTD_TEST_FAULT values are parsed strictly", "[faults]") {
   CHECK_FALSE(FaultSpec::Parse("file=latest,fault=EIO,colour=red").ok());
   CHECK_FALSE(FaultSpec::Parse("file=latest,op=rename,fault=short").ok());  // short is a write
   CHECK_FALSE(FaultSpec::Parse("file=latest,fault=EIO,under=").ok());
+  CHECK(FaultSpec::Parse("file=owner,op=create,fault=hold,while=/x").ok());
+  CHECK_FALSE(FaultSpec::Parse("file=owner,op=create,fault=hold").ok());  // hold until what?
   auto spec = FaultSpec::Parse("file=header,op=any,fault=EROFS,while=/armed,count=3");
   REQUIRE(spec.ok());
   CHECK(spec->file == FaultSpec::File::kHeader);
@@ -102,4 +107,32 @@ TEST_CASE("a shard's header is its write at offset 0, and a short write lands ha
   CHECK(r.message().find("Read-only file system") != std::string::npos);
   CHECK(fs::exists(tmp));
   CHECK(renames.Rename(tmp, dir.path() + "/elsewhere").ok());  // not a shard's name
+}
+
+TEST_CASE("a held call waits while its path exists and goes through once it is removed", "[faults]") {
+  TempDir dir("seam");
+  const std::string job = dir.path() + "/job";
+  fs::create_directories(job);
+  const std::string gate = dir.path() + "/gate";
+  std::ofstream(gate) << "1";
+  FaultStorage s = Make("file=owner,op=create,fault=hold,while=" + gate);
+  CHECK(s.WriteFileAtomic(job + "/latest", "1\n").ok());  // another file: not held
+  std::atomic<bool> done{false};
+  Status written;
+  std::thread writer([&] {
+    written = s.WriteFileAtomic(job + "/" + std::string(kOwnerFile), "uid=1\n");
+    done = true;
+  });
+  // Held: its temporary file is not even created while the gate exists.
+  bool created = false;
+  for (int i = 0; i < 50 && !created; ++i) {
+    for (const auto& e : fs::directory_iterator(job)) created |= e.path().filename().string().starts_with("owner");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK_FALSE(created);
+  CHECK_FALSE(done);
+  fs::remove(gate);
+  writer.join();
+  CHECK(written.ok());
+  CHECK(ReadFile(job + "/owner") == "uid=1\n");
 }

@@ -273,6 +273,51 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   CHECK(ReadFile(shared.root() + "/" + job + "/owner") == "uid=65534\n");
 }
 
+TEST_CASE("two daemons creating one new job at once give it one owner and hand its directory over, adopting nothing",
+          "[multi-user][root]") {
+  if (!NeedRoot()) return;
+  SharedDir shared;
+  TempDir gates("gate");
+  const std::string gate = gates.path() + "/hold";
+  { std::ofstream(gate) << "held\n"; }
+  // node1 makes the job's directory, then holds before it writes the owner file; node2
+  // claims the job meanwhile and wins the owner file.
+  DaemonOptions held = shared.Options("node1");
+  held.env = {"CKPTD_TEST_FAULT=file=owner,op=create,fault=hold,while=" + gate};
+  DaemonProcess node1(held);
+  DaemonProcess node2(shared.Options("node2"));
+  const std::string job = "raced";
+  const std::string dir = shared.root() + "/" + job;
+  auto rank = [&](const DaemonProcess& node, int r) {
+    auto argv = ToyTrainerArgs(node.socket(), job, 2, false);
+    argv.insert(argv.end(), {"--rank", std::to_string(r), "--world-size", "2"});
+    return argv;
+  };
+  ProcessResult first, second;
+  std::thread rank0([&] { first = RunAs(kOwner, rank(node1, 0)); });
+  const bool made = Eventually([&] { return fs::exists(dir); });
+  std::thread rank1([&] { second = RunAs(kOwner, rank(node2, 1)); });
+  const bool claimed = Eventually([&] { return fs::exists(dir + "/owner"); });
+  fs::remove(gate);
+  rank0.join();
+  rank1.join();
+  INFO("rank 0 (node1): " << first.output << "\nrank 1 (node2): " << second.output << "\nnode1: "
+                          << node1.Log() << "\nnode2: " << node2.Log());
+  REQUIRE(made);
+  REQUIRE(claimed);
+  CHECK(first.exit_code == 0);
+  CHECK(second.exit_code == 0);
+  CHECK(ReadFile(dir + "/owner") == "uid=65534\n");
+  CHECK(Contains(node2.Log(), "job raced: created, owned by uid 65534"));
+  // Neither daemon took the other's fresh directory for an older ckptd's job.
+  CHECK_FALSE(Contains(node1.Log() + node2.Log(), "had no owner file"));
+  // The directory node1 made is the owner's all the same: node2, the winner, handed it over.
+  struct stat st {};
+  REQUIRE(::stat(dir.c_str(), &st) == 0);
+  CHECK(st.st_uid == kOwner);
+  CHECK((st.st_mode & 0777) == 0700);
+}
+
 TEST_CASE("a job without an owner file is adopted by its first registrant, a broken one refuses all",
           "[multi-user][root]") {
   if (!NeedRoot()) return;

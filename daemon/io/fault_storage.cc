@@ -24,6 +24,7 @@ std::string_view BaseName(std::string_view path) {
 FaultSpec::File ClassifyName(std::string_view name, std::string_view dir) {
   if (name == kLatestFile) return FaultSpec::File::kLatest;
   if (name == kCommittedMarker) return FaultSpec::File::kCommitted;
+  if (name == kOwnerFile) return FaultSpec::File::kOwner;
   if (ParseShardFileName(name)) return FaultSpec::File::kData;
   if (ParseNodeMarkerName(name)) return FaultSpec::File::kDone;
   // The rank's record and its registration's name (format/paths.h).
@@ -69,7 +70,7 @@ Result<FaultSpec> FaultSpec::Parse(std::string_view text) {
       static const std::pair<std::string_view, File> kFiles[] = {
           {"any", File::kAny},      {"data", File::kData},   {"header", File::kHeader},
           {"done", File::kDone},    {"ranks", File::kRanks}, {"committed", File::kCommitted},
-          {"latest", File::kLatest}};
+          {"latest", File::kLatest}, {"owner", File::kOwner}};
       bool found = false;
       for (const auto& [n, f] : kFiles) {
         if (value == n) spec.file = f, found = true;
@@ -98,6 +99,8 @@ Result<FaultSpec> FaultSpec::Parse(std::string_view text) {
         spec.fault = Fault::kShort;
       } else if (value == "slow") {
         spec.fault = Fault::kSlow;
+      } else if (value == "hold") {
+        spec.fault = Fault::kHold;
       } else {
         return bad();
       }
@@ -121,6 +124,9 @@ Result<FaultSpec> FaultSpec::Parse(std::string_view text) {
     }
   }
   if (!have_fault) return InvalidArgument("CKPTD_TEST_FAULT=" + all + ": no fault=");
+  if (spec.fault == Fault::kHold && spec.while_path.empty()) {
+    return InvalidArgument("CKPTD_TEST_FAULT=" + all + ": fault=hold needs while=PATH (it holds until PATH is removed)");
+  }
   if (spec.fault == Fault::kShort && spec.op != Op::kWrite) {
     return InvalidArgument("CKPTD_TEST_FAULT=" + all + ": a short write needs op=write");
   }
@@ -146,17 +152,30 @@ bool FaultStorage::Hits(FaultSpec::Op op, const std::string& path, std::int64_t 
   return spec_.count == 0 || n <= spec_.count;
 }
 
+bool FaultStorage::Delays() const {
+  return spec_.fault == FaultSpec::Fault::kSlow || spec_.fault == FaultSpec::Fault::kHold;
+}
+
+void FaultStorage::Delay() const {
+  if (spec_.fault == FaultSpec::Fault::kSlow) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(spec_.delay_ms));
+    return;
+  }
+  // kHold: until the test removes while_path, and never past a minute, so that a test that
+  // dies holding it does not hang the daemon.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(spec_.while_path.c_str(), F_OK) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 Status FaultStorage::Injected(const std::string& call) const {
   return IoError(call + std::string(kTag), spec_.err);
 }
 
 Result<UniqueFd> FaultStorage::CreateFile(const std::string& path, bool direct) {
   if (Hits(FaultSpec::Op::kCreate, path, -1)) {
-    if (spec_.fault == FaultSpec::Fault::kSlow) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.delay_ms));
-    } else {
-      return Injected("create " + path);
-    }
+    if (!Delays()) return Injected("create " + path);
+    Delay();
   }
   return StorageWrapper::CreateFile(path, direct);
 }
@@ -166,7 +185,8 @@ Status FaultStorage::WriteAt(int fd, const void* buf, std::size_t len, std::uint
   if (Hits(FaultSpec::Op::kWrite, what, static_cast<std::int64_t>(offset))) {
     switch (spec_.fault) {
       case FaultSpec::Fault::kSlow:
-        std::this_thread::sleep_for(std::chrono::milliseconds(spec_.delay_ms));
+      case FaultSpec::Fault::kHold:
+        Delay();
         break;
       case FaultSpec::Fault::kShort: {
         // Half the bytes land, in whole 4 KiB blocks so that an O_DIRECT file takes them,
@@ -189,16 +209,16 @@ Status FaultStorage::WriteAt(int fd, const void* buf, std::size_t len, std::uint
 
 Status FaultStorage::DataSync(int fd, const std::string& what) {
   if (Hits(FaultSpec::Op::kDataSync, what, -1)) {
-    if (spec_.fault != FaultSpec::Fault::kSlow) return Injected("fdatasync " + what);
-    std::this_thread::sleep_for(std::chrono::milliseconds(spec_.delay_ms));
+    if (!Delays()) return Injected("fdatasync " + what);
+    Delay();
   }
   return StorageWrapper::DataSync(fd, what);
 }
 
 Status FaultStorage::Rename(const std::string& from, const std::string& to) {
   if (Hits(FaultSpec::Op::kRename, to, -1)) {
-    if (spec_.fault != FaultSpec::Fault::kSlow) return Injected("rename " + from + " to " + to);
-    std::this_thread::sleep_for(std::chrono::milliseconds(spec_.delay_ms));
+    if (!Delays()) return Injected("rename " + from + " to " + to);
+    Delay();
   }
   return StorageWrapper::Rename(from, to);
 }

@@ -8,11 +8,13 @@
 //
 //   KIND   data (a shard's data), header (a shard's header: its write at offset 0), done
 //          (VERSION/node-OWNER.K.done), ranks (JOB/ranks/rank-R and rank-R.G.REG), committed (VERSION/COMMITTED),
-//          latest (JOB/latest), any. A file is known by its final name; its .tmp counts.
+//          latest (JOB/latest), owner (JOB/owner), any. A file is known by its final name; its .tmp counts.
 //   OP     write (default), create, datasync, rename (matched on the target), any.
 //   FAULT  ENOSPC, EIO, EROFS (the call fails with that errno); short (a write writes half
 //          its bytes, then fails as a write that made no progress); slow (the call waits
-//          delay_ms, default 100, then goes through).
+//          delay_ms, default 100, then goes through); hold (the call waits as long as the
+//          `while` PATH exists, at most 60 s, then goes through: a test holds a daemon at
+//          one step while another acts, and lets it go by removing PATH).
 //   PATH   the fault applies only while PATH exists: the test "removes the fault" by
 //          removing PATH, without restarting the daemon.
 //   N      only the first N matching calls (while PATH exists) fail; default all.
@@ -34,9 +36,9 @@
 namespace ckpt {
 
 struct FaultSpec {
-  enum class File { kAny, kData, kHeader, kDone, kRanks, kCommitted, kLatest };
+  enum class File { kAny, kData, kHeader, kDone, kRanks, kCommitted, kLatest, kOwner };
   enum class Op { kAny, kWrite, kCreate, kDataSync, kRename };
-  enum class Fault { kErrno, kShort, kSlow };
+  enum class Fault { kErrno, kShort, kSlow, kHold };
 
   File file = File::kAny;
   Op op = Op::kWrite;
@@ -66,6 +68,9 @@ class FaultStorage : public StorageWrapper {
   // Whether this call (`op` on `path`; `offset` for writes) gets the fault, counting it.
   bool Hits(FaultSpec::Op op, const std::string& path, std::int64_t offset);
   Status Injected(const std::string& call) const;
+  // Whether the fault delays the call (slow, hold) rather than failing it; the delay.
+  bool Delays() const;
+  void Delay() const;
 
   const FaultSpec spec_;
   std::atomic<std::uint64_t> hits_{0};

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "common/strings.h"
+
 namespace ckpt {
 namespace {
 
@@ -51,10 +53,14 @@ Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
     JobOwner owner;
     owner.uid = peer.uid;
     if (job_group_ && InGroup(peer, *job_group_)) owner.group = *job_group_;
-    const bool existed = storage_->Exists(tree_.JobDir(job));
-    Status created = Create(job, owner, owner.group.value_or(peer.gid));
+    // An older ckptd's job has checkpoints and no owner file. A directory that exists but
+    // holds none is a job another daemon is creating at this moment (or an operator's
+    // empty one): not an adoption.
+    auto holds = HoldsCheckpoints(job);
+    if (!holds.ok()) return holds.status().With("record the owner of job '" + job + "'");
+    Status created = Create(job, owner, owner.group.value_or(peer.gid), holds.value());
     if (created.ok()) {
-      if (existed) {
+      if (holds.value()) {
         spdlog::warn("job {} had no owner file (made by an older ckptd): adopted by {}, its first registrant",
                      job, DescribeJobOwner(owner));
       } else {
@@ -72,9 +78,23 @@ Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
                           std::to_string(peer.uid) + " may not register it");
 }
 
-Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gid) {
+Result<bool> JobOwners::HoldsCheckpoints(const std::string& job) {
+  auto names = storage_->List(tree_.JobDir(job));
+  if (!names.ok()) {
+    if (names.status().code() == StatusCode::kNotFound) return false;
+    return names.status();
+  }
+  const std::string tmp_prefix = std::string(kOwnerFile) + ".";
+  for (const std::string& name : names.value()) {
+    // The owner file's temporary files (owner.NODE.tmp) are claims in progress.
+    if (name == kOwnerFile || (name.starts_with(tmp_prefix) && EndsWith(name, kTmpSuffix))) continue;
+    return true;
+  }
+  return false;
+}
+
+Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gid, bool holds_checkpoints) {
   const std::string dir = tree_.JobDir(job);
-  const bool existed = storage_->Exists(dir);
   // The job directory is durable before the file in it (and before any shard).
   if (Status st = storage_->MakeDirs(dir); !st.ok()) return st;
   if (Status st = storage_->SyncDir(tree_.root()); !st.ok()) return st;
@@ -96,10 +116,17 @@ Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gi
   Status linked = storage_->Link(tmp, path);
   storage_->Remove(tmp);
   if (!linked.ok()) return linked;
-  // Only the winner of the claim hands the directory over, and only one that did not exist
-  // before it: an existing directory (made by an operator, or by an older ckptd) keeps its
-  // owner and mode.
-  if (!existed && owner.uid != ::geteuid()) {
+  // Only the winner of the claim hands the directory over, whichever daemon made it (of two
+  // daemons racing, the one that made it may lose the link), and only a directory that holds
+  // no checkpoint and is still the daemon's user's: an older ckptd's directory with
+  // checkpoints, or one an operator made for another user, keeps its owner and mode.
+  bool hand_over = !holds_checkpoints && owner.uid != ::geteuid();
+  if (hand_over) {
+    auto dir_owner = storage_->OwnerOf(dir);
+    if (!dir_owner.ok()) return dir_owner.status();
+    hand_over = dir_owner.value() == ::geteuid();
+  }
+  if (hand_over) {
     Status chowned = storage_->SetOwner(dir, owner.uid, gid);
     if (chowned.code() == StatusCode::kPermissionDenied) {
       spdlog::debug("job {}: its directory stays uid {}'s ({}): this daemon may not chown", job, ::geteuid(),

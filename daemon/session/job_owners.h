@@ -43,9 +43,11 @@ class JobOwners {
   Status CheckAccess(const std::string& job, const PeerCredentials& peer, std::string_view action)
       EXCLUDES(claim_mu_);
   // For a registration: CheckAccess, and a job without an owner file becomes `peer`'s (its
-  // directory is created, durably, first). A job directory this creates belongs to `peer`
-  // (uid, and the job's group or else the peer's primary group) where the daemon may chown
-  // (root, CAP_CHOWN); a daemon that may not leaves it its own. An existing one is never
+  // directory is created, durably, first). The job directory then belongs to `peer` (uid,
+  // and the job's group or else the peer's primary group) where the daemon may chown (root,
+  // CAP_CHOWN; a daemon that may not leaves it its own), also when another daemon made the
+  // directory in a race for the same new job. A directory that already holds checkpoints
+  // (an older ckptd's, adopted) or belongs to another user than the daemon's is never
   // chown'ed.
   Status Claim(const std::string& job, const PeerCredentials& peer) EXCLUDES(claim_mu_);
   // The job's owner, read from its owner file; nullopt if it has none.
@@ -54,9 +56,15 @@ class JobOwners {
  private:
   // The owner file's content; nullopt if there is none.
   Result<std::optional<JobOwner>> Read(const std::string& job);
+  // Whether the job's directory holds anything but its owner file and claims in progress
+  // (false if there is no directory).
+  Result<bool> HoldsCheckpoints(const std::string& job);
   // Creates the owner file unless one exists; AlreadyExists if another writer was first.
-  // `gid`: the group of the job directory, if this creates it.
-  Status Create(const std::string& job, const JobOwner& owner, gid_t gid) REQUIRES(claim_mu_);
+  // `gid`: the group the job directory gets if this hands it to `owner`;
+  // `holds_checkpoints`: HoldsCheckpoints before the claim (such a directory is never handed
+  // over).
+  Status Create(const std::string& job, const JobOwner& owner, gid_t gid, bool holds_checkpoints)
+      REQUIRES(claim_mu_);
 
   const std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;
