@@ -29,11 +29,29 @@ std::vector<std::string> ShmOf(pid_t pid) {
   return out;
 }
 
+// Removes what the daemon failed to, at the end of the test: a failing run leaves nothing
+// either.
+struct ShmSweep {
+  const pid_t& pid;
+  ~ShmSweep() {
+    std::error_code ec;
+    for (const auto& n : ShmOf(pid)) fs::remove(n, ec);
+  }
+};
+
 bool Registered(const DaemonProcess& d, pid_t pid) {
-  for (const auto& c : d.Status().clients()) {
+  const auto status = d.Status();
+  for (const auto& c : status.clients()) {
     if (c.pid() == pid) return true;
   }
   return false;
+}
+
+DaemonOptions Options(const TempDir& dir) {
+  DaemonOptions o;
+  o.root = dir.path() + "/root";
+  o.socket = dir.path() + "/s/ckptd.sock";
+  return o;
 }
 
 // A toy trainer that registers and then computes for as long as the test runs.
@@ -47,8 +65,9 @@ pid_t StartIdleTrainer(const DaemonProcess& d, const std::string& log) {
 
 TEST_CASE("a trainer killed just before the daemon's SIGTERM leaves no shared memory behind", "[leftovers]") {
   TempDir dir("leftovers-stop");
-  DaemonProcess daemon({dir.path() + "/root", dir.path() + "/s/ckptd.sock"});
+  DaemonProcess daemon(Options(dir));
   const pid_t trainer = StartIdleTrainer(daemon, dir.path() + "/trainer.log");
+  const ShmSweep sweep{trainer};
   REQUIRE(Eventually([&] { return Registered(daemon, trainer); }));
   const std::vector<std::string> names = ShmOf(trainer);
   REQUIRE_FALSE(names.empty());
@@ -67,8 +86,9 @@ TEST_CASE("a trainer killed just before the daemon's SIGTERM leaves no shared me
 
 TEST_CASE("a running daemon removes the shared memory of a trainer that died registered", "[leftovers]") {
   TempDir dir("leftovers-reap");
-  DaemonProcess daemon({dir.path() + "/root", dir.path() + "/s/ckptd.sock"});
+  DaemonProcess daemon(Options(dir));
   const pid_t trainer = StartIdleTrainer(daemon, dir.path() + "/trainer.log");
+  const ShmSweep sweep{trainer};
   REQUIRE(Eventually([&] { return Registered(daemon, trainer); }));
   REQUIRE_FALSE(ShmOf(trainer).empty());
   ::kill(trainer, SIGKILL);

@@ -72,9 +72,9 @@ snapshot() {  # ROOT_PID: true once the trainer has registered (a region and the
   [ ${#shm[@]} -gt 0 ] && compgen -G "$tmp/ckpt-restore-mem-*/ckptd.sock" >/dev/null
 }
 
-gone() {  # true once none of the recorded processes runs
+ended() {  # PID...: true once none of them runs (a zombie has ended)
   local p
-  for p in "${pids[@]}"; do
+  for p in "$@"; do
     if kill -0 "$p" 2>/dev/null && [ "$(ps -o stat= -p "$p" 2>/dev/null)" != Z ]; then return 1; fi
   done
 }
@@ -86,7 +86,7 @@ for c in "${cases[@]}"; do
   # A long compute phase: the first trainer stays registered (its regions mapped) until the
   # signal comes.
   bench=(bash "$here/bench/restore_mem.sh" --build "$build" --no-build --mib 4 --restores 3 --compute-ms 600000
-    --pool-mib 16 --out "$work/$c.json")
+    --pool-mib 64 --out "$work/$c.json")
   # env --default-signal: a command this script starts with & would otherwise ignore SIGINT
   # (as every background command of a non-interactive shell does), and bash cannot trap a
   # signal ignored at its start.
@@ -104,11 +104,12 @@ for c in "${cases[@]}"; do
     int) kill -INT "$root" ;;
     timeout) kill -ALRM "$root" ;;  # what timeout's own timer sends it
   esac
+  within 60 ended "$root" || fail "$c" "the bench still runs 60 s after the signal"
   rc=0
   wait "$root" || rc=$?
   want=$([ "$c" = term ] && echo 143 || { [ "$c" = int ] && echo 130 || echo 124; })
   [ "$rc" = "$want" ] || fail "$c" "the bench exited with $rc, not $want"
-  within 30 gone || fail "$c" "processes of the bench still run: $(ps -o pid=,args= -p "$(IFS=,; echo "${pids[*]}")")"
+  within 30 ended "${pids[@]}" || fail "$c" "processes of the bench still run: $(ps -o pid=,args= -p "$(IFS=,; echo "${pids[*]}")")"
   for f in "${shm[@]}"; do [ ! -e "$f" ] || fail "$c" "shm object $f is left"; done
   for p in "${pids[@]}"; do
     left=(/dev/shm/ckpt-"$uid-$p"-*)
