@@ -3,12 +3,12 @@
 // own code does; this covers the signals, whose default action ends the process at once.
 //
 // The bench names up front (Add) each path it creates: a directory goes whole. On one of the
-// three signals a thread that waits for them (sigwait, so it is not a handler: it may
-// allocate and walk directories while the other threads run on) removes those paths and the
-// shared memory libckpt created in this process, whose names carry its pid
-// (/dev/shm/ckpt-UID-PID-*, /dev/shm/ckpt-release-PID-*: no other process's names match), then
-// raises the signal again with its default action, so the exit status still says what ended
-// the bench.
+// three signals a thread that waits for them (sigwait, so it is not a handler) forks a
+// remover and raises the signal again with its default action, so that the bench ends at
+// once and its exit status still says what ended it. The remover waits until every thread
+// of the bench is gone (none can create a file any more), then removes those paths and the
+// shared memory libckpt created in the bench, whose names carry its pid
+// (/dev/shm/ckpt-UID-PID-*, /dev/shm/ckpt-release-PID-*: no other process's names match).
 //
 // Install() it first in main, before any thread starts: it blocks the three signals in the
 // calling thread, and threads started later inherit that mask. A child that is forked and
@@ -16,11 +16,15 @@
 // Thread-safe; one per process, never destroyed (a signal may come during exit).
 #pragma once
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -71,13 +75,20 @@ class SignalCleanup {
     int sig = 0;
     while (::sigwait(&set, &sig) != 0) {
     }
+    std::vector<std::string> paths;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      std::error_code ec;
-      for (const auto& p : paths_) std::filesystem::remove_all(p, ec);
+      paths = paths_;
     }
-    RemoveOwnShm();
-    std::signal(sig, SIG_DFL);
+    const pid_t bench = ::getpid();
+    if (::fork() == 0) {
+      AwaitExit(bench);
+      std::error_code ec;
+      for (const auto& p : paths) std::filesystem::remove_all(p, ec);
+      RemoveShmOf(bench);
+      std::_Exit(0);
+    }
+    ::signal(sig, SIG_DFL);
     sigset_t one;
     sigemptyset(&one);
     sigaddset(&one, sig);
@@ -86,8 +97,21 @@ class SignalCleanup {
     std::_Exit(128 + sig);
   }
 
-  static void RemoveOwnShm() {
-    const std::string pid = std::to_string(::getpid());
+  // Returns once process `pid` (every thread of it) has exited.
+  static void AwaitExit(pid_t pid) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (fd >= 0) {
+      pollfd p{fd, POLLIN, 0};
+      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+      }
+      ::close(fd);
+      return;
+    }
+    while (::getppid() == pid) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  static void RemoveShmOf(pid_t owner) {
+    const std::string pid = std::to_string(owner);
     const std::string region = "ckpt-" + std::to_string(::getuid()) + "-" + pid + "-";
     const std::string release = "ckpt-release-" + pid + "-";
     std::error_code ec;
