@@ -127,6 +127,9 @@ class Daemon:
                 if not chunk:  # the daemon closed the pipe: it exited
                     break
                 got += chunk
+        except BaseException:  # an interrupt (SIGINT, SIGTERM) while it starts: no orphan daemon
+            self.kill()
+            raise
         finally:
             os.close(r)
         if not got.startswith(b"ready"):
