@@ -22,21 +22,55 @@
 # /dev/shm/ckpt-release-PID-*, after its creator's pid, so no other process's regions match)
 # is removed; then the paths go; then the hooks run. CKPT_BENCH_KEEP=1 keeps the paths (the
 # children are still ended). The exit status is the script's own (128 + N for signal N).
+#
+# SIGKILL leaves no time for any of that, so each run also keeps a manifest of its paths and
+# processes (pid and start time) in $TMPDIR/ckpt-bench-runs-UID/PID-START, removed at its
+# end; bench_cleanup_init first sweeps the manifests of runs that are gone: their processes
+# that still run (the same pid and start time: never a reused pid) get SIGTERM, then SIGKILL,
+# their children's shared memory and their paths are removed.
 _bench_paths=()
 _bench_hooks=()
 _bench_children=()
 _bench_daemons=()
+_bench_runs="${TMPDIR:-/tmp}/ckpt-bench-runs-$(id -u)"
+_bench_manifest=""
+
+# The start time of process PID (field 22 of /proc/PID/stat), empty if it is gone.
+_bench_start_time() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
+  stat="${stat##*) }"
+  echo "$stat" | cut -d' ' -f20
+}
+_bench_note() {  # KIND VALUE: a line of this run's manifest
+  if [ -n "$_bench_manifest" ]; then echo "$1 $2" >>"$_bench_manifest"; fi
+}
+_bench_note_pid() { _bench_note pid "$1 $(_bench_start_time "$1")"; }
 
 bench_cleanup_init() {
   trap _bench_cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   trap 'exit 129' HUP
+  _bench_sweep_stale
+  mkdir -p "$_bench_runs"
+  _bench_manifest="$_bench_runs/$$-$(_bench_start_time $$)"
+  : >"$_bench_manifest"
 }
-bench_cleanup_add() { _bench_paths+=("$@"); }
+bench_cleanup_add() {
+  _bench_paths+=("$@")
+  local p
+  for p in "$@"; do _bench_note path "$(realpath -m "$p")"; done
+}
 bench_cleanup_hook() { _bench_hooks+=("$1"); }
-bench_track() { _bench_children+=("$1"); }
-bench_track_daemon() { _bench_daemons+=("$1"); }
+bench_track() {
+  _bench_children+=("$1")
+  _bench_note_pid "$1"
+}
+bench_track_daemon() {
+  _bench_daemons+=("$1")
+  _bench_note_pid "$1"
+}
 bench_wait() {
   local rc=0
   wait "$1" || rc=$?
@@ -45,8 +79,38 @@ bench_wait() {
 bench_run() {
   "$@" &
   local pid=$!
-  _bench_children+=("$pid")
+  bench_track "$pid"
   bench_wait "$pid"
+}
+
+# Removes what the runs that ended without their cleanup (SIGKILL) left.
+_bench_sweep_stale() {
+  local m name kind rest a b uid
+  uid=$(id -u)
+  for m in "$_bench_runs"/*-*; do
+    [ -f "$m" ] || continue
+    name="${m##*/}"
+    [ "$(_bench_start_time "${name%%-*}")" != "${name#*-}" ] || continue  # that run still runs
+    local live=() pids=()
+    while read -r kind rest; do
+      [ "$kind" = pid ] || continue
+      read -r a b <<<"$rest"
+      pids+=("$a")
+      if [ -n "$b" ] && [ "$(_bench_start_time "$a")" = "$b" ]; then live+=("$a"); fi
+    done <"$m"
+    if [ ${#live[@]} -gt 0 ]; then
+      echo "bench: ending processes ${live[*]} of an earlier run that was killed" >&2
+      _bench_end "${live[@]}"
+    fi
+    for a in "${pids[@]}"; do rm -f "/dev/shm/ckpt-$uid-$a-"* "/dev/shm/ckpt-release-$a-"*; done
+    while read -r kind rest; do
+      if [ "$kind" = path ] && [ -e "$rest" ]; then
+        echo "bench: removing $rest, left by an earlier run that was killed" >&2
+        rm -rf "$rest"
+      fi
+    done <"$m"
+    rm -f "$m"
+  done
 }
 
 # The pids of PID's descendants, children first (read before any is signalled: a child whose
@@ -102,6 +166,10 @@ _bench_cleanup() {
     [ ${#_bench_paths[@]} -eq 0 ] || echo "kept ${_bench_paths[*]}" >&2
   else
     for p in "${_bench_paths[@]}"; do rm -rf "$p"; done
+  fi
+  if [ -n "$_bench_manifest" ]; then
+    rm -f "$_bench_manifest"
+    rmdir "$_bench_runs" 2>/dev/null || true
   fi
   local hook
   for hook in "${_bench_hooks[@]}"; do eval "$hook" || true; done

@@ -5,19 +5,22 @@
 #   int      SIGINT to the script alone (its background children ignore SIGINT);
 #   timeout  `timeout` expiring (SIGALRM to timeout, which then sends SIGTERM to the whole
 #            process group, the bench's daemon and trainer included);
+#   kill9    SIGKILL to the script alone (no cleanup can run), then a second run of the bench,
+#            itself ended by SIGTERM: its start ends the first run's daemon and trainer and
+#            removes their files;
 # leaves nothing: its $TMPDIR is as empty as before, no process of it runs, no shm object
 # named after one of its processes (libckpt's /dev/shm/ckpt-UID-PID-*) remains, and /tmp
 # holds no directory of the bench. Each case runs with a private TMPDIR and looks only at
 # names that carry the pids of the bench's own processes, so tests running beside it (which
 # create and remove their own entries) neither disturb it nor are disturbed.
 #
-# Usage: leftovers_test.sh BUILD_DIR [CASE ...]   (default: term int timeout)
+# Usage: leftovers_test.sh BUILD_DIR [CASE ...]   (default: term int timeout kill9)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: leftovers_test.sh BUILD_DIR [CASE ...]}" && pwd)"
 shift
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(term int timeout)
+[ ${#cases[@]} -gt 0 ] || cases=(term int timeout kill9)
 for b in ckptd ckptctl ckpt-toy-trainer ckpt-memcpy-bw; do
   [ -x "$build/$b" ] || { echo "FAIL: $build/$b is not built"; exit 1; }
 done
@@ -90,24 +93,37 @@ for c in "${cases[@]}"; do
   # env --default-signal: a command this script starts with & would otherwise ignore SIGINT
   # (as every background command of a non-interactive shell does), and bash cannot trap a
   # signal ignored at its start.
+  start_bench() {
+    case "$c" in
+      term | int | kill9) TMPDIR="$tmp" env --default-signal=INT "${bench[@]}" >>"$work/$c.log" 2>&1 & ;;
+      timeout) TMPDIR="$tmp" env --default-signal=INT timeout -s TERM 600 "${bench[@]}" >"$work/$c.log" 2>&1 & ;;
+      *) echo "unknown case $c" >&2; exit 2 ;;
+    esac
+    root=$!
+    seen_pids+=("$root")
+    within 60 snapshot "$root" || fail "$c" "the bench did not start its daemon and trainer within 60 s"
+    seen_pids+=("${pids[@]}")
+  }
+  start_bench
+  if [ "$c" = kill9 ]; then
+    kill -KILL "$root"
+    wait "$root" || true
+    killed_pids=("${pids[@]}")
+    killed_shm=("${shm[@]}")
+    ended "${killed_pids[@]}" && fail "$c" "SIGKILL of the script alone should have left its daemon and trainer"
+    start_bench
+    pids+=("${killed_pids[@]}")
+    shm+=("${killed_shm[@]}")
+  fi
   case "$c" in
-    term | int) TMPDIR="$tmp" env --default-signal=INT "${bench[@]}" >"$work/$c.log" 2>&1 & ;;
-    timeout) TMPDIR="$tmp" env --default-signal=INT timeout -s TERM 600 "${bench[@]}" >"$work/$c.log" 2>&1 & ;;
-    *) echo "unknown case $c" >&2; exit 2 ;;
-  esac
-  root=$!
-  seen_pids+=("$root")
-  within 60 snapshot "$root" || fail "$c" "the bench did not start its daemon and trainer within 60 s"
-  seen_pids+=("${pids[@]}")
-  case "$c" in
-    term) kill -TERM "$root" ;;
+    term | kill9) kill -TERM "$root" ;;
     int) kill -INT "$root" ;;
     timeout) kill -ALRM "$root" ;;  # what timeout's own timer sends it
   esac
   within 60 ended "$root" || fail "$c" "the bench still runs 60 s after the signal"
   rc=0
   wait "$root" || rc=$?
-  want=$([ "$c" = term ] && echo 143 || { [ "$c" = int ] && echo 130 || echo 124; })
+  want=$(case "$c" in term | kill9) echo 143 ;; int) echo 130 ;; *) echo 124 ;; esac)
   [ "$rc" = "$want" ] || fail "$c" "the bench exited with $rc, not $want"
   within 30 ended "${pids[@]}" || fail "$c" "processes of the bench still run: $(ps -o pid=,args= -p "$(IFS=,; echo "${pids[*]}")")"
   for f in "${shm[@]}"; do [ ! -e "$f" ] || fail "$c" "shm object $f is left"; done
