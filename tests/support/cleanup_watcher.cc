@@ -70,7 +70,8 @@ void EndProcesses(const std::map<pid_t, std::uint64_t>& pids) {
   }
   // A process killed just now still holds what it had open; give it time to go.
   for (const auto& [pid, start] : pids) {
-    for (int i = 0; i < 250 && Alive(pid, start); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int i = 0; i < 250 && Alive(pid, start); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

@@ -1,7 +1,5 @@
 #include "support/test_dirs.h"
 
-#include "support/cleanup_watcher.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "support/cleanup_watcher.h"
 
 namespace ckpt::test {
 
