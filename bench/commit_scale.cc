@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "daemon/catalog/catalog.h"
+#include "signal_cleanup.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/io/counting_storage.h"
 #include "daemon/pipeline/shard_job.h"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", timeout_s, "longest wait for one commit");
   app.add_option("--fs", fs_label, "label of the file system, for the JSON");
   CLI11_PARSE(app, argc, argv);
+  bench::SignalCleanup::Install().Add(root);  // the script removes it after a normal exit
 
   spdlog::set_level(spdlog::level::warn);
   std::filesystem::create_directories(root);

@@ -39,15 +39,15 @@ gluster_versions="${GLUSTER_VERSIONS:-2}"
 gluster_per_rank_max="${GLUSTER_PER_RANK_MAX:-64}"
 mkdir -p "$(dirname "$out")" "$build"
 build="$(cd "$build" && pwd)"
-work="$(mktemp -d /tmp/ckpt-commit-scale-XXXXXX)"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-commit-scale-XXXXXX")"
+bench_cleanup_add "$work"
 tmpfs_dir="$(mktemp -d /dev/shm/ckpt-commit-scale-XXXXXX)"
+bench_cleanup_add "$tmpfs_dir"
 export CKPTD_GLUSTER_DIR="/tmp/ckptd-gluster-commit-scale" CKPTD_GLUSTER_VOLUME="ckptdscale"
 gluster_up=0
-cleanup() {
-  rm -rf "$work" "$tmpfs_dir"
-  if [ "$gluster_up" = 1 ]; then bash "$here/tests/ops/gluster.sh" stop || true; fi
-}
-trap cleanup EXIT
+bench_cleanup_hook 'if [ "$gluster_up" = 1 ]; then bash "$here/tests/ops/gluster.sh" stop || true; fi'
 
 # This tree's harness.
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
@@ -67,6 +67,7 @@ sed -e "s#\"daemon/catalog/catalog.h\"#\"$old_catalog/catalog.h\"#" \
     -e 's#"daemon/base/\([a-z_]*\.h\)"#"daemon/\1"#' \
     "$here/bench/commit_scale.cc" >"$base_src/bench/commit_scale.cc"
 cp "$here/daemon/io/counting_storage.h" "$base_src/daemon/io/"
+cp "$here/bench/signal_cleanup.h" "$base_src/bench/"
 # Only the commit stage's sources, not the whole daemon: a quicker build.
 if ! grep -q ckpt-commit-scale "$base_src/CMakeLists.txt"; then
   cat >>"$base_src/CMakeLists.txt" <<'CMAKE'
@@ -103,7 +104,7 @@ for target in $targets; do
     fi
     for bin in "${bins[@]}"; do
       root="$dir/run-$n-$RANDOM"
-      nice -n 5 "$bin" --root "$root" --fs "$fs" --nodes "$n" --ranks-per-node "$rpn" --versions "$v" \
+      bench_run nice -n 5 "$bin" --root "$root" --fs "$fs" --nodes "$n" --ranks-per-node "$rpn" --versions "$v" \
         --timeout-s 120 >>"$results"
       rm -rf "$root"
     done

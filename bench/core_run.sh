@@ -27,8 +27,10 @@ build="$here/build"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C "$build" ckptd ckptctl ckpt-toy-trainer >/dev/null
 mkdir -p "$dir" "$(dirname "$out")"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
 work="$(mktemp -d "$dir/run-XXXXXX")"
-trap 'kill "${daemon:-0}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+bench_cleanup_add "$work"
 . "$here/bench/limits.sh"
 
 echo "== storage limit of $dir (fio, O_DIRECT, 16 MiB blocks, iodepth 4)"
@@ -44,12 +46,13 @@ fi
 start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --create-root --root "$work/root" --pool-mib 1024 \
   --keep-last 2 --memory-mib 0
 echo "== trainer: $state_mib MiB in 16 tensors, checkpoint every iteration, $iters iterations, compute $compute_ms ms"
-"$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
+bench_run "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
   --iters "$iters" --every 1 --compute-ms "$compute_ms" --quiet --summary "$work/trainer.json"
 "$build/ckptctl" --socket "$work/ckptd.sock" status --json >"$work/status.json"
 echo "== restore: a new trainer process restores the newest version (O_DIRECT reads) and checks every byte"
-"$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
-  --iters "$iters" --resume --quiet | tee "$work/restore.txt"
+bench_run "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job bench --state-mib "$state_mib" --tensors 16 \
+  --iters "$iters" --resume --quiet >"$work/restore.txt"
+cat "$work/restore.txt"
 restore_ms=$(sed -n 's/.*restored version [0-9]* from [a-z]* ([0-9.]* MiB) in \([0-9.]*\) ms.*/\1/p' "$work/restore.txt")
 rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$daemon/status)
 

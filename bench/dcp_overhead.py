@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckpt
 import ckpt.dcp
+from exit_on_signal import exit_on_signals
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -144,10 +145,12 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--out")
     args = ap.parse_args()
+    exit_on_signals()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir))
-    daemon = Daemon(args.ckptd, work)
+    daemon = None
     try:
+        daemon = Daemon(args.ckptd, work)
         model, opt, width = build(args.mib)
         opt.zero_grad()
         model(torch.randn(8, width)).sum().backward()
@@ -180,7 +183,8 @@ def main() -> int:
             Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
     finally:
         ckpt.dcp.close_all()
-        daemon.stop()
+        if daemon is not None:
+            daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

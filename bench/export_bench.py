@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import ckpt
+from exit_on_signal import exit_on_signals
 
 WORLD = 4
 JOB = "exportbench"
@@ -73,13 +74,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    exit_on_signals()
     layout = boxes(args.dim)
     per_rank = sum(np.prod(layout[n][0][1]) for n in layout) * 4
     total = per_rank * WORLD
-    work = Path(tempfile.mkdtemp(prefix="ckpt-exportbench-", dir="/tmp"))
-    daemon = start_daemon(args.ckptd, work, pool_mib=int(per_rank * WORLD // (1 << 20)) + 64)
+    work = Path(tempfile.mkdtemp(prefix="ckpt-exportbench-", dir=tempfile.gettempdir()))
+    daemon = None
     clients, regions = [], []
     try:
+        daemon = start_daemon(args.ckptd, work, pool_mib=int(per_rank * WORLD // (1 << 20)) + 64)
         for rank in range(WORLD):
             region = ckpt.SharedRegion.create(int(per_rank))
             view = np.frombuffer(region, dtype=np.float32)
@@ -138,8 +141,9 @@ def main() -> None:
         for client in clients:
             client.unregister()
         del clients, regions
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(60)
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(60)
         shutil.rmtree(work, ignore_errors=True)
 
 

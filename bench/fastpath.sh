@@ -32,6 +32,9 @@ while [ $# -gt 0 ]; do
 done
 out="$(realpath -m "$out")"
 mkdir -p "$(dirname "$out")"
+# A part runs as a child that the cleanup ends (SIGTERM: it then cleans up after itself).
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
 failed=0
 parts=()
 for name in $only; do
@@ -43,7 +46,7 @@ for name in $only; do
   if [ "$name" = commit_scale ]; then extra=("${gluster[@]}"); fi
   rc=0
   start=$(date +%s)
-  bash "$script" --out "$part" --build "$build" "${extra[@]}" || rc=$?
+  bench_run bash "$script" --out "$part" --build "$build" "${extra[@]}" || rc=$?
   echo "   $name: exit $rc in $(($(date +%s) - start)) s"
   if [ $rc -ne 0 ]; then failed=1; fi
   parts+=("$name=$part=$rc")

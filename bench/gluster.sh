@@ -12,17 +12,14 @@ build="$(cd "${1:-$here/build}" && pwd)"
 out="${2:-$here/docs/results/gluster.json}"
 runs="${RUNS:-5}"
 sizes="${SIZES_MIB:-4 64 256}"
-work="$(mktemp -d /tmp/ckptd-gluster-bench-XXXXXX)"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckptd-gluster-bench-XXXXXX")"
+bench_cleanup_add "$work"
 daemon_pid=""
+bench_cleanup_hook 'bash "$here/tests/ops/gluster.sh" stop || true'
 
-cleanup() {
-  if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
-  bash "$here/tests/ops/gluster.sh" stop || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-mounts="$(bash "$here/tests/ops/gluster.sh" start)"
+mounts="$(bash "$here/tests/ops/gluster.sh" start)"  # stopped by the cleanup hook
 gluster_root="${mounts%%:*}/bench"
 local_root="$work/local"
 mkdir -p "$gluster_root" "$local_root"
@@ -34,6 +31,7 @@ start_daemon() {
   "$build/ckptd" --socket "$work/sock/ckptd.sock" --root "$1" --pool-mib 512 --chunk-mib 16 \
     --memory-mib 0 --ready-fd 3 3>"$work/ready" >"$work/ckptd-$2.log" 2>&1 &
   daemon_pid=$!
+  bench_track_daemon "$daemon_pid"
   local line=""
   read -r -t 60 line <"$work/ready" || true
   rm -f "$work/ready"
@@ -53,7 +51,7 @@ for target in local gluster; do
   start_daemon "$root" "$target"
   for mib in $sizes; do
     for i in $(seq "$runs"); do
-      "$build/ckpt-toy-trainer" --socket "$work/sock/ckptd.sock" --job "b-$mib-$i" --state-mib "$mib" \
+      bench_run "$build/ckpt-toy-trainer" --socket "$work/sock/ckptd.sock" --job "b-$mib-$i" --state-mib "$mib" \
         --tensors 4 --iters 1 --compute-ms 0 --quiet --summary "$work/s.json" >/dev/null
       python3 - "$work/s.json" "$target" "$mib" >>"$results" <<'EOF'
 import json, sys

@@ -4,7 +4,8 @@
 // checksums; the data sections sparse), then times VersionIndexWriter::Build (every header
 // read and parsed, the index built) and Render, and prints the figures; --out FILE writes
 // them as JSON (docs/results/index_build_1024.json and index_build_4096.json are two runs:
-// --ranks 1024 and 4096). The files are removed at the end.
+// --ranks 1024 and 4096). --dir is removed at the end, on an error and on SIGTERM, SIGINT
+// or SIGHUP (bench/signal_cleanup.h).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -16,13 +17,28 @@
 #include <string>
 #include <vector>
 
+#include "signal_cleanup.h"
 #include "daemon/catalog/version_index_writer.h"
 #include "daemon/io/storage.h"
 #include "format/shard_format.h"
 
 using namespace ckpt;
 
+namespace {
+
+// Removes the directory when main returns, whichever way.
+struct RemovedAtReturn {
+  const std::string& dir;
+  ~RemovedAtReturn() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  bench::SignalCleanup& cleanup = bench::SignalCleanup::Install();
   CLI::App app{"cost of building a version's index.json from its shard headers"};
   std::uint32_t ranks = 1024, items = 100;
   std::uint64_t mib_per_item = 16;
@@ -38,6 +54,8 @@ int main(int argc, char** argv) {
 
   const std::string job = "idx";
   const std::uint64_t version = 1;
+  cleanup.Add(dir);
+  const RemovedAtReturn removed{dir};
   CheckpointTree tree(dir);
   std::filesystem::create_directories(tree.VersionDir(job, version));
   const std::int64_t cols = 1024;  // F32 columns: 4 KiB rows

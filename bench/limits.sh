@@ -18,7 +18,8 @@ compute_ms_for() {
 
 # start_ckptd BINARY LOG ARGS...: starts ckptd with ARGS in the background, its output
 # appended to LOG, and returns once it serves (its --ready-fd, through $work/ready); sets
-# $daemon to its pid. stop_ckptd: SIGTERM, then waits for it.
+# $daemon to its pid (and, in a script that sourced bench/cleanup.sh, hands it to the
+# cleanup, which ends it however the script ends). stop_ckptd: SIGTERM, then waits for it.
 start_ckptd() {
   local binary=$1 log=$2
   shift 2
@@ -26,6 +27,7 @@ start_ckptd() {
   mkfifo "$work/ready"
   "$binary" "$@" --ready-fd 3 3>"$work/ready" >>"$log" 2>&1 &
   daemon=$!
+  if declare -F bench_track_daemon >/dev/null; then bench_track_daemon "$daemon"; fi
   read -r _ <"$work/ready"
 }
 stop_ckptd() {

@@ -24,6 +24,7 @@
 #include "daemon/replication/replicator.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
+#include "signal_cleanup.h"
 
 using namespace ckpt;
 
@@ -45,6 +46,7 @@ int FreePort() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::SignalCleanup& cleanup = bench::SignalCleanup::Install();
   CLI::App app{"ckpt-peer-fetch: Replicator::Fetch of one shard over loopback TCP"};
   std::uint64_t mib = 1024;
   int iters = 5;
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
     std::perror("mkdtemp");
     return 1;
   }
+  cleanup.Add(dir);
   const std::string secret = std::string(dir) + "/secret";
   std::ofstream(secret) << "a secret for this benchmark only, 16+ bytes";
   ::chmod(secret.c_str(), 0600);

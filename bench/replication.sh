@@ -53,14 +53,11 @@ free -m | cat
 echo "== build ($build)"
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer >/dev/null
 mkdir -p "$dir" "$(dirname "$out")"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
 work="$(mktemp -d "$dir/run-XXXXXX")"
+bench_cleanup_add "$work"
 pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  [ -z "${CKPT_BENCH_KEEP:-}" ] || { echo "kept $work"; return; }
-  rm -rf "$work"
-}
-trap cleanup EXIT
 . "$here/bench/limits.sh"
 
 head -c 48 /dev/urandom | base64 >"$work/secret"
@@ -77,6 +74,7 @@ start() {
     --chunk-mib 16 "$@" --ready-fd 3 3>"$work/ready-$name" >>"$work/$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
+  bench_track_daemon "$pid"
   eval "pid_$name=$pid"
   read -r _ <"$work/ready-$name"
 }
@@ -91,7 +89,7 @@ json_field() { python3 -c "import json,sys; print(json.load(sys.stdin).get('$1',
 trainer() {  # SOCKET JOB RANK WORLD TAG [flags]
   local sock=$1 job=$2 rank=$3 world=$4 tag=$5
   shift 5
-  "$build/ckpt-toy-trainer" --socket "$work/$sock.sock" --job "$job" --rank "$rank" --world-size "$world" \
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/$sock.sock" --job "$job" --rank "$rank" --world-size "$world" \
     --state-mib "$mib" --tensors 16 --quiet --summary "$work/$tag.json" "$@" >>"$work/trainers.log" 2>&1
 }
 

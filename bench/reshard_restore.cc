@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "signal_cleanup.h"
 
 using namespace ckpt;
 
@@ -108,6 +109,8 @@ bool Check(const Rank& k) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ended by a signal, it still removes the ranks' shm regions (a normal exit: libckpt does).
+  bench::SignalCleanup::Install();
   CLI::App app{"ckpt-reshard-restore: the trainer side of bench/reshard_restore.sh"};
   std::string socket, job = "reshard", mode;
   std::uint32_t ranks = 4;

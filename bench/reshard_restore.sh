@@ -35,16 +35,14 @@ build="$(realpath -m "$build")"
 echo "== build ($build)"
 ninja -C "$build" ckptd ckpt-reshard-restore >/dev/null
 mkdir -p "$(dirname "$out")"
-work="$(mktemp -d /tmp/ckpt-reshard-XXXXXX)"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-reshard-XXXXXX")"
+bench_cleanup_add "$work"
 daemon=""
-cleanup() {
-  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
 . "$here/bench/limits.sh"
 
-driver() { "$build/ckpt-reshard-restore" --socket "$work/ckptd.sock" --job reshard --mib "$mib" "$@"; }
+driver() { bench_run "$build/ckpt-reshard-restore" --socket "$work/ckptd.sock" --job reshard --mib "$mib" "$@"; }
 daemon_up() {  # MEMORY_MIB
   start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --create-root \
     --root "$work/persistent" --pool-mib 256 --memory-mib "$1"

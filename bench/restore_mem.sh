@@ -8,9 +8,14 @@
 # way ckptd writes a restore into it).
 #
 # Usage: bench/restore_mem.sh [--out FILE.json] [--build DIR] [--mib N] [--restores N] [--huge]
+#                             [--compute-ms N] [--pool-mib N] [--no-build]
 #   --huge   (root) run in a private mount namespace whose /dev/shm is a tmpfs mounted with
 #            huge=within_size (transparent huge pages for shm objects), to show what such a
 #            node gets; nothing outside this script's processes sees that mount.
+#   --compute-ms  the trainers' compute phase (default 50)
+#   --pool-mib    the daemon's host pool (default 1024)
+#   --no-build    use the binaries in --build as they are (tests/scripts/leftovers_test.sh)
+# Its files go under $TMPDIR (default /tmp); bench/cleanup.sh removes them on any exit.
 # Writes JSON (default bench/out/restore_mem.json): restore_ms (median), restore_MBps,
 # memcpy_GBps, first_touch_MBps, pwrite_fresh_MBps, state_bytes, bytes_read_from_disk
 # (the daemon's bytes_read_total: must be 0).
@@ -21,6 +26,9 @@ build="$here/build-bench"
 mib=1024
 restores=3
 huge=0
+compute_ms=50
+pool_mib=1024
+build_it=1
 args="$*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,6 +37,9 @@ while [ $# -gt 0 ]; do
     --mib) mib="$2"; shift 2 ;;
     --restores) restores="$2"; shift 2 ;;
     --huge) huge=1; shift ;;
+    --compute-ms) compute_ms="$2"; shift 2 ;;
+    --pool-mib) pool_mib="$2"; shift 2 ;;
+    --no-build) build_it=0; shift ;;
     --in-private-shm) huge=2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -40,26 +51,26 @@ build="$(realpath -m "$build")"
 if [ "$huge" = 1 ]; then
   [ "$(id -u)" = 0 ] || { echo "--huge needs root (a private mount namespace)" >&2; exit 2; }
   exec unshare --mount --propagation private bash "$0" --out "$out" --build "$build" --mib "$mib" \
-    --restores "$restores" --in-private-shm
+    --restores "$restores" --compute-ms "$compute_ms" --pool-mib "$pool_mib" --in-private-shm
 fi
 if [ "$huge" = 2 ]; then
   mount -t tmpfs -o "size=$((mib * 4))m,huge=within_size,mode=1777" ckpt-bench-shm /dev/shm
   args="$args --huge"
 fi
 
-echo "== build ($build)"
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
+if [ "$build_it" = 1 ]; then
+  echo "== build ($build)"
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
+  fi
+  ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer ckpt-memcpy-bw >/dev/null
 fi
-ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer ckpt-memcpy-bw >/dev/null
 mkdir -p "$(dirname "$out")"
-work="$(mktemp -d /tmp/ckpt-restore-mem-XXXXXX)"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-restore-mem-XXXXXX")"
+bench_cleanup_add "$work"
 daemon=""
-cleanup() {
-  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
 . "$here/bench/limits.sh"
 
 echo "== limits: memcpy, first touch of fresh shm ($mib MiB, best of 3)"
@@ -71,12 +82,12 @@ echo "   memcpy $memcpy_gbps GB/s, first touch $first_touch_gbps GB/s, pwrite in
 # The memory tier keeps the newest version (room for it and the next); nothing goes to a
 # local tier, and the persistent tier is only written.
 start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --create-root --root "$work/persistent" \
-  --pool-mib 1024 --memory-mib $((mib * 3))
+  --pool-mib "$pool_mib" --memory-mib $((mib * 3))
 trainer() {  # TAG [extra trainer flags]
   local tag=$1
   shift
-  "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job restore-mem --state-mib "$mib" --tensors 16 \
-    --compute-ms 50 --quiet --summary "$work/$tag.json" "$@" >>"$work/trainers.log" 2>&1
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job restore-mem --state-mib "$mib" --tensors 16 \
+    --compute-ms "$compute_ms" --quiet --summary "$work/$tag.json" "$@" >>"$work/trainers.log" 2>&1
 }
 echo "== a trainer checkpoints $mib MiB (2 versions, the second committed before it exits)"
 trainer checkpoint --iters 2

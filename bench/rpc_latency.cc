@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ckpt/bench/floor.grpc.pb.h"
+#include "signal_cleanup.h"
 
 namespace {
 
@@ -113,12 +114,14 @@ class FloorServer {
     char tmpl[] = "/tmp/ckpt-rpc-floor-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) Die("mkdtemp");
     dir_ = tmpl;
+    bench::SignalCleanup::Install().Add(dir_);
     path_ = dir_ + "/floor.sock";
     int ready[2], lifeline[2];
     if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe(lifeline) != 0) Die("pipe");
     pid_ = ::fork();
     if (pid_ < 0) Die("fork");
     if (pid_ == 0) {
+      bench::SignalCleanup::UnblockInChild();
       ::close(lifeline[1]);
       const int inherited = ::dup(ready[1]);  // without O_CLOEXEC
       const std::string rfd = std::to_string(inherited), lfd = std::to_string(lifeline[0]);
@@ -196,6 +199,9 @@ int main(int argc, char** argv) {
   app.add_option("--lifeline-fd", lifeline_fd)->group("");
   CLI11_PARSE(app, argc, argv);
   if (!serve_floor.empty()) return ServeFloor(serve_floor, ready_fd, lifeline_fd);
+  // Ended by a signal, it still removes its region and the floor server's directory (the
+  // floor server ends with it: its lifeline closes).
+  bench::SignalCleanup::Install();
   try {
     std::optional<FloorServer> floor_server;
     if (floor) floor_server.emplace();  // first: it forks

@@ -24,9 +24,11 @@ done
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
 ninja -C "$build" -j2 ckptd ckpt-rpc-latency >/dev/null
 mkdir -p "$dir" "$(dirname "$out")"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
 work="$(mktemp -d "$dir/rpc-XXXXXX")"
+bench_cleanup_add "$work"
 daemon=""
-trap '[ -n "$daemon" ] && kill "$daemon" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 . "$here/bench/limits.sh"
 
 # The memory tier off and no local tier: each version goes to the persistent directory,
@@ -35,7 +37,7 @@ start_ckptd "$build/ckptd" "$work/ckptd.log" --socket "$work/ckptd.sock" --creat
   --pool-mib 64 --memory-mib 0 --keep-last 2 --log-level warn
 for items in 1 1000 10000; do
   echo "== $items item(s), $iters iterations" >&2
-  "$build/ckpt-rpc-latency" --socket "$work/ckptd.sock" --items "$items" --iters "$iters" --floor --json \
+  bench_run "$build/ckpt-rpc-latency" --socket "$work/ckptd.sock" --items "$items" --iters "$iters" --floor --json \
     >"$work/run-$items.json"
 done
 stop_ckptd

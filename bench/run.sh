@@ -68,9 +68,11 @@ echo "== build ($build)"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer ckpt-memcpy-bw >/dev/null
 mkdir -p "$dir" "$(dirname "$out")"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
 work="$(mktemp -d "$dir/run-XXXXXX")"
+bench_cleanup_add "$work"
 daemon=""
-trap 'if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; fi; wait 2>/dev/null; rm -rf "$work"' EXIT
 . "$here/bench/limits.sh"
 mkdir -p "$work/res"
 
@@ -94,9 +96,10 @@ trainers() {
       --iters "$n" --every "$every" --compute-ms "$compute" $spin --quiet --summary "$work/res/$id-$tag-r$r.json" "$@" \
       >>"$work/trainers.log" 2>&1 &
     pids+=($!)
+    bench_track $!
   done
   local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  for p in "${pids[@]}"; do bench_wait "$p" || rc=$?; done
   if [ $rc -ne 0 ]; then
     echo "trainer failed (rc $rc); last lines of its log:" >&2
     tail -20 "$work/trainers.log" >&2
@@ -148,7 +151,7 @@ for mib in $sizes; do
 done
 
 elapsed_s=$(($(date +%s) - start_s))
-python3 "$here/bench/report.py" --work "$work" --out "$out" --dir "$dir" --elapsed-s "$elapsed_s" \
+bench_run python3 "$here/bench/report.py" --work "$work" --out "$out" --dir "$dir" --elapsed-s "$elapsed_s" \
   --command "bench/run.sh $args"
 # The plot needs matplotlib, which Debian packages for its own python3.
 plot_py=python3
@@ -160,7 +163,7 @@ else
 fi
 fastpath_rc=0
 if [ "$fastpath" = 1 ]; then
-  bash "$here/bench/fastpath.sh" --out "${out%.json}-fastpath.json" --build "$build" || fastpath_rc=$?
+  bench_run bash "$here/bench/fastpath.sh" --out "${out%.json}-fastpath.json" --build "$build" || fastpath_rc=$?
 fi
 echo "== done in $(($(date +%s) - start_s)) s"
 exit $fastpath_rc

@@ -47,16 +47,16 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
 fi
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer >/dev/null
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+# The directories this run creates go with it; the parent of the local tier too, once empty
+# (it is in memory, and other runs may share it).
+bench_cleanup_hook "rmdir '$local_dir' 2>/dev/null"
 mkdir -p "$dir" "$(dirname "$out")"
 work="$(mktemp -d "$dir/tiers-XXXXXX")"
 local_tier="$local_dir/$(basename "$work")"
+bench_cleanup_add "$work" "$local_tier"
 daemon=""
-cleanup() {
-  [ -z "${CKPT_BENCH_KEEP:-}" ] || { echo "kept $work and $local_tier"; return; }
-  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
-  rm -rf "$work" "$local_tier"
-}
-trap cleanup EXIT
 . "$here/bench/limits.sh"
 
 echo "== limits: fio O_DIRECT read of $dir and of $local_dir"
@@ -80,7 +80,7 @@ start_daemon() {  # MEMORY_MIB [extra ckptd flags]
 trainer() {  # TAG [extra trainer flags]
   local tag=$1
   shift
-  "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job tiers --state-mib "$mib" --tensors 16 \
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/ckptd.sock" --job tiers --state-mib "$mib" --tensors 16 \
     --compute-ms "$compute_ms" --quiet --summary "$work/$tag.json" "$@" >>"$work/trainers.log" 2>&1
 }
 

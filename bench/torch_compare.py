@@ -60,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckpt
 import ckpt.torch
+from exit_on_signal import exit_on_signals
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -479,6 +480,7 @@ def main():
                     "it saw more CPU seconds used by other processes than this (default 0.5)")
     ap.add_argument("--summarize", metavar="JSON", help="print the tables of a saved run and exit")
     args = ap.parse_args()
+    exit_on_signals()
     if args.summarize:
         result = json.loads(Path(args.summarize).read_text())
         print(f"{result['command']}\ntorch {result['torch']}")

@@ -53,6 +53,7 @@ import torch
 
 import ckpt
 import ckpt.torch
+from exit_on_signal import exit_on_signals
 
 SCHEDULERS = ("StepLR", "OneCycleLR")
 
@@ -234,13 +235,15 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp", help="where the daemon's root goes")
     ap.add_argument("--out", help="JSON output file")
     args = ap.parse_args()
+    exit_on_signals()
     torch.set_num_threads(args.threads)
 
     work = Path(tempfile.mkdtemp(prefix="ckpt-ovh-", dir=args.dir))
-    daemon = Daemon(args.ckptd, work)
+    daemon = None
     runs, profiles = [], {}
     t_start, load_start = time.monotonic(), os.getloadavg()[0]
     try:
+        daemon = Daemon(args.ckptd, work)
         total = (args.rounds * 2 + 2) * (args.iters + args.lead_in) + 10
         for kind in SCHEDULERS:
             w = Workload(kind, args.batch, total)
@@ -293,7 +296,8 @@ def main() -> int:
                 profiles[kind] = profile_text(prof, 25)
             runs.append(run)
     finally:
-        daemon.stop()
+        if daemon is not None:
+            daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     result = {

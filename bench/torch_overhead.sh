@@ -37,4 +37,8 @@ ninja -C "$build" -j2 ckptd _ckpt >/dev/null
 mkdir -p "$(dirname "$out")"
 
 echo "== torch_overhead ($("$python" -c 'import torch; print("torch", torch.__version__)'))"
-PYTHONPATH="$build/python" "$python" "$here/bench/torch_overhead.py" --ckptd "$build/ckptd" --out "$out" "$@"
+# The Python bench starts and removes its daemon and files itself; the cleanup ends it (it
+# exits cleanly on SIGTERM) when this script is ended.
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+PYTHONPATH="$build/python" bench_run "$python" "$here/bench/torch_overhead.py" --ckptd "$build/ckptd" --out "$out" "$@"

@@ -6,7 +6,8 @@
 #
 #   bench/verify_cost.sh [--state-mib N] [--iters N] [--rounds N] [--compute-ms N] [--out FILE]
 #
-# Writes docs/results/verify.json (or --out). Cleans up (daemon, temp dir, shm) on any exit.
+# Writes docs/results/verify.json (or --out). Cleans up (daemon, trainers, temp dir, shm) on any
+# exit (bench/cleanup.sh).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD:-$here/build}"
@@ -21,30 +22,21 @@ while [ $# -gt 0 ]; do
     *) echo "verify_cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-work="$(mktemp -d /tmp/ckpt-verify-cost.XXXXXX)"
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ]; then kill "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
-  # The trainer's regions are named after its pid: a killed trainer leaves them.
-  for f in "$work"/pids/*; do [ -e "$f" ] && rm -f "/dev/shm/ckpt-0-$(basename "$f")-"*; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-mkdir -p "$work/sock" "$work/pids"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-verify-cost.XXXXXX")"
+bench_cleanup_add "$work"
+mkdir -p "$work/sock"
 "$build/ckptd" --root "$work/root" --create-root --socket "$work/sock/ckptd.sock" --pool-mib 512 \
   --memory-mib 2048 >"$work/daemon.log" 2>&1 &
-daemon_pid=$!
+bench_track_daemon $!
 for _ in $(seq 200); do [ -S "$work/sock/ckptd.sock" ] && break; sleep 0.05; done
 run() {  # run MODE ROUND
   local extra=()
   [ "$1" = verify ] && extra=(--verify)
-  "$build/ckpt-toy-trainer" --socket "$work/sock/ckptd.sock" --job "j-$1-$2" --state-mib "$state_mib" \
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/sock/ckptd.sock" --job "j-$1-$2" --state-mib "$state_mib" \
     --tensors 16 --compute-ms "$compute_ms" --iters "$iters" --quiet --summary "$work/$1-$2.json" "${extra[@]}" \
-    >/dev/null &
-  local pid=$!
-  touch "$work/pids/$pid"
-  wait "$pid"
+    >/dev/null
 }
 for r in $(seq "$rounds"); do
   run plain "$r"

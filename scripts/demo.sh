@@ -11,15 +11,14 @@ bash "$here/scripts/install-deps.sh" >/dev/null
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C "$build" ckptd ckptctl ckpt-toy-trainer >/dev/null
 
-work="$(mktemp -d /tmp/ckptd-demo-XXXXXX)"
+# The daemon, the trainers and the files go when the demo ends, however it ends (Ctrl-C too).
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+work="$(mktemp -d "${TMPDIR:-/tmp}/ckptd-demo-XXXXXX")"
+bench_cleanup_add "$work"
 sock="$work/run/ckptd.sock"
 root="$work/checkpoints"
 local_tier="$work/local"
-cleanup() {
-  [ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 echo "== 1. start ckptd (tiers: memory, local $local_tier, persistent $root; pool 256 MiB)"
 mkfifo "$work/ready"
@@ -27,18 +26,19 @@ mkfifo "$work/ready"
   --memory-mib 2048 --ready-fd 4 4>"$work/ready" \
   >"$work/ckptd.log" 2>&1 &
 daemon=$!
+bench_track_daemon "$daemon"
 read -r _ <"$work/ready"
 echo "   ckptd pid $daemon serving on $sock"
 
 trainer=("$build/ckpt-toy-trainer" --socket "$sock" --job demo --state-mib 256 --tensors 16 --compute-ms 150)
 echo
 echo "== 2. a trainer with 256 MiB of state checkpoints every iteration; it is killed (-9) after snapshot 8"
-"${trainer[@]}" --iters 20 --crash-at 8 || echo "   trainer died with status $? (as planned)"
+bench_run "${trainer[@]}" --iters 20 --crash-at 8 || echo "   trainer died with status $? (as planned)"
 
 echo
 echo "== 3. the restarted trainer restores the newest committed version (from daemon memory), verifies"
 echo "   every byte, trains on to 12"
-"${trainer[@]}" --iters 12 --resume
+bench_run "${trainer[@]}" --iters 12 --resume
 
 echo
 echo "== 4. ckptctl status"

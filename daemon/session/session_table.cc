@@ -17,12 +17,16 @@ void SessionTable::StartReaper() {
 }
 
 void SessionTable::Stop() {
+  bool first = false;
   {
     MutexLock lock(reap_mu_);
+    first = !stopping_;
     stopping_ = true;
   }
   reap_cv_.SignalAll();
-  if (reaper_.joinable()) reaper_.join();
+  if (!reaper_.joinable()) return;
+  reaper_.join();
+  if (first) ReapExited();
 }
 
 Result<std::shared_ptr<Session>> SessionTable::Find(const std::string& id, uid_t uid) const {
@@ -188,13 +192,17 @@ void SessionTable::ReapLoop() {
       reap_cv_.WaitFor(reap_mu_, std::chrono::milliseconds(250));
       if (stopping_) return;
     }
-    std::vector<std::shared_ptr<Session>> gone;
-    for (const auto& s : All()) {
-      if (s->TrainerExited()) gone.push_back(s);
-    }
-    for (const auto& s : gone) Close(s, /*trainer_gone=*/true);
+    ReapExited();
     if (on_reap_) on_reap_();
   }
+}
+
+void SessionTable::ReapExited() {
+  std::vector<std::shared_ptr<Session>> gone;
+  for (const auto& s : All()) {
+    if (s->TrainerExited()) gone.push_back(s);
+  }
+  for (const auto& s : gone) Close(s, /*trainer_gone=*/true);
 }
 
 }  // namespace ckpt

@@ -37,6 +37,9 @@ class SessionTable {
   ~SessionTable() { Stop(); }
 
   void StartReaper();
+  // Stops the reaper after one last pass over the sessions (the first call after
+  // StartReaper only): a trainer that died since the previous pass has its shm names
+  // removed, which no one would remove once this daemon is gone.
   void Stop() EXCLUDES(reap_mu_);
 
   // The open session `id`, if it belongs to `uid`.
@@ -72,6 +75,8 @@ class SessionTable {
 
  private:
   void ReapLoop() EXCLUDES(reap_mu_);
+  // Closes the sessions whose trainer exited (the clean-up of Close).
+  void ReapExited() EXCLUDES(mu_);
 
   ShardRegistry& shards_;
   DeviceBackend* backend_;

@@ -25,6 +25,11 @@ When a test fails, the last lines of each of its daemons' logs are printed at te
 
 Readiness is ckptd's --ready-fd: the fixture waits for "ready" on a pipe, bounded by a
 deadline (READY_TIMEOUT_S), never with a fixed sleep.
+
+Nothing left behind: SIGTERM and SIGHUP (timeout, a closed terminal) interrupt the run as
+Ctrl-C does (KeyboardInterrupt), so pytest still tears the fixtures down: every daemon is
+stopped and every temp dir removed; Python's default would end the process at once and leave
+the daemons running.
 """
 
 import os
@@ -41,6 +46,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 200
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(s) in (signal.SIG_DFL, None):
+            signal.signal(s, _interrupt)
 
 
 def _binary(env_name, default_name):
@@ -112,6 +127,9 @@ class Daemon:
                 if not chunk:  # the daemon closed the pipe: it exited
                     break
                 got += chunk
+        except BaseException:  # an interrupt (SIGINT, SIGTERM) while it starts: no orphan daemon
+            self.kill()
+            raise
         finally:
             os.close(r)
         if not got.startswith(b"ready"):

@@ -28,6 +28,10 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A signal (timeout, Ctrl-C, a closed terminal) exits through the same cleanup.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 fail() {
   echo "FAIL: $*"

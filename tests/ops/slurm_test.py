@@ -16,6 +16,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -490,7 +491,20 @@ def case_epilog_stops_upgraded_daemon(env):
     print("ok: the epilog stopped a daemon whose executable had been replaced on disk")
 
 
+def exit_on_signals():
+    """SIGTERM and SIGHUP (timeout, a closed terminal) end the run as Ctrl-C does, through the
+    finally of main, which stops the cluster and removes its directory and user; Python's
+    default would end it at once and leave them."""
+    def handler(signum, _frame):
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, handler)
+
+
 def main():
+    exit_on_signals()
     if len(sys.argv) < 2:
         print(__doc__)
         return 2

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/cleanup_watcher.h"
 #include "support/test_dirs.h"
 
 namespace ckpt::test {
@@ -93,6 +94,7 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
                 ? -1
                 : ::open(options_.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   pid_ = Spawn(argv, log, ready[1], err, options_.env, options_.open_files);
+  WatchProcess(pid_);
   ::close(log);
   if (err >= 0) ::close(err);
   ::close(ready[1]);
@@ -104,6 +106,7 @@ DaemonProcess::DaemonProcess(DaemonOptions options) : options_(std::move(options
     ::kill(pid_, SIGKILL);
     int status = 0;
     ::waitpid(pid_, &status, 0);
+    UnwatchProcess(pid_);
     pid_ = -1;
     throw std::runtime_error("ckptd did not become ready; its log:\n" + Log());
   }
@@ -125,6 +128,7 @@ void DaemonProcess::Kill9() {
   ::kill(pid_, SIGKILL);
   int status = 0;
   ::waitpid(pid_, &status, 0);
+  UnwatchProcess(pid_);
   pid_ = -1;
 }
 
@@ -133,6 +137,7 @@ int DaemonProcess::Stop() {
   ::kill(pid_, SIGTERM);
   int status = 0;
   ::waitpid(pid_, &status, 0);
+  UnwatchProcess(pid_);
   pid_ = -1;
   return ExitCode(status);
 }
@@ -204,6 +209,7 @@ int DaemonProcess::WaitExit(std::chrono::milliseconds limit) {
   for (;;) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      UnwatchProcess(pid_);
       pid_ = -1;
       return ExitCode(status);
     }
@@ -215,18 +221,22 @@ int DaemonProcess::WaitExit(std::chrono::milliseconds limit) {
 ProcessResult RunProcess(const std::vector<std::string>& argv) {
   char path[] = "/tmp/ckpt-test-out-XXXXXX";
   int fd = ::mkstemp(path);
+  WatchPath(path);
   pid_t pid = Spawn(argv, fd, -1);
+  WatchProcess(pid);
   ::close(fd);
   ProcessResult r;
   r.exit_code = WaitProcess(pid);
   r.output = ReadFile(path);
   ::unlink(path);
+  UnwatchPath(path);
   return r;
 }
 
 pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_path) {
   int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   pid_t pid = Spawn(argv, fd, -1);
+  WatchProcess(pid);
   ::close(fd);
   return pid;
 }
@@ -234,6 +244,7 @@ pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_
 int WaitProcess(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
+  UnwatchProcess(pid);
   return ExitCode(status);
 }
 

@@ -1,7 +1,9 @@
 // DaemonProcess: a real ckptd, started for one test and stopped with it.
 //
 // The constructor starts the binary with --ready-fd and returns once the daemon said it
-// serves (no sleeping); it throws with the daemon's log if the daemon exits first.
+// serves (no sleeping); it throws with the daemon's log if the daemon exits first. The
+// daemon, and each process StartProcess and RunProcess start, is registered with the cleanup
+// watcher (cleanup_watcher.h) while it runs: a test killed by a signal leaves none running.
 #pragma once
 
 #include <sys/types.h>

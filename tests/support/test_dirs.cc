@@ -9,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "support/cleanup_watcher.h"
+
 namespace ckpt::test {
 
 TempDir::TempDir(const std::string& tag) {
@@ -16,11 +18,13 @@ TempDir::TempDir(const std::string& tag) {
   std::string pattern = std::string(base ? base : "/tmp") + "/ckpt-test-" + tag + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
   path_ = pattern;
+  WatchPath(path_);
 }
 
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+  UnwatchPath(path_);
 }
 
 std::string ReadFile(const std::string& path) {

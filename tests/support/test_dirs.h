@@ -1,4 +1,5 @@
-// Scratch directories for tests: unique per test, removed when the object goes away.
+// Scratch directories for tests: unique per test, removed when the object goes away, or by
+// the cleanup watcher (cleanup_watcher.h) when a signal ends the test first.
 #pragma once
 
 #include <string>
