@@ -127,11 +127,12 @@ TEST_CASE("status: each tier's bytes are the sum of what its jobs hold, and the 
 
   const json& memory = Tier(status, "memory");
   CHECK(memory["bytes"].get<std::uint64_t>() == memory["held_bytes"].get<std::uint64_t>() +
-                                                     memory["in_flight_bytes"].get<std::uint64_t>() +
-                                                     memory["reusable_bytes"].get<std::uint64_t>());
+                                                    memory["in_flight_bytes"].get<std::uint64_t>() +
+                                                    memory["reusable_bytes"].get<std::uint64_t>());
   CHECK(memory["reusable_bytes"].get<std::uint64_t>() > 0);  // freed images, not shards held
   std::uint64_t jobs_held = 0;
-  for (const auto& j : memory["jobs"]) jobs_held += j["bytes"].get<std::uint64_t>() + j["replica_bytes"].get<std::uint64_t>();
+  for (const auto& j : memory["jobs"])
+    jobs_held += j["bytes"].get<std::uint64_t>() + j["replica_bytes"].get<std::uint64_t>();
   CHECK(jobs_held == memory["held_bytes"].get<std::uint64_t>());
   // Every shard is among those listed (8 < the 64 recent ones): per job, the memory tier
   // holds exactly the images the shards say it holds, the newest two versions.
@@ -193,14 +194,16 @@ TEST_CASE("status: each tier's bytes are the sum of what its jobs hold, and the 
     CHECK(Sample(metrics.output, "ckptd_tier_held_bytes{tier=\"local\",job=\"" + job + "\"}") ==
           static_cast<double>(j["bytes"].get<std::uint64_t>()));
   }
-  CHECK(Sample(metrics.output, "ckptd_memory_tier_used_bytes") == static_cast<double>(memory["bytes"].get<std::uint64_t>()));
+  CHECK(Sample(metrics.output, "ckptd_memory_tier_used_bytes") ==
+        static_cast<double>(memory["bytes"].get<std::uint64_t>()));
   CHECK(Sample(metrics.output, "ckptd_memory_tier_reusable_bytes") ==
         static_cast<double>(memory["reusable_bytes"].get<std::uint64_t>()));
   CHECK(Sample(metrics.output, "ckptd_memory_tier_in_flight_bytes") == 0);
 }
 
-TEST_CASE("status: a version superseded before it was persisted is skipped, naming the newer one, and exits 0",
-          "[status][tools]") {
+TEST_CASE(
+    "status: a version superseded before it was persisted is skipped, naming the newer one, and exits 0",
+    "[status][tools]") {
   TempDir dir("status-skip");
   const std::string pause = dir.path() + "/pause";
   { std::ofstream(pause) << "hold"; }
@@ -309,7 +312,8 @@ TEST_CASE("status: a shard whose write failed is FAILED, and status exits non-ze
   { std::ofstream(armed) << "armed"; }
   state.Fill(2);
   client.snapshot(2);
-  CHECK_THROWS_WITH(client.wait_durable(2, Level::kCommitted, kWait), Catch::Contains("injected by CKPTD_TEST_FAULT"));
+  CHECK_THROWS_WITH(client.wait_durable(2, Level::kCommitted, kWait),
+                    Catch::Contains("injected by CKPTD_TEST_FAULT"));
   fs::remove(armed);
 
   json status = StatusJson(daemon, kShardFailedExit);  // the document is printed all the same

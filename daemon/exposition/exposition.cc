@@ -62,9 +62,10 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
   GaugeLine(out, "ckptd_memory_tier_used_bytes",
             "Bytes of the memory tier's budget in use: held + in flight + kept for reuse.",
             static_cast<double>(usage.accounted));
-  GaugeLine(out, "ckptd_memory_tier_in_flight_bytes",
-            "Bytes of memory tier images still being written, or dropped while a restore or promotion reads them.",
-            static_cast<double>(usage.in_flight));
+  GaugeLine(
+      out, "ckptd_memory_tier_in_flight_bytes",
+      "Bytes of memory tier images still being written, or dropped while a restore or promotion reads them.",
+      static_cast<double>(usage.in_flight));
   GaugeLine(out, "ckptd_memory_tier_reusable_bytes",
             "Bytes of freed memory tier buffers kept for reuse (no shard's bytes).",
             static_cast<double>(usage.reusable));

@@ -92,14 +92,15 @@ void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
     sh->set_written_bytes(shard->written_bytes.load());
     sh->set_level(LevelToProto(shard->level()));
     const v1::ShardState state = StateOf(*shard);
-    if (state == v1::SHARD_STATE_SKIPPED || state == v1::SHARD_STATE_ABORTED || state == v1::SHARD_STATE_FAILED)
+    if (state == v1::SHARD_STATE_SKIPPED || state == v1::SHARD_STATE_ABORTED ||
+        state == v1::SHARD_STATE_FAILED)
       sh->set_error(shard->error().message());
     sh->set_state(state);
     if (state == v1::SHARD_STATE_SKIPPED) sh->set_superseded_by(shard->superseded_by());
     sh->set_aborted(state == v1::SHARD_STATE_ABORTED);
     sh->set_awaiting_seal(state == v1::SHARD_STATE_UNSEALED);
-    sh->set_memory_bytes(daemon.tiers().memory().HeldBytes(shard->meta().job, shard->meta().version,
-                                                           shard->meta().rank));
+    sh->set_memory_bytes(
+        daemon.tiers().memory().HeldBytes(shard->meta().job, shard->meta().version, shard->meta().rank));
     if ((state == v1::SHARD_STATE_IN_PROGRESS || state == v1::SHARD_STATE_UNSEALED) &&
         shard->level() < Level::kPersisted) {
       ++in_flight_shards;

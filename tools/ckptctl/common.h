@@ -17,10 +17,10 @@ namespace ckptctl {
 // The exit codes (docs/ops/ckptctl.md). 0, 1 and 2 are those of ckptd itself.
 enum Exit : int {
   kOk = 0,
-  kFailure = 1,   // the daemon is unreachable or went away, or a call or a read failed
-  kUsage = 2,     // bad command line, or an argument the daemon refuses (INVALID_ARGUMENT)
-  kNotFound = 3,  // no such job, version, shard or file
-  kCorrupt = 4,   // verify: a shard failed its checks
+  kFailure = 1,      // the daemon is unreachable or went away, or a call or a read failed
+  kUsage = 2,        // bad command line, or an argument the daemon refuses (INVALID_ARGUMENT)
+  kNotFound = 3,     // no such job, version, shard or file
+  kCorrupt = 4,      // verify: a shard failed its checks
   kShardFailed = 5,  // status: a shard it lists is FAILED (a real error; skipped and aborted are not)
 };
 

@@ -93,8 +93,8 @@ int Status(const std::string& socket, bool json) {
   }
   std::printf("\nshards (recent %d)\n", r.shards_size());
   for (const auto& sh : r.shards()) {
-    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s\n",
-                sh.job().c_str(), sh.version(), sh.rank(), ShardWord(sh), Human(sh.copied_bytes()).c_str(),
+    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s\n", sh.job().c_str(),
+                sh.version(), sh.rank(), ShardWord(sh), Human(sh.copied_bytes()).c_str(),
                 Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(), ShardNote(sh).c_str());
   }
   std::printf("\nerrors (%d)\n", r.errors_size());

@@ -39,7 +39,8 @@ std::optional<Throughput> ThroughputBetween(const ckpt::v1::StatusReply& before,
 }
 
 bool InFlight(const ckpt::v1::ShardStatus& shard) {
-  return (shard.state() == ckpt::v1::SHARD_STATE_IN_PROGRESS || shard.state() == ckpt::v1::SHARD_STATE_UNSEALED) &&
+  return (shard.state() == ckpt::v1::SHARD_STATE_IN_PROGRESS ||
+          shard.state() == ckpt::v1::SHARD_STATE_UNSEALED) &&
          (shard.level() == ckpt::v1::LEVEL_UNSPECIFIED || shard.level() == ckpt::v1::LEVEL_CAPTURED ||
           shard.level() == ckpt::v1::LEVEL_LOCAL);
 }
@@ -62,8 +63,8 @@ std::string TierLines(const ckpt::v1::StatusReply& r) {
   std::string out;
   auto jobs = [&](const ckpt::v1::TierStatus& t) {
     for (const auto& j : t.jobs()) {
-      out += Format("    job %-16s %" PRIu64 " shard(s) %s", j.job().empty() ? "(other jobs)" : j.job().c_str(),
-                    j.shards(), Human(j.bytes()).c_str());
+      out += Format("    job %-16s %" PRIu64 " shard(s) %s",
+                    j.job().empty() ? "(other jobs)" : j.job().c_str(), j.shards(), Human(j.bytes()).c_str());
       if (j.replica_shards() > 0)
         out += Format("; replicas from peers %" PRIu64 " shard(s) %s", j.replica_shards(),
                       Human(j.replica_bytes()).c_str());
@@ -74,8 +75,8 @@ std::string TierLines(const ckpt::v1::StatusReply& r) {
     if (t.name() == "memory") {
       out += Format("  %-10s held %s; in flight %s; kept for reuse %s; budget %s used of %s; keeps %s\n",
                     t.name().c_str(), Human(t.held_bytes()).c_str(), Human(t.in_flight_bytes()).c_str(),
-                    Human(t.reusable_bytes()).c_str(), Human(t.bytes()).c_str(), Human(t.budget_bytes()).c_str(),
-                    t.retention().c_str());
+                    Human(t.reusable_bytes()).c_str(), Human(t.bytes()).c_str(),
+                    Human(t.budget_bytes()).c_str(), t.retention().c_str());
       jobs(t);
     } else if (t.name() == "local") {
       out += Format("  %-10s %s; held %s; keeps %s\n", t.name().c_str(), t.dir().c_str(),
@@ -86,9 +87,10 @@ std::string TierLines(const ckpt::v1::StatusReply& r) {
                     t.retention().c_str());
     }
   }
-  out += Format("  in flight  %u shard(s), %s not yet persisted; %s of it in the host pool; %u promotion(s) pending\n",
-                r.in_flight_shards(), Human(r.in_flight_bytes()).c_str(), Human(r.pool_used_bytes()).c_str(),
-                r.promotions_pending());
+  out += Format(
+      "  in flight  %u shard(s), %s not yet persisted; %s of it in the host pool; %u promotion(s) pending\n",
+      r.in_flight_shards(), Human(r.in_flight_bytes()).c_str(), Human(r.pool_used_bytes()).c_str(),
+      r.promotions_pending());
   return out;
 }
 
