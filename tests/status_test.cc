@@ -199,6 +199,14 @@ TEST_CASE("status: each tier's bytes are the sum of what its jobs hold, and the 
   CHECK(Sample(metrics.output, "ckptd_memory_tier_reusable_bytes") ==
         static_cast<double>(memory["reusable_bytes"].get<std::uint64_t>()));
   CHECK(Sample(metrics.output, "ckptd_memory_tier_in_flight_bytes") == 0);
+  // And `ckptctl jobs`, per job.
+  ProcessResult jobs = Ctl(daemon.socket(), {"jobs", "--json"});
+  REQUIRE(jobs.exit_code == 0);
+  const json listed_jobs = json::parse(jobs.output);
+  std::map<std::string, json> by_job;
+  for (const auto& j : listed_jobs["jobs"]) by_job[j["job"].get<std::string>()] = j;
+  for (const auto& j : memory["jobs"]) CHECK(by_job[j["job"].get<std::string>()]["memory_bytes"] == j["bytes"]);
+  for (const auto& j : local_tier["jobs"]) CHECK(by_job[j["job"].get<std::string>()]["local_bytes"] == j["bytes"]);
 }
 
 TEST_CASE(
