@@ -205,8 +205,10 @@ TEST_CASE("status: each tier's bytes are the sum of what its jobs hold, and the 
   const json listed_jobs = json::parse(jobs.output);
   std::map<std::string, json> by_job;
   for (const auto& j : listed_jobs["jobs"]) by_job[j["job"].get<std::string>()] = j;
-  for (const auto& j : memory["jobs"]) CHECK(by_job[j["job"].get<std::string>()]["memory_bytes"] == j["bytes"]);
-  for (const auto& j : local_tier["jobs"]) CHECK(by_job[j["job"].get<std::string>()]["local_bytes"] == j["bytes"]);
+  for (const auto& j : memory["jobs"])
+    CHECK(by_job[j["job"].get<std::string>()]["memory_bytes"] == j["bytes"]);
+  for (const auto& j : local_tier["jobs"])
+    CHECK(by_job[j["job"].get<std::string>()]["local_bytes"] == j["bytes"]);
 }
 
 TEST_CASE(
