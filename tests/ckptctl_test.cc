@@ -119,6 +119,7 @@ TEST_CASE("ckptctl --json: every subcommand prints JSON with numbers as numbers 
   CHECK(status["shards"][0]["version"] == 1);
   CHECK(status["shards"][0]["total_bytes"].is_number_unsigned());
   CHECK(status["shards"][0]["in_flight"] == false);
+  CHECK(status["shards"][0]["state"] == "committed");
   CHECK(status["versions_committed"] == 1);
 
   json ls = Json(Ctl(daemon.socket(), {"ls", "--job", "ctl", "--json"}));

@@ -425,7 +425,8 @@ TEST_CASE("ckptctl shows the tiers and the levels of each version", "[tiers][too
   ProcessResult st = RunProcess({CKPTCTL_BINARY, "--socket", node.socket(), "status"});
   INFO(st.output);
   CHECK(st.exit_code == 0);
-  CHECK(st.output.find("memory     1 shard(s)") != std::string::npos);
+  CHECK(st.output.find("memory     held 2.0 MiB; in flight 0 B") != std::string::npos);
+  CHECK(st.output.find("    job show             1 shard(s) 2.0 MiB") != std::string::npos);
   CHECK(st.output.find("local      " + node.local) != std::string::npos);
   CHECK(st.output.find("persistent " + node.options.root) != std::string::npos);
   ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", node.socket(), "ls", "--job", "show"});

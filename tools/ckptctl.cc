@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     sub->add_flag("--json", json, "Print JSON (docs/ops/ckptctl.md)");
   };
 
-  auto* status = app.add_subcommand("status", "What the daemon is doing");
+  auto* status = app.add_subcommand("status", "What the daemon is doing (exit 5 if a shard it lists FAILED)");
   double watch_s = 0;
   std::uint64_t count = 0;
   auto* watch = status->add_option("--watch", watch_s, "Redraw every SECONDS (default 2) until Ctrl-C")

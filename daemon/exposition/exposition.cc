@@ -1,6 +1,7 @@
 #include "daemon/exposition/exposition.h"
 
 #include <chrono>
+#include <map>
 
 #include "daemon/metrics/daemon_metrics.h"
 
@@ -57,8 +58,35 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
             static_cast<double>(pool.used_bytes()));
 
   const MemoryTier::Stats memory = daemon.tiers().memory().GetStats();
-  GaugeLine(out, "ckptd_memory_tier_used_bytes", "Bytes of shard images the memory tier holds.",
-            static_cast<double>(memory.bytes));
+  const MemoryTier::Usage usage = daemon.tiers().memory().GetUsage();
+  GaugeLine(out, "ckptd_memory_tier_used_bytes",
+            "Bytes of the memory tier's budget in use: held + in flight + kept for reuse.",
+            static_cast<double>(usage.accounted));
+  GaugeLine(
+      out, "ckptd_memory_tier_in_flight_bytes",
+      "Bytes of memory tier images still being written, or dropped while a restore or promotion reads them.",
+      static_cast<double>(usage.in_flight));
+  GaugeLine(out, "ckptd_memory_tier_reusable_bytes",
+            "Bytes of freed memory tier buffers kept for reuse (no shard's bytes).",
+            static_cast<double>(usage.reusable));
+  // Per tier and job: what each job holds (memory: complete images, own and replicas; local:
+  // shard files). Only the jobs the reader may see.
+  out.Header("ckptd_tier_held_bytes", "gauge", "Bytes of shards a tier holds, by tier and job.");
+  auto held = [&](const char* tier, const std::string& job, std::uint64_t bytes) {
+    const Labels labels{{"tier", tier}, {"job", job}};
+    if (!filter || filter(labels)) out.Sample("ckptd_tier_held_bytes", labels, bytes);
+  };
+  for (const auto& [job, u] : usage.jobs) held("memory", job, u.bytes + u.replica_bytes);
+  std::map<std::string, LocalTier::JobUsage> local;
+  if (const LocalTier* tier = daemon.tiers().local()) local = tier->Usage();
+  for (const auto& [job, u] : local) held("local", job, u.bytes);
+  out.Header("ckptd_tier_held_shards", "gauge", "Shards a tier holds, by tier and job.");
+  auto shards = [&](const char* tier, const std::string& job, std::uint64_t n) {
+    const Labels labels{{"tier", tier}, {"job", job}};
+    if (!filter || filter(labels)) out.Sample("ckptd_tier_held_shards", labels, n);
+  };
+  for (const auto& [job, u] : usage.jobs) shards("memory", job, u.shards + u.replica_shards);
+  for (const auto& [job, u] : local) shards("local", job, u.shards);
   GaugeLine(out, "ckptd_memory_tier_budget_bytes", "The memory tier's budget (0: no memory tier).",
             static_cast<double>(memory.budget));
   GaugeLine(out, "ckptd_memory_tier_shards", "Shard images the memory tier holds.",

@@ -79,7 +79,7 @@ void Promoter::Enqueue(Task task) {
                         std::to_string(by) +
                         " before it was persisted (the persistent tier absorbs versions more slowly than "
                         "they arrive; the newest goes next)";
-      skipped.push_back({std::move(*it), std::move(why)});
+      skipped.push_back({std::move(*it), std::move(why), by});
       it = queue_.erase(it);
     }
   }
@@ -88,12 +88,13 @@ void Promoter::Enqueue(Task task) {
 }
 
 void Promoter::AbandonRunningLocked(const std::string& job, std::uint32_t rank, std::uint64_t below,
-                                    std::string why) {
+                                    std::string why, std::uint64_t by) {
   if (!running_ || running_meta_.job != job || running_meta_.rank != rank) return;
   if (below != 0 && running_meta_.version >= below) return;
   if (abandon_) return;
   spdlog::info("abandoning a running promotion: {}", why);
   abandon_why_ = std::move(why);
+  abandon_by_ = by;
   abandon_ = true;
 }
 
@@ -110,14 +111,14 @@ void Promoter::SupersedeRankBelow(const std::string& job, std::uint32_t rank, st
              " before it was persisted (rank " + std::to_string(rank) +
              " restarted, and its restart waits for its newest version only)";
     };
-    if (running_) AbandonRunningLocked(job, rank, version, why(running_meta_));
+    if (running_) AbandonRunningLocked(job, rank, version, why(running_meta_), version);
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (it->meta.job != job || it->meta.rank != rank || it->meta.version >= version) {
         ++it;
         continue;
       }
       std::string w = why(it->meta);
-      skipped.push_back({std::move(*it), std::move(w)});
+      skipped.push_back({std::move(*it), std::move(w), version});
       it = queue_.erase(it);
     }
   }
@@ -134,7 +135,8 @@ void Promoter::RankRegistered(const std::string& job, std::uint32_t rank) {
           job, rank, 0,
           ShardName(running_meta_) + " was not persisted: rank " + std::to_string(rank) +
               " registered again (a restart or a restore) before it was, so it can no longer "
-              "commit");
+              "commit",
+          0);
     }
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (it->meta.job != job || it->meta.rank != rank) {
@@ -144,7 +146,7 @@ void Promoter::RankRegistered(const std::string& job, std::uint32_t rank) {
       std::string why =
           ShardName(it->meta) + " was not persisted: rank " + std::to_string(rank) +
           " registered again (a restart or a restore) before it was, so it can no longer commit";
-      skipped.push_back({std::move(*it), std::move(why)});
+      skipped.push_back({std::move(*it), std::move(why), 0});
       it = queue_.erase(it);
     }
   }
@@ -152,13 +154,13 @@ void Promoter::RankRegistered(const std::string& job, std::uint32_t rank) {
 }
 
 void Promoter::Skip(std::vector<Skipped> skipped) {
-  for (auto& [task, why] : skipped) {
-    Supersede(task, why);
+  for (auto& [task, why, by] : skipped) {
+    Supersede(task, why, by);
     local_.Unpin(task.meta.job, task.meta.version);
   }
 }
 
-void Promoter::Supersede(const Task& task, const std::string& why) {
+void Promoter::Supersede(const Task& task, const std::string& why, std::uint64_t by) {
   const ShardMeta& m = task.meta;
   // It will not commit: its image has no reader left.
   if (auto image = memory_.Find(m.job, m.version, m.rank); image && image->meta.session == m.session) {
@@ -166,7 +168,7 @@ void Promoter::Supersede(const Task& task, const std::string& why) {
   }
   spdlog::info("{}", why);
   if (task.shard) {
-    task.shard->Fail(FailedPrecondition(why));
+    task.shard->Skip(FailedPrecondition(why), by);
     hooks_.on_superseded(task.shard);
   }
 }
@@ -214,11 +216,13 @@ void Promoter::Promote(const Task& task) {
   auto copied = copier_.Copy(src, dst);
   if (!copied.ok() && abandon_) {
     std::string why;
+    std::uint64_t by = 0;
     {
       MutexLock lock(mu_);
       why = abandon_why_;
+      by = abandon_by_;
     }
-    Supersede(task, why);
+    Supersede(task, why, by);
     return;
   }
   if (!copied.ok()) {

@@ -13,8 +13,10 @@
 // the newest goes next. A version whose promotion has started (for any rank) is never
 // skipped, so its other ranks can still complete it; a keep-every version (the persistent
 // tier's retention keeps multiples of keep_every) is skipped only for a newer keep-every
-// version. A skipped shard fails with an error naming the version that superseded it
-// (`on_superseded`: its waits end, it is not reported as a failure of the trainer's run).
+// version. A skipped shard fails with an error naming the version that superseded it, and
+// is marked skipped (ShardJob::Skip, with that version), so that status shows it as skipped,
+// not failed (`on_superseded`: its waits end, it is not reported as a failure of the
+// trainer's run).
 // A new registration of a rank (a restart or a restore) skips the rank's queued shards:
 // they belong to a registration that can no longer commit. Thread-safe.
 #pragma once
@@ -98,16 +100,19 @@ class Promoter {
   struct Skipped {
     Task task;
     std::string why;
+    std::uint64_t by = 0;  // the version that superseded it; 0: its rank registered again
   };
   // The version that supersedes a queued shard of `m`, or 0 if none does.
   std::uint64_t SupersededByLocked(const ShardMeta& m, std::uint32_t keep_every) REQUIRES(mu_);
   // Unpins and fails what was taken off the queue.
   void Skip(std::vector<Skipped> skipped);
-  // Fails a shard that will not be persisted (`why`) and drops its memory image.
-  void Supersede(const Task& task, const std::string& why);
-  // Abandons the running task if it is of (job, rank) and older than `below` (0: any).
-  void AbandonRunningLocked(const std::string& job, std::uint32_t rank, std::uint64_t below, std::string why)
-      REQUIRES(mu_);
+  // Skips a shard that will not be persisted (`why`; `by` superseded it) and drops its
+  // memory image.
+  void Supersede(const Task& task, const std::string& why, std::uint64_t by);
+  // Abandons the running task if it is of (job, rank) and older than `below` (0: any); `by`
+  // is the version that supersedes it (0: none).
+  void AbandonRunningLocked(const std::string& job, std::uint32_t rank, std::uint64_t below, std::string why,
+                            std::uint64_t by) REQUIRES(mu_);
   void Loop() EXCLUDES(mu_);
   void Promote(const Task& task);
 
@@ -126,6 +131,7 @@ class Promoter {
   // Set (with the reason) to stop the running copy; cleared when the next one starts.
   std::atomic<bool> abandon_{false};
   std::string abandon_why_ GUARDED_BY(mu_);
+  std::uint64_t abandon_by_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

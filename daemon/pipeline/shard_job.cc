@@ -102,6 +102,27 @@ void ShardJob::Fail(const Status& status) {
   changed_.SignalAll();
 }
 
+void ShardJob::Skip(const Status& why, std::uint64_t superseded_by) {
+  {
+    MutexLock lock(mu_);
+    if (!error_.ok()) return;
+    error_ = why;
+    skipped_ = true;
+    superseded_by_ = superseded_by;
+  }
+  changed_.SignalAll();
+}
+
+bool ShardJob::skipped() const {
+  MutexLock lock(mu_);
+  return skipped_;
+}
+
+std::uint64_t ShardJob::superseded_by() const {
+  MutexLock lock(mu_);
+  return superseded_by_;
+}
+
 bool ShardJob::failed() const {
   MutexLock lock(mu_);
   return !error_.ok();

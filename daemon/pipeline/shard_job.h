@@ -173,6 +173,13 @@ class ShardJob {
     Fail(status);
   }
   bool writing_failed() const { return writing_failed_.load(std::memory_order_relaxed); }
+  // Fail, for a shard skipped on purpose by the promoter's queue: a newer version
+  // (`superseded_by`; 0 when its rank registered again) made it unneeded. Nothing went wrong,
+  // so status reports it as skipped, not failed. Nothing happens if it failed first.
+  void Skip(const Status& why, std::uint64_t superseded_by) EXCLUDES(mu_);
+  // Whether the failure is a skip, and the version that superseded it.
+  bool skipped() const EXCLUDES(mu_);
+  std::uint64_t superseded_by() const EXCLUDES(mu_);
   bool failed() const;
   Status error() const;
   Level level() const;
@@ -261,6 +268,8 @@ class ShardJob {
   bool written_ GUARDED_BY(mu_) = false;
   bool sealed_ GUARDED_BY(mu_) = false;
   bool aborted_ GUARDED_BY(mu_) = false;
+  bool skipped_ GUARDED_BY(mu_) = false;
+  std::uint64_t superseded_by_ GUARDED_BY(mu_) = 0;
   bool finish_claimed_ GUARDED_BY(mu_) = false;
   Mutex verify_mu_;
   std::vector<ItemSource> verify_sources_ GUARDED_BY(verify_mu_);  // parallel to the items

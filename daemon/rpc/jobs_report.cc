@@ -17,11 +17,17 @@ Status FillJobsReport(Daemon& daemon, const PeerCredentials& viewer, v1::JobsRep
     ++sessions[s->job];
     jobs.insert(s->job);
   }
+  const MemoryTier::Usage memory = daemon.tiers().memory().GetUsage();
+  std::map<std::string, LocalTier::JobUsage> local;
+  if (const LocalTier* tier = daemon.tiers().local()) local = tier->Usage();
   for (const auto& job : jobs) {
     if (!all && !daemon.owners().CheckAccess(job, viewer, "see").ok()) continue;
     auto* j = reply->add_jobs();
     j->set_job(job);
     j->set_sessions(sessions[job]);
+    if (auto m = memory.jobs.find(job); m != memory.jobs.end())
+      j->set_memory_bytes(m->second.bytes + m->second.replica_bytes);
+    if (auto l = local.find(job); l != local.end()) j->set_local_bytes(l->second.bytes);
     auto owner = daemon.owners().Owner(job);
     if (!owner.ok()) {
       j->set_error(owner.status().message());

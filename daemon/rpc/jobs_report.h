@@ -2,7 +2,8 @@
 // every job a session of this daemon registered, with its owner, versions and bytes. Root
 // and the daemon's own uid see every job; any other uid sees the jobs it may list
 // (session/job_owners.h: its own, those shared with one of its groups, and jobs without an
-// owner file), as the status report shows the shards of those jobs.
+// owner file), as the status report shows the shards of those jobs. Bytes per tier: the
+// persistent tier's shard files, and what this daemon's memory and local tiers hold.
 #pragma once
 
 #include "ckpt/v1/ckpt.pb.h"

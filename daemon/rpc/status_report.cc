@@ -63,9 +63,24 @@ void AddClients(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   }
 }
 
+// What became of a shard. A failure is read first: a skip or an abort is recorded with its
+// error, at once, so once failed() is true the kind of failure is final.
+v1::ShardState StateOf(const ShardJob& shard) {
+  if (shard.failed()) {
+    if (shard.skipped()) return v1::SHARD_STATE_SKIPPED;
+    if (shard.aborted()) return v1::SHARD_STATE_ABORTED;
+    return v1::SHARD_STATE_FAILED;
+  }
+  if (shard.level() >= Level::kCommitted) return v1::SHARD_STATE_COMMITTED;
+  if (shard.awaiting_seal()) return v1::SHARD_STATE_UNSEALED;
+  return v1::SHARD_STATE_IN_PROGRESS;
+}
+
 // The recent shards; their bytes in flight are added to the totals of finished ones.
 void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   std::uint64_t copied = daemon.copied_done_total(), written = daemon.written_done_total();
+  std::uint32_t in_flight_shards = 0;
+  std::uint64_t in_flight_bytes = 0;
   for (const auto& shard : daemon.shards().Recent()) {
     if (!visible.Job(shard->meta().job)) continue;
     auto* sh = reply->add_shards();
@@ -76,9 +91,21 @@ void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
     sh->set_copied_bytes(shard->copied_bytes.load());
     sh->set_written_bytes(shard->written_bytes.load());
     sh->set_level(LevelToProto(shard->level()));
-    if (shard->failed()) sh->set_error(shard->error().message());
-    sh->set_aborted(shard->aborted());
-    sh->set_awaiting_seal(shard->awaiting_seal());
+    const v1::ShardState state = StateOf(*shard);
+    if (state == v1::SHARD_STATE_SKIPPED || state == v1::SHARD_STATE_ABORTED ||
+        state == v1::SHARD_STATE_FAILED)
+      sh->set_error(shard->error().message());
+    sh->set_state(state);
+    if (state == v1::SHARD_STATE_SKIPPED) sh->set_superseded_by(shard->superseded_by());
+    sh->set_aborted(state == v1::SHARD_STATE_ABORTED);
+    sh->set_awaiting_seal(state == v1::SHARD_STATE_UNSEALED);
+    sh->set_memory_bytes(
+        daemon.tiers().memory().HeldBytes(shard->meta().job, shard->meta().version, shard->meta().rank));
+    if ((state == v1::SHARD_STATE_IN_PROGRESS || state == v1::SHARD_STATE_UNSEALED) &&
+        shard->level() < Level::kPersisted) {
+      ++in_flight_shards;
+      in_flight_bytes += shard->data_bytes();
+    }
     sh->set_capture_ms(shard->MillisTo(Level::kCaptured));
     sh->set_durable_ms(shard->MillisTo(Level::kPersisted));
     if (shard->level() < Level::kPersisted && !shard->failed()) {
@@ -88,18 +115,50 @@ void AddShards(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   }
   reply->set_bytes_copied_total(copied);
   reply->set_bytes_written_total(written);
+  reply->set_in_flight_shards(in_flight_shards);
+  reply->set_in_flight_bytes(in_flight_bytes);
 }
 
-void AddTiers(Daemon& daemon, v1::StatusReply* reply) {
+void AddJobUsage(v1::TierStatus* t, const std::string& job, std::uint64_t shards, std::uint64_t bytes,
+                 std::uint64_t replica_shards, std::uint64_t replica_bytes) {
+  auto* j = t->add_jobs();
+  j->set_job(job);
+  j->set_shards(shards);
+  j->set_bytes(bytes);
+  j->set_replica_shards(replica_shards);
+  j->set_replica_bytes(replica_bytes);
+  t->set_held_bytes(t->held_bytes() + bytes + replica_bytes);
+}
+
+// The tiers, and what each job holds on memory and local. A viewer who may not see a job
+// sees its bytes in the tier's figures but not its name: the totals still add up, the
+// hidden jobs' share shown as in one line, job "" (other jobs).
+void AddTiers(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   const Config& config = daemon.config();
   {
     MemoryTier& memory = daemon.tiers().memory();
     auto st = memory.GetStats();
+    const MemoryTier::Usage usage = memory.GetUsage();
     auto* t = reply->add_tiers();
     t->set_name("memory");
     t->set_shards(st.images);
-    t->set_bytes(st.bytes);
-    t->set_budget_bytes(st.budget);
+    t->set_bytes(usage.accounted);
+    t->set_budget_bytes(usage.budget);
+    t->set_in_flight_bytes(usage.in_flight);
+    t->set_reusable_bytes(usage.reusable);
+    MemoryTier::JobUsage hidden;
+    for (const auto& [job, u] : usage.jobs) {
+      if (!visible.Job(job)) {
+        hidden.shards += u.shards;
+        hidden.bytes += u.bytes;
+        hidden.replica_shards += u.replica_shards;
+        hidden.replica_bytes += u.replica_bytes;
+        continue;
+      }
+      AddJobUsage(t, job, u.shards, u.bytes, u.replica_shards, u.replica_bytes);
+    }
+    if (hidden.shards + hidden.replica_shards > 0)
+      AddJobUsage(t, "", hidden.shards, hidden.bytes, hidden.replica_shards, hidden.replica_bytes);
     t->set_retention(memory.enabled() ? "newest " + std::to_string(config.memory_versions) +
                                             " committed version(s) per rank, within the budget"
                                       : std::string("off"));
@@ -109,6 +168,16 @@ void AddTiers(Daemon& daemon, v1::StatusReply* reply) {
     t->set_name("local");
     t->set_dir(local->root());
     t->set_retention("last " + std::to_string(local->keep()) + " committed versions");
+    LocalTier::JobUsage hidden;
+    for (const auto& [job, u] : local->Usage()) {
+      if (!visible.Job(job)) {
+        hidden.shards += u.shards;
+        hidden.bytes += u.bytes;
+        continue;
+      }
+      AddJobUsage(t, job, u.shards, u.bytes, 0, 0);
+    }
+    if (hidden.shards > 0) AddJobUsage(t, "", hidden.shards, hidden.bytes, 0, 0);
   }
   auto* t = reply->add_tiers();
   t->set_name("persistent");
@@ -153,7 +222,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restores_resharded(restored.resharded);
   reply->set_restored_bytes_peer(restored.from_peer);
   reply->set_restores_uncommitted(restored.uncommitted);
-  AddTiers(daemon, reply);
+  AddTiers(daemon, visible, reply);
   if (Replicator* r = daemon.replicator()) {
     reply->set_replicas(r->replicas());
     reply->set_peer_address(r->peers().self_address());

@@ -81,6 +81,25 @@ void LocalTier::ApplyRetentionToAll() {
   }
 }
 
+std::map<std::string, LocalTier::JobUsage> LocalTier::Usage() const {
+  std::map<std::string, JobUsage> out;
+  auto jobs = storage_->List(root());
+  if (!jobs.ok()) return out;
+  for (const auto& job : jobs.value()) {
+    if (!CheckJobId(job).empty()) continue;
+    for (const auto& [version, ranks] : List(job)) {
+      for (std::uint32_t rank : ranks) {
+        auto size = storage_->FileSize(ShardPath(job, version, rank));
+        if (!size.ok()) continue;
+        JobUsage& u = out[job];
+        ++u.shards;
+        u.bytes += size.value();
+      }
+    }
+  }
+  return out;
+}
+
 std::map<std::uint64_t, std::vector<std::uint32_t>> LocalTier::List(const std::string& job) const {
   std::map<std::uint64_t, std::vector<std::uint32_t>> out;
   auto names = storage_->List(tree_.JobDir(job));

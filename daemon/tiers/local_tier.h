@@ -59,6 +59,12 @@ class LocalTier {
 
   // The ranks with a shard here, per version of `job`.
   std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job) const;
+  // Shard files here and their bytes, per job (a listing of the tree and a size per file;
+  // a file that goes meanwhile is not counted).
+  struct JobUsage {
+    std::uint64_t shards = 0, bytes = 0;
+  };
+  std::map<std::string, JobUsage> Usage() const;
 
   // A shard of a version not committed (yet).
   struct Uncommitted {

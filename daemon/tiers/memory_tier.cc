@@ -442,4 +442,35 @@ MemoryTier::Stats MemoryTier::GetStats() {
   return st;
 }
 
+MemoryTier::Usage MemoryTier::GetUsage() {
+  Usage u;
+  u.budget = budget_;
+  // Both locks, in the tier's order (an erase under mu_ may free a buffer into the store):
+  // the images counted and the store's figures are of one moment.
+  MutexLock lock(mu_);
+  for (const auto& [key, versions] : images_) {
+    for (const auto& [v, e] : versions) {
+      if (!e.image->complete) continue;
+      JobUsage& j = u.jobs[std::get<0>(key)];
+      (e.origin.empty() ? j.shards : j.replica_shards) += 1;
+      (e.origin.empty() ? j.bytes : j.replica_bytes) += e.image->capacity();
+      u.held += e.image->capacity();
+    }
+  }
+  MutexLock store(store_->mu);
+  u.accounted = store_->accounted;
+  for (const auto& b : store_->free) u.reusable += b.capacity;
+  u.in_flight = u.accounted - u.held - u.reusable;
+  return u;
+}
+
+std::uint64_t MemoryTier::HeldBytes(const std::string& job, std::uint64_t version, std::uint32_t rank) {
+  MutexLock lock(mu_);
+  auto it = images_.find(Key{job, rank});
+  if (it == images_.end()) return 0;
+  auto e = it->second.find(version);
+  if (e == it->second.end() || !e->second.origin.empty() || !e->second.image->complete) return 0;
+  return e->second.image->capacity();
+}
+
 }  // namespace ckpt

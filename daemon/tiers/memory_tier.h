@@ -104,6 +104,23 @@ class MemoryTier {
     std::uint64_t budget = 0;
   };
   Stats GetStats();
+  // What the budget in use is made of, so that it adds up: accounted == held + in_flight +
+  // reusable. Held: complete images (a shard's whole file, as a restore reads it), per job,
+  // this daemon's own and replicas apart. In flight: images still being filled by a shard's
+  // writes, and images dropped from the tier that a restore or a promotion still reads.
+  // Reusable: freed buffers kept for the next image of their size (no shard's bytes).
+  struct JobUsage {
+    std::uint64_t shards = 0, bytes = 0;                  // this daemon's own shards
+    std::uint64_t replica_shards = 0, replica_bytes = 0;  // replicas peers sent
+  };
+  struct Usage {
+    std::map<std::string, JobUsage> jobs;
+    std::uint64_t held = 0, in_flight = 0, reusable = 0, accounted = 0, budget = 0;
+  };
+  Usage GetUsage() EXCLUDES(mu_);
+  // Bytes of the complete image of (job, version, rank) of this daemon's own that the tier
+  // holds (its buffer's capacity, as the budget counts it); 0 if none.
+  std::uint64_t HeldBytes(const std::string& job, std::uint64_t version, std::uint32_t rank) EXCLUDES(mu_);
   std::uint32_t versions() const { return versions_; }
 
  private:

@@ -53,11 +53,38 @@ std::string Human(std::uint64_t bytes) {
 
 const char* LevelWord(ckpt::v1::Level level) { return ckpt::LevelName(ckpt::LevelFromProto(level)); }
 
+const char* StateWord(ckpt::v1::ShardState state) {
+  switch (state) {
+    case ckpt::v1::SHARD_STATE_IN_PROGRESS:
+      return "in_progress";
+    case ckpt::v1::SHARD_STATE_UNSEALED:
+      return "unsealed";
+    case ckpt::v1::SHARD_STATE_COMMITTED:
+      return "committed";
+    case ckpt::v1::SHARD_STATE_SKIPPED:
+      return "skipped";
+    case ckpt::v1::SHARD_STATE_ABORTED:
+      return "aborted";
+    case ckpt::v1::SHARD_STATE_FAILED:
+      return "failed";
+    default:
+      return "unspecified";
+  }
+}
+
 const char* ShardWord(const ckpt::v1::ShardStatus& shard) {
-  if (shard.aborted()) return "ABORTED";
-  if (!shard.error().empty()) return "FAILED";
-  if (shard.awaiting_seal()) return "unsealed";
-  return LevelWord(shard.level());
+  switch (shard.state()) {
+    case ckpt::v1::SHARD_STATE_FAILED:
+      return "FAILED";
+    case ckpt::v1::SHARD_STATE_ABORTED:
+      return "ABORTED";
+    case ckpt::v1::SHARD_STATE_SKIPPED:
+    case ckpt::v1::SHARD_STATE_UNSEALED:
+    case ckpt::v1::SHARD_STATE_COMMITTED:
+      return StateWord(shard.state());
+    default:  // in progress: how far it has come
+      return LevelWord(shard.level());
+  }
 }
 
 void PrintJson(const nlohmann::ordered_json& doc) {

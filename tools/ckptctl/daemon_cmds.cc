@@ -55,9 +55,11 @@ int Status(const std::string& socket, bool json) {
   ckpt::v1::StatusReply r;
   grpc::Status s = stub->Status(&ctx, ckpt::v1::StatusRequest(), &r);
   if (!s.ok()) return Fail("status", s, socket);
+  // Only a real error fails status: a skipped or an aborted shard is the design at work.
+  const int rc = AnyShardFailed(r) ? kShardFailed : kOk;
   if (json) {
     PrintJson(StatusJson(r));
-    return kOk;
+    return rc;
   }
   std::printf("ckptd %s  pid %d  up %" PRIu64 " s  socket %s\n", r.daemon_version().c_str(), r.pid(),
               r.uptime_s(), socket.c_str());
@@ -68,18 +70,10 @@ int Status(const std::string& socket, bool json) {
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
               Human(r.bytes_read_total()).c_str(), r.versions_committed());
-  std::printf("restored: %s from memory, %s from local, %s from persistent; %u promotion(s) pending\n",
+  std::printf("restored: %s from memory, %s from local, %s from persistent\n",
               Human(r.restored_bytes_memory()).c_str(), Human(r.restored_bytes_local()).c_str(),
-              Human(r.restored_bytes_persistent()).c_str(), r.promotions_pending());
-  std::printf("\ntiers\n");
-  for (const auto& t : r.tiers()) {
-    if (t.name() == "memory") {
-      std::printf("  %-10s %" PRIu64 " shard(s), %s of %s; keeps %s\n", t.name().c_str(), t.shards(),
-                  Human(t.bytes()).c_str(), Human(t.budget_bytes()).c_str(), t.retention().c_str());
-    } else {
-      std::printf("  %-10s %s; keeps %s\n", t.name().c_str(), t.dir().c_str(), t.retention().c_str());
-    }
-  }
+              Human(r.restored_bytes_persistent()).c_str());
+  std::printf("\ntiers\n%s", TierLines(r).c_str());
   if (r.replicas() > 0) {  // peer replication is on: what it sent, holds and restored
     std::printf("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
                 " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
@@ -99,15 +93,13 @@ int Status(const std::string& socket, bool json) {
   }
   std::printf("\nshards (recent %d)\n", r.shards_size());
   for (const auto& sh : r.shards()) {
-    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s%s\n",
-                sh.job().c_str(), sh.version(), sh.rank(),
-                ShardWord(sh), Human(sh.copied_bytes()).c_str(),
-                Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(),
-                sh.error().empty() ? "" : "  ", sh.error().c_str());
+    std::printf("  job %-16s v%-8" PRIu64 " rank %-4u %-9s copied %s / written %s / %s%s\n", sh.job().c_str(),
+                sh.version(), sh.rank(), ShardWord(sh), Human(sh.copied_bytes()).c_str(),
+                Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(), ShardNote(sh).c_str());
   }
   std::printf("\nerrors (%d)\n", r.errors_size());
   for (const auto& e : r.errors()) std::printf("  %s\n", e.c_str());
-  return kOk;
+  return rc;
 }
 
 int Ls(const std::string& socket, const std::string& job, bool json) {

@@ -17,6 +17,8 @@ using google::protobuf::Reflection;
 nlohmann::ordered_json Enum(const google::protobuf::EnumValueDescriptor* value) {
   if (value->type() == ckpt::v1::Level_descriptor())
     return LevelWord(static_cast<ckpt::v1::Level>(value->number()));
+  if (value->type() == ckpt::v1::ShardState_descriptor())
+    return StateWord(static_cast<ckpt::v1::ShardState>(value->number()));
   std::string word = value->name();  // other enums: their value's name, in lower case
   for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return word;

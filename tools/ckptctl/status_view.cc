@@ -39,9 +39,75 @@ std::optional<Throughput> ThroughputBetween(const ckpt::v1::StatusReply& before,
 }
 
 bool InFlight(const ckpt::v1::ShardStatus& shard) {
-  return shard.error().empty() &&
+  return (shard.state() == ckpt::v1::SHARD_STATE_IN_PROGRESS ||
+          shard.state() == ckpt::v1::SHARD_STATE_UNSEALED) &&
          (shard.level() == ckpt::v1::LEVEL_UNSPECIFIED || shard.level() == ckpt::v1::LEVEL_CAPTURED ||
           shard.level() == ckpt::v1::LEVEL_LOCAL);
+}
+
+std::string ShardNote(const ckpt::v1::ShardStatus& shard) {
+  if (shard.error().empty()) return "";
+  if (shard.state() == ckpt::v1::SHARD_STATE_SKIPPED && shard.superseded_by() > 0)
+    return Format("  by v%" PRIu64 ": ", shard.superseded_by()) + shard.error();
+  return "  " + shard.error();
+}
+
+bool AnyShardFailed(const ckpt::v1::StatusReply& r) {
+  for (const auto& sh : r.shards()) {
+    if (sh.state() == ckpt::v1::SHARD_STATE_FAILED) return true;
+  }
+  return false;
+}
+
+std::string TierLines(const ckpt::v1::StatusReply& r) {
+  std::string out;
+  auto jobs = [&](const ckpt::v1::TierStatus& t) {
+    for (const auto& j : t.jobs()) {
+      out += Format("    job %-16s %" PRIu64 " shard(s) %s",
+                    j.job().empty() ? "(other jobs)" : j.job().c_str(), j.shards(), Human(j.bytes()).c_str());
+      if (j.replica_shards() > 0)
+        out += Format("; replicas from peers %" PRIu64 " shard(s) %s", j.replica_shards(),
+                      Human(j.replica_bytes()).c_str());
+      out += "\n";
+    }
+  };
+  for (const auto& t : r.tiers()) {
+    if (t.name() == "memory") {
+      out += Format("  %-10s held %s; in flight %s; kept for reuse %s; budget %s used of %s; keeps %s\n",
+                    t.name().c_str(), Human(t.held_bytes()).c_str(), Human(t.in_flight_bytes()).c_str(),
+                    Human(t.reusable_bytes()).c_str(), Human(t.bytes()).c_str(),
+                    Human(t.budget_bytes()).c_str(), t.retention().c_str());
+      jobs(t);
+    } else if (t.name() == "local") {
+      out += Format("  %-10s %s; held %s; keeps %s\n", t.name().c_str(), t.dir().c_str(),
+                    Human(t.held_bytes()).c_str(), t.retention().c_str());
+      jobs(t);
+    } else {
+      out += Format("  %-10s %s; keeps %s (bytes per job: ckptctl jobs)\n", t.name().c_str(), t.dir().c_str(),
+                    t.retention().c_str());
+    }
+  }
+  out += Format(
+      "  in flight  %u shard(s), %s not yet persisted; %s of it in the host pool; %u promotion(s) pending\n",
+      r.in_flight_shards(), Human(r.in_flight_bytes()).c_str(), Human(r.pool_used_bytes()).c_str(),
+      r.promotions_pending());
+  return out;
+}
+
+std::string TierSummary(const ckpt::v1::StatusReply& r) {
+  std::string out;
+  for (const auto& t : r.tiers()) {
+    if (t.name() == "memory") {
+      out += Format(" memory held %s, in flight %s, reusable %s, of %s;", Human(t.held_bytes()).c_str(),
+                    Human(t.in_flight_bytes()).c_str(), Human(t.reusable_bytes()).c_str(),
+                    Human(t.budget_bytes()).c_str());
+    } else if (t.name() == "local") {
+      out += Format(" local %s held;", Human(t.held_bytes()).c_str());
+    } else {
+      out += Format(" %s %s;", t.name().c_str(), t.dir().c_str());
+    }
+  }
+  return out + Format(" %u promotion(s) pending", r.promotions_pending());
 }
 
 nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r) {
@@ -80,16 +146,7 @@ std::string RenderFrame(const ckpt::v1::StatusReply& r, const std::optional<Thro
   out += Format("totals      copied %s  written %s  read %s  %" PRIu64 " version(s) committed\n",
                 Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
                 Human(r.bytes_read_total()).c_str(), r.versions_committed());
-  out += "tiers      ";
-  for (const auto& t : r.tiers()) {
-    if (t.name() == "memory") {
-      out += Format(" memory %s of %s (%" PRIu64 " shard(s));", Human(t.bytes()).c_str(),
-                    Human(t.budget_bytes()).c_str(), t.shards());
-    } else {
-      out += Format(" %s %s;", t.name().c_str(), t.dir().c_str());
-    }
-  }
-  out += Format(" %u promotion(s) pending\n", r.promotions_pending());
+  out += "tiers      " + TierSummary(r) + "\n";
   out += Format("\nsessions (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
     out += Format("  job %-16s rank %u/%u  pid %-7d %-6s %u items %s  last version %" PRIu64 "\n",
@@ -115,10 +172,10 @@ std::string RenderFrame(const ckpt::v1::StatusReply& r, const std::optional<Thro
   int skip = finished - kFinishedShown;
   for (const auto& sh : r.shards()) {
     if (InFlight(sh) || skip-- > 0) continue;
-    out += Format("  job %-16s v%-6" PRIu64 " rank %-4u %-9s %s  durable after %.1f ms%s%s\n",
-                  sh.job().c_str(), sh.version(), sh.rank(),
-                  ShardWord(sh), Human(sh.total_bytes()).c_str(),
-                  sh.durable_ms(), sh.error().empty() ? "" : "  ", sh.error().c_str());
+    out += Format("  job %-16s v%-6" PRIu64 " rank %-4u %-9s %s", sh.job().c_str(), sh.version(), sh.rank(),
+                  ShardWord(sh), Human(sh.total_bytes()).c_str());
+    out += sh.durable_ms() > 0 ? Format("  durable after %.1f ms", sh.durable_ms()) : std::string();
+    out += ShardNote(sh) + "\n";
   }
   if (r.errors_size() > 0)
     out += Format("\nerrors (%d), newest: %s\n", r.errors_size(), r.errors().rbegin()->c_str());

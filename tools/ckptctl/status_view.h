@@ -22,8 +22,20 @@ struct Throughput {
 std::optional<Throughput> ThroughputBetween(const ckpt::v1::StatusReply& before,
                                             const ckpt::v1::StatusReply& after, double interval_s);
 
-// Whether a shard is still on its way to the persistent tier.
+// Whether a shard is still on its way to the persistent tier (in progress or unsealed, not
+// yet persisted).
 bool InFlight(const ckpt::v1::ShardStatus& shard);
+// What a text view prints after a shard that did not make it: "  by v10: <why>" for one
+// skipped for version 10, "  <why>" for an aborted or failed one, else "".
+std::string ShardNote(const ckpt::v1::ShardStatus& shard);
+// Whether a shard the report lists is FAILED: the exit code of status (skipped and aborted
+// shards are no failure).
+bool AnyShardFailed(const ckpt::v1::StatusReply& r);
+// The tiers of `status`, one block each: what each holds, per job, and the memory tier's
+// budget split into held, in flight and reusable; then the line of data in flight.
+std::string TierLines(const ckpt::v1::StatusReply& r);
+// The tiers in one line, for a frame of status --watch.
+std::string TierSummary(const ckpt::v1::StatusReply& r);
 
 // The reply as JSON (json.h), each shard with "in_flight" added.
 nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r);
