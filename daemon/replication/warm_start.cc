@@ -106,7 +106,7 @@ Result<WarmStartPlan> WarmStart::Start(const std::string& job, std::vector<std::
     const std::string& peer = peers_.peers().addresses[i];
     auto listed = peers_.ReplicasSentFrom(peer, job);
     if (!listed.ok()) {
-      silent.push_back(peer + " (" + listed.status().message() + ")");
+      silent.push_back(listed.status().message());  // names the peer
       continue;
     }
     for (const auto& r : listed.value()) {
@@ -116,7 +116,7 @@ Result<WarmStartPlan> WarmStart::Start(const std::string& job, std::vector<std::
     }
   }
   for (const auto& s : silent) {
-    if (error_) error_("warm start of job " + job + ": peer " + s + " could not say which replicas it holds");
+    if (error_) error_("warm start of job " + job + ": " + s);
   }
   if (ranks.empty()) {
     for (const auto& [rank, peers] : where) ranks.push_back(rank);
