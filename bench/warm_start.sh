@@ -23,12 +23,13 @@
 # "restore call" is what the trainer (its GPUs) waits for; "loss to restored" runs from the
 # node gone to the end of the restore call (daemon start, the warm start, registration and
 # the restore included).
-# JSON to --out (default docs/results/warm_start.json). Every daemon it started is killed,
+# JSON to --out (default bench/out/warm_start.json; the figures of docs/BENCHMARKS.md are in
+# docs/results/warm_start.json). Every daemon it started is killed,
 # and everything it made is removed, whether it ends, fails or is interrupted.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 dir=/tmp/ckptd-warm-start
-out="$here/docs/results/warm_start.json"
+out="$here/bench/out/warm_start.json"
 build="$here/build"
 mib=1024
 rounds=3
