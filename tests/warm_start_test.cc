@@ -318,4 +318,8 @@ TEST_CASE("prefetch --from-peers: a job the caller does not own is refused, and 
                                    "--check-config"});
   CHECK(flag.exit_code == 2);
   CHECK_THAT(flag.output, Catch::Contains("--warm-start needs --replicas"));
+  ProcessResult cap = RunProcess({CKPTD_BINARY, "--socket", dir.path() + "/x.sock", "--root", o.root,
+                                  "--warm-start-mib-per-s", "2000000", "--check-config"});
+  CHECK(cap.exit_code == 2);
+  CHECK_THAT(cap.output, Catch::Contains("--warm-start-mib-per-s"));
 }

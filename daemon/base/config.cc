@@ -258,6 +258,7 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                "daemon's memory tier (needs --replicas)");
   app.add_option("--warm-start-mib-per-s", c.warm_start_mib_per_s,
                  "MiB/s a warm start reads from peers at most (0: no cap)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--peer-max-connections", c.peer_max_connections,
                  "Connections the peer server holds at once (0: a quarter of the open-file limit)")

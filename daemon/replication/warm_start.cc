@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <set>
 #include <string_view>
@@ -22,8 +21,8 @@ namespace {
 Status VerifyImage(const MemoryImage& image, const std::string& job, std::uint64_t version, std::uint32_t rank) {
   const std::string what = DescribeShard(job, version, rank);
   if (image.file_bytes < 8) return DataLoss(what + ": the image is shorter than its header's prefix");
-  std::uint64_t header = 0;
-  std::memcpy(&header, image.data(), sizeof header);  // little-endian, as safetensors says
+  std::uint64_t header = 0;  // the 8-byte little-endian prefix of safetensors
+  for (int i = 7; i >= 0; --i) header = (header << 8) | static_cast<unsigned char>(image.data()[i]);
   if (header > image.file_bytes - 8) return DataLoss(what + ": the header runs past the image");
   auto info = ParseShardHeader(std::string_view(image.data() + 8, header), image.file_bytes);
   if (!info.ok()) return info.status().With(what);
