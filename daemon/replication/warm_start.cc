@@ -229,6 +229,7 @@ void WarmStart::Loop() {
         continue;
       }
       for (const auto& job : jobs.value()) {
+        if (cancel_) return;  // each job's question to the peers may take their deadline
         auto plan = Start(job, {});
         if (plan.ok()) continue;
         // No shard of this node's (a job that ran elsewhere) is the common case, not an error.
