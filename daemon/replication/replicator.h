@@ -16,7 +16,9 @@
 // an image back (GetShard), own or replica, into a buffer of its own, without piece
 // checksums: the image's MAC is checked as it arrives, and the restore verifies the header
 // and every item it reads. AnyHolds and DropNewer pass over a peer that did not answer a
-// moment ago.
+// moment ago. For a warm start (warm_start.h): ReplicasSentFrom asks a peer which replicas
+// of a job it holds from this daemon's address, and FetchWith reads one into a buffer the
+// caller gives (the memory tier's), reporting each piece.
 //
 // Trust: whatever listens on a peer's address may be something else than that peer's
 // daemon. Every answer this daemon acts on (an acknowledgement, "held", a dropped count, an
