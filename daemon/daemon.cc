@@ -111,6 +111,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
     if (!replicator.ok()) return replicator.status();
     replicator_ = std::move(replicator).value();
     tiers_->SetPeers(replicator_.get());
+    warm_start_ = std::make_unique<WarmStart>(*replicator_, *tiers_, config_.warm_start_mib_per_s << 20,
+                                              [this](const std::string& m) { errors_.Record(m); });
   }
   commits_ = std::make_unique<CommitTracker>(
       *catalog_, shards_,
@@ -167,6 +169,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   commits_->Start();
   if (promoter_) promoter_->Start();
   sessions_->StartReaper();
+  // Before the trainers register: a replacement node's ranks then restore from memory.
+  if (warm_start_ && config_.warm_start) warm_start_->StartAll();
   spdlog::info("root {} ({}), pool {} MiB in {} MiB chunks (NUMA {}: {}), {} writers, {} copiers",
                config_.root, persistent_direct_io_ ? "O_DIRECT" : "buffered writes + fdatasync",
                config_.pool_mib, config_.chunk_mib, config_.pool_numa.Name(), pool_->numa_nodes(),
@@ -242,6 +246,7 @@ void Daemon::Shutdown() {
   // finish (a restart would resume them anyway) with the commits they complete, then the
   // commit watcher stops. A part that Build did not reach is null.
   if (sessions_) sessions_->Stop();
+  if (warm_start_) warm_start_->Stop();  // its pulls read through the replicator
   if (replicator_) replicator_->Stop();
   // The replicator (stopped above) hands it claims; its thread writes on the catalog and
   // reports to the error log: stopped before any of them goes.

@@ -26,6 +26,7 @@
 #include "daemon/catalog/catalog.h"
 #include "daemon/commit/commit_tracker.h"
 #include "daemon/commit/replica_claims.h"
+#include "daemon/replication/warm_start.h"
 #include "daemon/base/config.h"
 #include "daemon/base/error_log.h"
 #include "daemon/io/storage.h"
@@ -87,6 +88,8 @@ class Daemon {
   RestoreCounters& restore_counters() { return restore_counters_; }
   // Peer replication; null with --replicas 0.
   Replicator* replicator() { return replicator_.get(); }
+  // Warm starts from peers (daemon/replication/warm_start.h); null with --replicas 0.
+  WarmStart* warm_start() { return warm_start_.get(); }
 
   // Seals a shard of a sealed registration (ShardJob::Seal), or aborts it (ShardJob::Abort,
   // `why` with code ABORTED), and has it finished if it was waiting, written, for that.
@@ -131,6 +134,7 @@ class Daemon {
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<ReplicaClaims> replica_claims_;  // with replicator_
   std::unique_ptr<Replicator> replicator_;  // null with --replicas 0
+  std::unique_ptr<WarmStart> warm_start_;   // with replicator_
   ShardRegistry shards_;
   std::unique_ptr<ShardCopier> copier_;
   std::unique_ptr<TierSet> tiers_;

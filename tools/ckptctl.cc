@@ -9,6 +9,7 @@
 #include "common/socket_path.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
+#include "tools/ckptctl/prefetch_cmd.h"
 
 namespace {
 
@@ -76,6 +77,14 @@ int main(int argc, char** argv) {
   prefetch->add_option("--version", version, "Committed version (default: the newest)");
   prefetch->add_option("--ranks", ranks, "Ranks this node will serve (default: all)")->delimiter(',');
   json_flag(prefetch);
+  bool from_peers = false, wait_prefetch = false;
+  auto* from_peers_flag = prefetch->add_flag(
+      "--from-peers", from_peers,
+      "Warm start: pull the newest committed version's shards of this node's ranks (default: those peers hold as "
+      "sent by this daemon) from peers' memory into the memory tier, in the background");
+  from_peers_flag->excludes(prefetch->get_option("--version"));
+  prefetch->add_flag("--wait", wait_prefetch, "With --from-peers: follow it until done (0) or failed (1)")
+      ->needs(from_peers_flag);
 
   auto* metrics = app.add_subcommand("metrics", "The daemon's metrics in Prometheus text format");
   json_flag(metrics);
@@ -139,6 +148,7 @@ int main(int argc, char** argv) {
   if (*status) return watch->count() > 0 ? Watch(socket, watch_s, count, json) : Status(socket, json);
   if (*ls) return Ls(socket, job, json);
   if (*jobs) return Jobs(socket, json);
+  if (*prefetch && from_peers) return PrefetchFromPeers(socket, job, ranks, wait_prefetch, json);
   if (*prefetch) return Prefetch(socket, job, version, ranks, json);
   if (*metrics) return Metrics(socket, json);
   if (*verify) return Verify(paths, tree, json);

@@ -253,6 +253,13 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "then reads the next source)")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
+  app.add_flag("--warm-start", c.warm_start,
+               "At start, pull the shards this node's ranks last committed back from peers' memory into this "
+               "daemon's memory tier (needs --replicas)");
+  app.add_option("--warm-start-mib-per-s", c.warm_start_mib_per_s,
+                 "MiB/s a warm start reads from peers at most (0: no cap)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--peer-max-connections", c.peer_max_connections,
                  "Connections the peer server holds at once (0: a quarter of the open-file limit)")
       ->capture_default_str();
@@ -360,6 +367,9 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       return fail(peers.status().message());
     }
     if (auto secret = PeerSecret::Load(c.peer_secret); !secret.ok()) return fail(secret.status().message());
+  }
+  if (c.warm_start && c.replicas == 0) {
+    return fail("--warm-start needs --replicas (it pulls shards from peers' memory)");
   }
   if (c.chunk_mib * 4 > c.pool_mib) {
     return fail("--pool-mib (" + std::to_string(c.pool_mib) + ") must hold at least 4 chunks of " +

@@ -134,6 +134,13 @@ struct Config {
   // rest are closed as they come). 0 for the total: derived from the open-file limit.
   std::uint32_t peer_max_connections = 0;
   std::uint32_t peer_max_connections_per_address = 16;
+  // Warm start (daemon/replication/warm_start.h): at start, pull back from peers' memory
+  // the shards of every job's newest committed version that peers hold as sent by this
+  // daemon's --peers address (the node this one replaces), before its trainers register.
+  // Pulls (at start and `ckptctl prefetch --from-peers`) read at most this many MiB/s
+  // (0: no cap), so that they leave the network and the peers' CPU to running jobs.
+  bool warm_start = false;
+  std::uint64_t warm_start_mib_per_s = 512;
 
   std::uint64_t pool_bytes() const { return pool_mib << 20; }
   std::uint64_t chunk_bytes() const { return chunk_mib << 20; }

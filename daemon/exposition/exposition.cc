@@ -97,6 +97,7 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
   GaugeLine(out, "ckptd_promotions_pending",
             "Shards queued or being promoted from the local to the persistent tier.",
             daemon.promoter() ? static_cast<double>(daemon.promoter()->pending()) : 0.0);
+  if (WarmStart* warm = daemon.warm_start()) warm->RenderMetrics(out);
   return out.Take();
 }
 

@@ -20,4 +20,13 @@ std::string HasAnswer(const std::string& subject, const v1::HasShardReply& reply
   return PeerSecret::HasAnswer(subject, reply.held(), reply.file_bytes(), reply.registration());
 }
 
+std::string ListAnswer(const std::string& subject, const v1::ListReplicasReply& reply) {
+  std::string out = "list " + subject;
+  for (const auto& r : reply.replicas()) {
+    out += "\n" + std::to_string(r.key().version()) + " " + std::to_string(r.key().rank()) + " " +
+           std::to_string(r.file_bytes());
+  }
+  return out;
+}
+
 }  // namespace ckpt

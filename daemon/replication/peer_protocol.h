@@ -16,6 +16,7 @@ namespace ckpt {
 
 namespace v1 {
 class HasShardReply;
+class ListReplicasReply;
 class ShardKey;
 }  // namespace v1
 
@@ -50,5 +51,8 @@ Status CheckShardKey(const v1::ShardKey& key);
 
 // What a HasShard reply says, as its proof is bound to it (PeerSecret::HasAnswer).
 std::string HasAnswer(const std::string& subject, const v1::HasShardReply& reply);
+
+// What a ListReplicas reply says (every key and size, in order), as its proof is bound to it.
+std::string ListAnswer(const std::string& subject, const v1::ListReplicasReply& reply);
 
 }  // namespace ckpt

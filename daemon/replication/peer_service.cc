@@ -203,6 +203,24 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
+                            v1::ListReplicasReply* reply) override {
+    const std::string subject = PeerSecret::JobSubject(req->job(), req->origin());
+    std::string nonce;
+    if (Status st = Auth(ctx, "ListReplicas", subject, &nonce); !st.ok()) return Refuse(st);
+    if (std::string why = CheckJobId(req->job()); !why.empty()) return ToPeerGrpc(InvalidArgument(why));
+    if (req->origin().empty()) return ToPeerGrpc(InvalidArgument("ListReplicas needs its origin"));
+    for (const auto& r : memory_.ReplicasFrom(req->job(), req->origin())) {
+      auto* out = reply->add_replicas();
+      out->mutable_key()->set_job(req->job());
+      out->mutable_key()->set_version(r.version);
+      out->mutable_key()->set_rank(r.rank);
+      out->set_file_bytes(r.file_bytes);
+    }
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey, secret_.Proof("ListReplicas", nonce, ListAnswer(subject, *reply)));
+    return grpc::Status::OK;
+  }
+
  private:
   static std::string KeySubject(const v1::ShardKey& k) {
     return PeerSecret::ShardSubject(k.job(), k.version(), k.rank(), "");

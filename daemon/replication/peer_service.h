@@ -8,7 +8,8 @@
 // MAC), into the memory tier under its budget (MemoryTier::ReserveReplica: replicas give way
 // before own shards). GetShard serves an image, own or replica, to a restore on another
 // daemon (shard_stream.h says what it checks). HasShard says whether one is held; DropNewer
-// and DropJob drop images. Out: each answer carries this daemon's proof of the secret bound
+// and DropJob drop images; ListReplicas lists the replicas of a job one origin sent (what a
+// warm start of that node pulls back, warm_start.h). Out: each answer carries this daemon's proof of the secret bound
 // to the call's nonce, so that the caller knows a ckptd of its cluster answered.
 //
 // Connections come through a PeerAcceptor (within its limits), and gRPC runs each call on a

@@ -16,7 +16,9 @@
 // an image back (GetShard), own or replica, into a buffer of its own, without piece
 // checksums: the image's MAC is checked as it arrives, and the restore verifies the header
 // and every item it reads. AnyHolds and DropNewer pass over a peer that did not answer a
-// moment ago.
+// moment ago. For a warm start (warm_start.h): ReplicasSentFrom asks a peer which replicas
+// of a job it holds from this daemon's address, and FetchWith reads one into a buffer the
+// caller gives (the memory tier's), reporting each piece.
 //
 // Trust: whatever listens on a peer's address may be something else than that peer's
 // daemon. Every answer this daemon acts on (an acknowledgement, "held", a dropped count, an
@@ -48,6 +50,7 @@
 #include "daemon/base/peer_secret.h"
 #include "daemon/base/throttled_log.h"
 #include "daemon/replication/peer_service.h"
+#include "daemon/replication/shard_stream.h"
 #include "daemon/tiers/memory_tier.h"
 #include "daemon/pipeline/tier_set.h"
 
@@ -104,6 +107,32 @@ class Replicator : public PeerShards {
   void DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) override;
   Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job, std::uint64_t version,
                                              std::uint32_t rank) override;
+
+  // A fetch as a warm start makes it (FetchWith): where the image goes, and what runs as
+  // its pieces arrive.
+  struct FetchOptions {
+    // The image to receive into (null with the refusal set: no room); unset: a buffer
+    // outside the memory tier's budget, as a restore's fetch.
+    MakeImage make;
+    // With the image bytes of each piece once it is in the image (progress, and a rate limit
+    // that may sleep here: the wait does not count as the peer's stall).
+    std::function<void(std::uint64_t bytes)> on_piece;
+    // Set: the transfer is cancelled (the daemon stops).
+    const std::atomic<bool>* cancel = nullptr;
+  };
+  // Fetch with `options`; the bytes count as fetched for a restore only when options.make is
+  // unset (a warm start counts its own).
+  Result<std::shared_ptr<MemoryImage>> FetchWith(const std::string& peer, const std::string& job,
+                                                 std::uint64_t version, std::uint32_t rank,
+                                                 const FetchOptions& options);
+  // The complete replicas of `job` that `peer` holds as sent by this daemon's address
+  // (ListReplicas), proven; an error saying why if the peer cannot say.
+  struct ReplicaHeld {
+    std::uint64_t version = 0;
+    std::uint32_t rank = 0;
+    std::uint64_t file_bytes = 0;
+  };
+  Result<std::vector<ReplicaHeld>> ReplicasSentFrom(const std::string& peer, const std::string& job);
 
   struct PeerInfo {
     std::string address;

@@ -153,6 +153,39 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
 
 Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,
                                                        std::uint64_t version, std::uint32_t rank) {
+  return FetchWith(peer, job, version, rank, FetchOptions{});
+}
+
+Result<std::vector<Replicator::ReplicaHeld>> Replicator::ReplicasSentFrom(const std::string& peer,
+                                                                          const std::string& job) {
+  auto stub = v1::Peer::NewStub(ChannelTo(peer));
+  grpc::ClientContext ctx;
+  const std::string subject = PeerSecret::JobSubject(job, peers_.self_address());
+  const std::string token = secret_.Token("ListReplicas", PeerSecret::Addressed(subject, peer));
+  ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+  ctx.set_deadline(std::chrono::system_clock::now() + kHasDeadline);
+  v1::ListReplicasRequest req;
+  req.set_job(job);
+  req.set_origin(peers_.self_address());
+  v1::ListReplicasReply reply;
+  grpc::Status st = stub->ListReplicas(&ctx, req, &reply);
+  if (!st.ok()) return FromGrpc(st, "ask peer " + peer + " which replicas of job " + job + " it holds");
+  if (Status proven =
+          secret_.CheckProof(ProofOf(ctx), "ListReplicas", PeerSecret::NonceOf(token), ListAnswer(subject, reply));
+      !proven.ok()) {
+    return Unproven(peer, proven);
+  }
+  std::vector<ReplicaHeld> out;
+  for (const auto& r : reply.replicas()) {
+    if (r.key().job() != job) continue;
+    out.push_back({r.key().version(), r.key().rank(), r.file_bytes()});
+  }
+  return out;
+}
+
+Result<std::shared_ptr<MemoryImage>> Replicator::FetchWith(const std::string& peer, const std::string& job,
+                                                           std::uint64_t version, std::uint32_t rank,
+                                                           const FetchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto channel = ChannelTo(peer);
   grpc::ClientContext ctx;
@@ -168,7 +201,7 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   const grpc::internal::RpcMethod method(kGetShardMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx, req));
-  auto make = [](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
+  MakeImage make = options.make ? options.make : [](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
     auto img = StandaloneImage(meta, file_bytes);
     if (!img) *why = "cannot map " + std::to_string(file_bytes) + " bytes for the fetched shard";
     return img;
@@ -177,7 +210,19 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
   bool ended = false;  // the stream ended (the server's status is what to report)
   // A peer that stops sending is given up: the restore goes on with the next source.
   ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
+  std::uint64_t reported = 0;  // of `received`, to options.on_piece
+  auto report = [&] {
+    if (options.on_piece && received > reported) {
+      options.on_piece(received - reported);  // may sleep (pacing)
+      reported = received;
+    }
+  };
   auto next = [&](grpc::ByteBuffer* b) {
+    if (options.on_piece && received > reported) {
+      report();          // the pieces received so far are in the image
+      watch.Progress();  // a pause of the pacing is not the peer's stall
+    }
+    if (options.cancel != nullptr && options.cancel->load()) ctx.TryCancel();
     ended = ended || !reader->Read(b);
     if (!ended) watch.Progress();
     return !ended;
@@ -189,7 +234,8 @@ Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, 
                                       ImageCheck{&secret_, "GetShard", PeerSecret::NonceOf(token), peer}, &received)
                        : Result<std::shared_ptr<MemoryImage>>(first.status());
   }
-  metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kFetched, received);
+  report();
+  if (!options.make) metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kFetched, received);
   if (!image.ok() && image.status().code() == StatusCode::kPermissionDenied) {
     image = Unproven(peer, image.status());
   }

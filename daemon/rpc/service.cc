@@ -14,6 +14,7 @@
 #include "daemon/rpc/convert.h"
 #include "daemon/rpc/jobs_report.h"
 #include "daemon/rpc/status_report.h"
+#include "daemon/rpc/warm_start_rpc.h"
 #include "proto/level_codec.h"
 
 namespace ckpt {
@@ -264,6 +265,7 @@ grpc::Status CheckpointService::Status(grpc::ServerContext* ctx, const v1::Statu
   auto peer = auth_.Check(ctx->peer());
   if (!peer.ok()) return ToGrpc(peer.status());
   FillStatusReport(daemon_, peer.value(), reply);
+  FillWarmStartStatus(daemon_, peer.value(), reply);
   reply->set_daemon_instance(instance_);
   return grpc::Status::OK;
 }
@@ -304,6 +306,15 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
   spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)",
                req->job(), done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
   return grpc::Status::OK;
+}
+
+grpc::Status CheckpointService::WarmStart(grpc::ServerContext* ctx, const v1::WarmStartRequest* req,
+                                          v1::WarmStartReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  return HandleWarmStart(daemon_, peer.value(), *req, reply);
 }
 
 grpc::Status CheckpointService::Jobs(grpc::ServerContext* ctx, const v1::JobsRequest*, v1::JobsReply* reply) {

@@ -38,6 +38,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest*, v1::UnregisterReply*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortReply*) override;
   grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
+  grpc::Status WarmStart(grpc::ServerContext*, const v1::WarmStartRequest*, v1::WarmStartReply*) override;
   grpc::Status Jobs(grpc::ServerContext*, const v1::JobsRequest*, v1::JobsReply*) override;
   grpc::Status GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*, v1::GetMetricsReply*) override;
 

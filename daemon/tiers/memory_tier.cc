@@ -430,6 +430,18 @@ std::map<std::uint64_t, std::vector<std::uint32_t>> MemoryTier::List(const std::
   return out;
 }
 
+std::vector<MemoryTier::ReplicaEntry> MemoryTier::ReplicasFrom(const std::string& job, const std::string& origin) {
+  std::vector<ReplicaEntry> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, versions] : images_) {
+    if (std::get<0>(key) != job) continue;
+    for (const auto& [v, e] : versions) {
+      if (e.image->complete && e.origin == origin) out.push_back({v, std::get<1>(key), e.image->file_bytes});
+    }
+  }
+  return out;
+}
+
 MemoryTier::Stats MemoryTier::GetStats() {
   Stats st;
   st.budget = budget_;

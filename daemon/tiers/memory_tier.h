@@ -97,6 +97,14 @@ class MemoryTier {
   std::shared_ptr<MemoryImage> Find(const std::string& job, std::uint64_t version, std::uint32_t rank);
   // Ranks with a complete image, per version of `job`.
   std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job);
+  // The complete replicas of `job` that `origin` sent, as (version, rank, file bytes), by
+  // rank then version: what a warm start of the node at `origin` may pull back.
+  struct ReplicaEntry {
+    std::uint64_t version = 0;
+    std::uint32_t rank = 0;
+    std::uint64_t file_bytes = 0;
+  };
+  std::vector<ReplicaEntry> ReplicasFrom(const std::string& job, const std::string& origin) EXCLUDES(mu_);
 
   struct Stats {
     std::uint64_t images = 0;

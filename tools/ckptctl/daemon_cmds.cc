@@ -10,6 +10,7 @@
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
 #include "tools/ckptctl/json.h"
+#include "tools/ckptctl/prefetch_cmd.h"
 #include "tools/ckptctl/status_view.h"
 
 namespace ckptctl {
@@ -85,6 +86,7 @@ int Status(const std::string& socket, bool json) {
                   Human(p.held_bytes()).c_str(), p.error().empty() ? "" : "; last error: ", p.error().c_str());
     }
   }
+  PrintWarmStarts(r);
   std::printf("\nclients (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
     std::printf("  job %-16s rank %u/%u  pid %-7d %s  %u items %s  last version %" PRIu64 "\n",
