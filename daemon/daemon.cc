@@ -294,6 +294,12 @@ void Daemon::OnFailed(const std::shared_ptr<ShardJob>& shard) {
   memory_->Drop(shard->image);
   shard->image.reset();
   if (replicator_) replicator_->NotReplicable(m, shard->error().message());
+  if (shard->skipped()) {
+    // Nothing failed either: a newer version, or the version the job went on from, made this
+    // one unneeded. Status shows it as skipped, with the reason; no error is counted.
+    shard->ClaimErrorReport();
+    return;
+  }
   if (shard->aborted()) {
     // Nothing failed: the version is given up on purpose, and says so where readers look.
     metrics::Metrics().ShardAborted(m.job);

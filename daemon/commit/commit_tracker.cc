@@ -178,9 +178,11 @@ void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
   }
   for (const auto& [key, awaited] : set_aside) {
     for (const auto& p : shards_.TakeVersion(key.first, key.second)) {
-      p->Fail(FailedPrecondition("version " + std::to_string(key.second) + " of job '" + key.first +
+      // Set aside on purpose (the job rolled back), not failed.
+      p->Skip(FailedPrecondition("version " + std::to_string(key.second) + " of job '" + key.first +
                                  "' will not commit: a rank restored version " + std::to_string(version) +
-                                 " (a rollback) before it was complete"));
+                                 " (a rollback) before it was complete"),
+              /*superseded_by=*/0);
       hooks_.on_shard_failed(p);
     }
   }
@@ -200,9 +202,10 @@ void CommitTracker::Forget(const std::string& job, std::uint64_t version) {
   }
   for (const auto& p : shards) {
     p->ClaimErrorReport();  // restored from memory: not news to any trainer
-    p->Fail(FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
+    p->Skip(FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
                                "' will not commit: it was restored before it was committed, and the job goes on "
-                               "from it"));
+                               "from it"),
+            /*superseded_by=*/0);
   }
 }
 
@@ -233,9 +236,13 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
       "' did not commit: it was still incomplete " + std::to_string(kGiveUpAfter.count()) +
       " s after a newer version committed (a rank of its " + std::to_string(awaited.world_size) +
       " never persisted it, or registered again meanwhile); given up";
-  hooks_.on_error(why);
+  // A newer version committed and this one never completed: it is superseded, as a version
+  // the persist queue skips is, not an error of its ranks (a rank that failed to persist it
+  // reports that failure itself).
+  spdlog::info("{}", why);
+  const std::uint64_t newer = catalog_.Latest(key.first);
   for (const auto& p : shards_.TakeVersion(key.first, key.second)) {
-    p->Fail(FailedPrecondition(why));
+    p->Skip(FailedPrecondition(why), newer);
     hooks_.on_shard_failed(p);
   }
 }
