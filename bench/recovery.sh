@@ -81,6 +81,9 @@ cleanup() {
   [ -z "${CKPT_BENCH_KEEP:-}" ] || { echo "kept $work ${local_tier}"; return; }
   rm -rf "$work"
   [ -z "$local_tier" ] || rm -rf "$local_tier"
+  # The parent directories too, if this run left them empty.
+  rmdir "$dir" 2>/dev/null || true
+  [ -z "$local_tier" ] || rmdir "$local_dir" 2>/dev/null || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -115,7 +118,8 @@ trainer() {  # MIB COMPUTE_MS JOB TAG [extra trainer flags]
   child=$!
   trainers+=("$child")
   local rc=0
-  wait "$child" || rc=$?
+  # (wait's stderr: bash's "Killed" note for the trainer that kills itself on purpose)
+  wait "$child" 2>/dev/null || rc=$?
   child=""
   return $rc
 }
