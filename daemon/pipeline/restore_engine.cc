@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -35,6 +36,11 @@ struct ShardBytes {
 };
 
 namespace {
+
+// Milliseconds since `t` (the restore's breakdown).
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
 
 Status MatchLayout(const ShardInfo& info, const std::vector<RestoreTarget>& targets) {
   std::map<std::string, const ShardItem*> stored;
@@ -278,6 +284,7 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
                                          const std::vector<RestoreTarget>& targets, const ShardBytes& src) {
   if (Status s = MatchLayout(info, targets); !s.ok()) return s;
   if (Status s = CheckBlobBytes(what, info, limits_); !s.ok()) return s;
+  const auto started = std::chrono::steady_clock::now();
   RestoredShard out;
   ItemVerifier verifier(what, info, out);
   if (Status s = verifier.Begin(); !s.ok()) return s;
@@ -340,6 +347,8 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
   }
   if (!verified.ok()) return Noted(verified, "nothing was written to the registered regions");
 
+  out.verify_ms = MsSince(started);
+  const auto copy_started = std::chrono::steady_clock::now();
   // Pass 2: copy. Each chunk's tensor pieces are queued on its lanes, each lane's chunk
   // ended with one ticket; a chunk's memory is reused only once its tickets are waited for.
   std::deque<QueuedChunk> queued;
@@ -419,6 +428,7 @@ Result<RestoredShard> RestoreEngine::Run(const std::string& what, const ShardInf
   // Every queued copy ends before the chunks go back to the pool.
   while (!queued.empty()) wait_oldest();
   if (!copied.ok()) return Noted(copied, "the registered regions are partly written: do not train on them");
+  out.copy_ms = MsSince(copy_started);
   return out;
 }
 
@@ -454,6 +464,7 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   const unsigned threads =
       std::max(1u, std::min(readers_, std::max(1u, std::thread::hardware_concurrency())));
 
+  const auto started = std::chrono::steady_clock::now();
   // Phase 1: verify every item; meanwhile allocate the destination.
   std::vector<Status> item_status(n_items);
   std::atomic<std::size_t> next_item{0};
@@ -461,7 +472,11 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   RunParallel(threads, [&] {
     // The first thread to start takes it (the caller starts the others first).
     if (!preallocating.exchange(true)) {
-      for (const auto& t : targets) t.region->Preallocate(t.region_offset, t.item.length);
+      const auto preallocate_started = std::chrono::steady_clock::now();
+      for (const auto& t : targets) {
+        if (!t.preallocated) t.region->Preallocate(t.region_offset, t.item.length);
+      }
+      out.preallocate_ms = MsSince(preallocate_started);
     }
     while (!mismatch.load()) {
       const std::size_t i = next_item.fetch_add(1);
@@ -483,6 +498,8 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
     if (!s.ok()) return Noted(s, "nothing was written to the registered regions");
   }
 
+  out.verify_ms = MsSince(started);
+  const auto copy_started = std::chrono::steady_clock::now();
   // Phase 2: write. Pieces of one region follow each other; regions take turns.
   struct Piece {
     const RestoreTarget* target;
@@ -529,6 +546,7 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   for (const Status& s : piece_status) {
     if (!s.ok()) return Noted(s, "the registered regions are partly written: do not train on them");
   }
+  out.copy_ms = MsSince(copy_started);
   return out;
 }
 

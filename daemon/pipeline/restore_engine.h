@@ -52,6 +52,9 @@ struct RestoreTarget {
   ShardItem item;  // name, dtype, shape, length
   std::shared_ptr<ImportedRegion> region;
   std::uint64_t region_offset = 0;
+  // Its range's pages are allocated already (ImportedRegion::Preallocate was called for it):
+  // a host restore does not allocate them again.
+  bool preallocated = false;
 };
 
 // What a restore takes from a shard, checked before anything of that size is allocated: a
@@ -72,6 +75,12 @@ struct RestoredShard {
   std::vector<std::pair<std::string, std::string>> blobs;  // name, bytes
   std::uint64_t tensor_bytes = 0;
   std::uint64_t bytes_read = 0;  // from files, in every pass
+  // Where the time went (the restore breakdown in the daemon's log): reading and verifying
+  // every item (with the destination's preallocation beside it), then the copy into the
+  // regions.
+  double verify_ms = 0;
+  double preallocate_ms = 0;  // of verify_ms, on one of its threads (host regions only)
+  double copy_ms = 0;
 };
 
 // Where a restore's bytes come from (restore_engine.cc).

@@ -4,7 +4,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <random>
+#include <thread>
 
 namespace ckpt {
 namespace {
@@ -18,6 +20,17 @@ std::string NewSessionId() {
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(gen()),
                 static_cast<unsigned long long>(gen()));
   return buf;
+}
+
+// Allocates the pages of the session's host regions where its items lie (no byte changes).
+void PreallocateRegions(Session& s) {
+  MutexLock lock(s.mu);
+  for (std::size_t i = 0; i < s.items.size() && i < s.item_regions.size(); ++i) {
+    const auto& region = s.item_regions[i];
+    if (!region || region->device() >= 0) continue;
+    region->Preallocate(s.items[i].offset, s.items[i].length);
+    s.preallocated.push_back({region, s.items[i].offset, s.items[i].length});
+  }
 }
 
 }  // namespace
@@ -48,6 +61,7 @@ Result<Registered> Registrar::Reregister(const std::shared_ptr<Session>& s, cons
   if (device) {
     if (Status st = sessions_.AwaitCaptured(*s, cancelled); !st.ok()) return st;
   }
+  s->preallocated.clear();  // the table may name other regions now
   if (Status st = loader_.Load(*s, &req.layouts); !st.ok()) return st;
   std::vector<std::string> events;
   if (Status st = loader_.AttachDevice(*s, req.device, &events); !st.ok()) return st;
@@ -119,8 +133,34 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
   // promotions still queued or running (they could no longer commit), and the restore takes
   // the newest version committed by then.
   if (restart_waits_newest_) {
-    if (Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, older_go); !st.ok())
-      return st;
+    const auto wait_start = std::chrono::steady_clock::now();
+    std::uint64_t waited_for = 0;  // the version whose shard the wait ended on (0: none)
+    bool in_flight = false;        // whether one was still on its way when the wait began
+    // While the restart waits for its newest version, the pages of its regions are
+    // allocated (ImportedRegion::Preallocate: no byte changes), as the restore that
+    // typically follows would do first: that part of the restore is then off the path.
+    std::thread preallocate;
+    auto waiting_for = [&](const ShardMeta& m) {
+      older_go(m);
+      waited_for = m.version;
+      if (preallocate.joinable() || !rank_free) return;
+      for (const auto& shard : shards_.Version(m.job, m.version)) {
+        if (shard->meta().rank == m.rank && shard->level() < Level::kPersisted && !shard->failed()) in_flight = true;
+      }
+      if (!in_flight) return;
+      spdlog::info("job {} rank {}: restart waits for version {}, still on its way; its regions are allocated meanwhile",
+                   m.job, m.rank, m.version);
+      preallocate = std::thread([&session] { PreallocateRegions(*session); });
+    };
+    Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, waiting_for);
+    if (preallocate.joinable()) preallocate.join();
+    if (!st.ok()) return st;
+    if (waited_for != 0) {
+      spdlog::info("job {} rank {}: restart waited {:.1f} ms for version {} of its earlier registration{}",
+                   session->job, session->rank,
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wait_start).count(),
+                   waited_for, in_flight ? " (in flight when it registered)" : "");
+    }
   }
   std::shared_ptr<Session> replaced;
   if (Status st = sessions_.Add(session, &replaced); !st.ok()) return st;

@@ -13,6 +13,10 @@ namespace ckpt {
 
 namespace {
 
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
 // The layout the trainer registered for item i, resolved (none: rank-private). The
 // registration checked it (TableLoader), so it resolves.
 std::optional<GlobalLayout> RegisteredLayout(const Session& s, std::size_t i) REQUIRES(s.mu) {
@@ -104,6 +108,9 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
     target.item.length = t.length;
     target.region = s.item_regions[i];
     target.region_offset = t.offset;
+    target.preallocated = std::any_of(s.preallocated.begin(), s.preallocated.end(), [&](const auto& p) {
+      return p.region == target.region && p.offset == t.offset && p.length == t.length;
+    });
     targets.push_back(std::move(target));
   }
   if (src.tier == Tier::kPeer) {  // a failure names the peer
@@ -119,7 +126,16 @@ Result<RestoredShard> Restorer::ReadCopy(Session& s, std::uint64_t version, cons
 Result<Restored> Restorer::Restore(Session& s, std::uint64_t requested, const CancelCheck& cancelled) {
   const auto start = std::chrono::steady_clock::now();
   Result<Restored> done = RestoreUncounted(s, requested, cancelled);
+  // What the registration allocated served this restore (or its failure wrote some of it):
+  // a later one allocates for itself.
+  s.preallocated.clear();
   if (done.ok()) {
+    // One line per restore says where its time went (bench/recovery.sh reads it).
+    spdlog::info(
+        "job {} rank {}: restore of version {} from {}: wait {:.1f} ms, plan {:.1f} ms, verify {:.1f} ms "
+        "(preallocation beside it {:.1f} ms), copy {:.1f} ms, registration {:.1f} ms, total {:.1f} ms",
+        s.job, s.rank, done->version, TierName(done->tier), done->wait_ms, done->plan_ms, done->verify_ms,
+        done->preallocate_ms, done->copy_ms, done->registration_ms, MsSince(start));
     metrics::Metrics().Restored(
         done->tier == Tier::kMemory  ? metrics::TierLabel::kMemory
         : done->tier == Tier::kLocal ? metrics::TierLabel::kLocal
@@ -179,6 +195,9 @@ Result<Restored> Restorer::RestoreOwnShard(Session& s, std::uint64_t v, const st
   out.tier = tier;
   out.tensor_bytes = restored->tensor_bytes;
   out.world_size = s.world_size;
+  out.verify_ms = restored->verify_ms;
+  out.preallocate_ms = restored->preallocate_ms;
+  out.copy_ms = restored->copy_ms;
   for (auto& [name, data] : restored->blobs) out.blobs.push_back({std::move(name), std::move(data), s.rank});
   return out;
 }
@@ -321,9 +340,12 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
                                 "wait for it before restoring");
     }
   }
+  auto phase = std::chrono::steady_clock::now();
   if (restart_waits_newest_) {
     if (Status st = shards_.WaitRankNewestSettled(s.job, s.rank, cancelled); !st.ok()) return st;
   }
+  const double wait_ms = MsSince(phase);
+  phase = std::chrono::steady_clock::now();
   auto chosen = Choose(s, requested, /*uncommitted_ok=*/true);
   if (!chosen.ok()) return chosen.status();
   // The fast path serves a registration that is this rank's shard, item for item.
@@ -350,6 +372,7 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
   const std::uint64_t v = chosen->version;
   const bool uncommitted = !chosen->registrations.empty();
   const std::string* registration = uncommitted ? &chosen->registrations.at(s.rank) : nullptr;
+  const double plan_ms = MsSince(phase);
   Result<Restored> restored = elastic ? RestoreElastic(s, req) : RestoreOwnShard(s, v, registration, fetched.image ? &fetched : nullptr);
   if (!restored.ok()) return restored.status();
   if (uncommitted) {
@@ -373,9 +396,13 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     it = s.shards.erase(it);
   }
   // What this rank published before belongs to the timeline it just left.
+  phase = std::chrono::steady_clock::now();
   if (Status st = registrar_.NewRegistration(s); !st.ok()) {
     return st.With("after restoring version " + std::to_string(v));
   }
+  restored->wait_ms = wait_ms;
+  restored->plan_ms = plan_ms;
+  restored->registration_ms = MsSince(phase);
   s.last_version = v;
   if (PeerShards* peers = tiers_.peers()) {
     // The timeline above v is left on every daemon too: peers drop this rank's

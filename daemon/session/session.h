@@ -70,6 +70,15 @@ struct Session {
   bool sealed GUARDED_BY(mu) = false;
   bool verify GUARDED_BY(mu) = false;
   std::map<std::uint64_t, std::shared_ptr<ShardJob>> shards GUARDED_BY(mu);
+  // Item ranges whose pages a restart's registration allocated while it waited
+  // (Registrar::Register): the next restore does not allocate them again, since a second
+  // fallocate of a tmpfs page allocated and never written zeroes it (a whole pass over the
+  // memory). Cleared by that restore and by a re-registration.
+  struct Preallocated {
+    std::shared_ptr<ImportedRegion> region;
+    std::uint64_t offset = 0, length = 0;
+  };
+  std::vector<Preallocated> preallocated GUARDED_BY(mu);
 
   // The device of its tensors (-1: host memory only); set under `mu`.
   std::atomic<int> device{-1};
