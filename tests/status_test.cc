@@ -342,39 +342,3 @@ TEST_CASE("status: a shard whose write failed is FAILED, and status exits non-ze
   CHECK(down.exit_code == 1);
   CHECK(down.output.find("is ckptd running") != std::string::npos);
 }
-
-TEST_CASE("status: a version set aside by a rollback before it was complete is skipped, not failed",
-          "[status][tools]") {
-  TempDir dir("status-rollback");
-  DaemonOptions o;
-  o.root = dir.path() + "/root";
-  o.socket = dir.path() + "/sock/ckptd.sock";
-  DaemonProcess daemon(o);
-  TrainerState state0(2, 256 << 10, 0), state1(2, 256 << 10, 1);
-  Client rank0 = Client::connect(daemon.socket());
-  Client rank1 = Client::connect(daemon.socket());
-  rank0.register_items("rb", 0, 2, state0.Items());
-  rank1.register_items("rb", 1, 2, state1.Items());
-  state0.Fill(1);
-  state1.Fill(1);
-  rank0.snapshot(1);
-  rank1.snapshot(1);
-  rank0.wait_durable(1);
-  rank1.wait_durable(1);
-  // Version 2: rank 0's shard is persisted, rank 1's never comes; rank 0 rolls back to 1.
-  state0.Fill(2);
-  rank0.snapshot(2);
-  rank0.wait_durable(2, Level::kPersisted);
-  REQUIRE(rank0.restore(1).version == 1);
-
-  json status = StatusJson(daemon);
-  const json* v2 = Shard(status, "rb", 2);
-  INFO(status.dump());
-  REQUIRE(v2 != nullptr);
-  CHECK((*v2)["state"] == "skipped");
-  CHECK((*v2)["error"].get<std::string>().find("a rollback") != std::string::npos);
-  ProcessResult text = Ctl(daemon.socket(), {"status"});
-  INFO(text.output);
-  CHECK(text.exit_code == 0);
-  CHECK(text.output.find("FAILED") == std::string::npos);
-}
