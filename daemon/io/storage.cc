@@ -190,12 +190,6 @@ Result<std::uint64_t> PosixStorage::FileSize(const std::string& path) {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
-Result<uid_t> PosixStorage::OwnerOf(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return IoError("stat " + path, errno);
-  return st.st_uid;
-}
-
 bool PosixStorage::SupportsDirectIo(const std::string& dir) {
   // Named as this daemon's temporary files are, so that daemons of other nodes probing the
   // same shared directory do not share (and remove) one probe file.

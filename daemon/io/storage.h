@@ -50,8 +50,8 @@ class Storage {
   virtual Status SyncDir(const std::string& dir) = 0;
   // mkdir -p, mode 0700 for created directories. Existing ones are left as they are.
   virtual Status MakeDirs(const std::string& dir) = 0;
-  // chown of `path` itself (a symbolic link there is not followed). Only for a job's
-  // directory that holds no checkpoint yet and is the daemon's own (JobOwners).
+  // chown of `path` itself (a symbolic link there is not followed). Only for directories
+  // the daemon has just created (a job's, for its owner): never an existing one.
   virtual Status SetOwner(const std::string& path, uid_t uid, gid_t gid) = 0;
   virtual Status Remove(const std::string& path) = 0;
   // Names in `dir` (without . and ..); NotFound if it does not exist.
@@ -59,8 +59,6 @@ class Storage {
   virtual bool Exists(const std::string& path) = 0;
   // Size in bytes of the file at `path` (lstat: a symbolic link is not followed).
   virtual Result<std::uint64_t> FileSize(const std::string& path) = 0;
-  // The uid that owns `path` (lstat: a symbolic link is not followed).
-  virtual Result<uid_t> OwnerOf(const std::string& path) = 0;
   // Whether `dir` accepts O_DIRECT writes (probed with a small file).
   virtual bool SupportsDirectIo(const std::string& dir) = 0;
 
@@ -91,7 +89,6 @@ class PosixStorage : public Storage {
   Result<std::vector<std::string>> List(const std::string& dir) override;
   bool Exists(const std::string& path) override;
   Result<std::uint64_t> FileSize(const std::string& path) override;
-  Result<uid_t> OwnerOf(const std::string& path) override;
   bool SupportsDirectIo(const std::string& dir) override;
 };
 
@@ -119,7 +116,6 @@ class StorageWrapper : public Storage {
   Result<std::vector<std::string>> List(const std::string& d) override { return target_->List(d); }
   bool Exists(const std::string& p) override { return target_->Exists(p); }
   Result<std::uint64_t> FileSize(const std::string& p) override { return target_->FileSize(p); }
-  Result<uid_t> OwnerOf(const std::string& p) override { return target_->OwnerOf(p); }
   bool SupportsDirectIo(const std::string& d) override { return target_->SupportsDirectIo(d); }
 
  private:

@@ -1,9 +1,11 @@
 #include "daemon/session/job_owners.h"
 
 #include <spdlog/spdlog.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "common/strings.h"
 
@@ -58,7 +60,7 @@ Status JobOwners::Claim(const std::string& job, const PeerCredentials& peer) {
     // empty one): not an adoption.
     auto holds = HoldsCheckpoints(job);
     if (!holds.ok()) return holds.status().With("record the owner of job '" + job + "'");
-    Status created = Create(job, owner, owner.group.value_or(peer.gid), holds.value());
+    Status created = Create(job, owner, owner.group.value_or(peer.gid));
     if (created.ok()) {
       if (holds.value()) {
         spdlog::warn("job {} had no owner file (made by an older ckptd): adopted by {}, its first registrant",
@@ -93,8 +95,9 @@ Result<bool> JobOwners::HoldsCheckpoints(const std::string& job) {
   return false;
 }
 
-Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gid, bool holds_checkpoints) {
+Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gid) {
   const std::string dir = tree_.JobDir(job);
+  const bool existed = storage_->Exists(dir);
   // The job directory is durable before the file in it (and before any shard).
   if (Status st = storage_->MakeDirs(dir); !st.ok()) return st;
   if (Status st = storage_->SyncDir(tree_.root()); !st.ok()) return st;
@@ -115,27 +118,43 @@ Status JobOwners::Create(const std::string& job, const JobOwner& owner, gid_t gi
   // link() never replaces: of several daemons creating the file, one wins.
   Status linked = storage_->Link(tmp, path);
   storage_->Remove(tmp);
+  // The daemon that made the directory hands it over, to the owner the winner of the link
+  // recorded: of two daemons creating one job at once, the one that made the directory may
+  // lose the link, and the winner, which found the directory there, leaves it alone. A
+  // directory that existed before (made by an operator, or by an older ckptd) keeps its
+  // owner and mode.
+  if (existed) return linked.ok() ? storage_->SyncDir(dir) : linked;
+  if (linked.code() == StatusCode::kAlreadyExists) {
+    auto winner = Read(job);
+    if (!winner.ok() || !winner.value()) return linked;  // Claim reads it again and says why
+    const JobOwner& won = *winner.value();
+    if (Status st = HandOver(job, won, won.group ? *won.group : PrimaryGroup(won.uid)); !st.ok()) return st;
+    return linked;
+  }
   if (!linked.ok()) return linked;
-  // Only the winner of the claim hands the directory over, whichever daemon made it (of two
-  // daemons racing, the one that made it may lose the link), and only a directory that holds
-  // no checkpoint and is still the daemon's user's: an older ckptd's directory with
-  // checkpoints, or one an operator made for another user, keeps its owner and mode.
-  bool hand_over = !holds_checkpoints && owner.uid != ::geteuid();
-  if (hand_over) {
-    auto dir_owner = storage_->OwnerOf(dir);
-    if (!dir_owner.ok()) return dir_owner.status();
-    hand_over = dir_owner.value() == ::geteuid();
-  }
-  if (hand_over) {
-    Status chowned = storage_->SetOwner(dir, owner.uid, gid);
-    if (chowned.code() == StatusCode::kPermissionDenied) {
-      spdlog::debug("job {}: its directory stays uid {}'s ({}): this daemon may not chown", job, ::geteuid(),
-                    chowned.message());
-    } else if (!chowned.ok()) {
-      return chowned;
-    }
-  }
+  if (Status st = HandOver(job, owner, gid); !st.ok()) return st;
   return storage_->SyncDir(dir);
+}
+
+Status JobOwners::HandOver(const std::string& job, const JobOwner& owner, gid_t gid) {
+  if (owner.uid == ::geteuid()) return Status::Ok();
+  const std::string dir = tree_.JobDir(job);
+  Status chowned = storage_->SetOwner(dir, owner.uid, gid);
+  if (chowned.code() == StatusCode::kPermissionDenied) {
+    spdlog::debug("job {}: its directory stays uid {}'s ({}): this daemon may not chown", job, ::geteuid(),
+                  chowned.message());
+    return Status::Ok();
+  }
+  return chowned;
+}
+
+gid_t PrimaryGroup(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+    return static_cast<gid_t>(-1);  // chown leaves the group as it is
+  return pw.pw_gid;
 }
 
 }  // namespace ckpt

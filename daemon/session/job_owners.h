@@ -45,10 +45,9 @@ class JobOwners {
   // For a registration: CheckAccess, and a job without an owner file becomes `peer`'s (its
   // directory is created, durably, first). The job directory then belongs to `peer` (uid,
   // and the job's group or else the peer's primary group) where the daemon may chown (root,
-  // CAP_CHOWN; a daemon that may not leaves it its own), also when another daemon made the
-  // directory in a race for the same new job. A directory that already holds checkpoints
-  // (an older ckptd's, adopted) or belongs to another user than the daemon's is never
-  // chown'ed.
+  // CAP_CHOWN; a daemon that may not leaves it its own), also when another daemon won the
+  // owner file of a new job this daemon made the directory of. A directory that existed
+  // before (an operator's, or an older ckptd's) is never chown'ed.
   Status Claim(const std::string& job, const PeerCredentials& peer) EXCLUDES(claim_mu_);
   // The job's owner, read from its owner file; nullopt if it has none.
   Result<std::optional<JobOwner>> Owner(const std::string& job) { return Read(job); }
@@ -60,11 +59,10 @@ class JobOwners {
   // (false if there is no directory).
   Result<bool> HoldsCheckpoints(const std::string& job);
   // Creates the owner file unless one exists; AlreadyExists if another writer was first.
-  // `gid`: the group the job directory gets if this hands it to `owner`;
-  // `holds_checkpoints`: HoldsCheckpoints before the claim (such a directory is never handed
-  // over).
-  Status Create(const std::string& job, const JobOwner& owner, gid_t gid, bool holds_checkpoints)
-      REQUIRES(claim_mu_);
+  // `gid`: the group of the job directory, if this creates it.
+  Status Create(const std::string& job, const JobOwner& owner, gid_t gid) REQUIRES(claim_mu_);
+  // chown of the job's directory to `owner` (and `gid`), unless the daemon may not.
+  Status HandOver(const std::string& job, const JobOwner& owner, gid_t gid);
 
   const std::shared_ptr<Storage> storage_;
   const CheckpointTree tree_;
@@ -75,5 +73,7 @@ class JobOwners {
 
 // Whether `peer` is a member of `group` (its primary group or one of its supplementary ones).
 bool InGroup(const PeerCredentials& peer, gid_t group);
+// `uid`'s primary group in the user database; (gid_t)-1 (chown: unchanged) if it has none.
+gid_t PrimaryGroup(uid_t uid);
 
 }  // namespace ckpt

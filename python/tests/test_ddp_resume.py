@@ -8,22 +8,18 @@ the uninterrupted run did, and the losses drift by an ulp or two (docs/pytorch.m
 Each rank is a process of its own (gloo over tcp://127.0.0.1), and the comparison is with an
 uninterrupted run of the same ranks."""
 
-import json
-import socket
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ckpt")
 import torch.distributed as dist  # noqa: E402
+from rank_processes import LEAVE, run_script_ranks  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="this torch has no torch.distributed with gloo")
 
 DDP_SCRIPT = """
-import hashlib, json, os, sys, torch, torch.distributed as dist
+import hashlib, json, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 import ckpt.torch as ct
 rank, world, port, job, start_mode, steps, unused = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4],
@@ -49,26 +45,11 @@ ck.wait_durable(timeout=60)
 ck.close()
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest()
 print("RESULT " + json.dumps({"start": start, "losses": losses, "params": digest}), flush=True)
-dist.barrier()  # every rank is past every collective before gloo is torn down
-dist.destroy_process_group()
-os._exit(0)  # torch 2's gloo workers can abort an interpreter's finalization
-"""
+""" + LEAVE
 
 
 def run_ranks(daemon, world, job, start_mode, steps, unused):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(r), str(world), port, job, start_mode,
-                               str(steps), "1" if unused else "0"],
-                              env=daemon.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    results = []
-    for r, p in enumerate(procs):
-        out = p.communicate(timeout=180)[0]
-        assert p.returncode == 0, f"rank {r}: {out}"
-        results.append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
-    return results
+    return run_script_ranks(daemon, world, DDP_SCRIPT, job, start_mode, steps, "1" if unused else "0")
 
 
 @pytest.mark.parametrize("world, unused", [(2, False), (3, True)], ids=["2 ranks", "3 ranks, find_unused_parameters"])

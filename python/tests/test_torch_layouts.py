@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ckpt = pytest.importorskip("ckpt")
 import ckpt.torch as ct  # noqa: E402
+from rank_processes import LEAVE, run_script_ranks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -329,7 +330,7 @@ def test_a_resharding_load_refuses_rank_private_items_and_other_shapes_before_re
 
 
 FSDP2_SCRIPT = """
-import json, os, sys, torch, torch.distributed as dist
+import json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 import ckpt.torch as ct
 rank, world, port, job, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -366,13 +367,7 @@ if ck:
     ck.close()
 out["full"] = {k: v.tolist() for k, v in full.items()}
 print("RESULT " + json.dumps(out), flush=True)
-# Both ranks are past every collective before either tears gloo down, and the interpreter's
-# finalization is skipped: torch 2's gloo workers can still hold tensors then and abort the
-# process ("terminate called without an active exception") after the work is done.
-dist.barrier()
-dist.destroy_process_group()
-os._exit(0)
-"""
+""" + LEAVE
 
 
 HSDP_SCRIPT = """
@@ -388,27 +383,11 @@ try:
     ct.Checkpointer(None, "hsdp", model=m)
 except ct.UnsupportedTensorError as e:
     print("RESULT " + json.dumps(str(e)), flush=True)
-dist.barrier()  # as in FSDP2_SCRIPT
-dist.destroy_process_group()
-os._exit(0)
-""".replace("import sys,", "import json, os, sys,")
+""".replace("import sys,", "import json, sys,") + LEAVE
 
 
 def run_ranks(daemon, world, *args, script=None):
-    import socket
-    import subprocess
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", script or FSDP2_SCRIPT, str(r), str(world), port, *args],
-                              env=daemon.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    results = []
-    for r, p in enumerate(procs):
-        out = p.communicate(timeout=180)[0]
-        assert p.returncode == 0, f"rank {r}: {out}"
-        results.append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
-    return results
+    return run_script_ranks(daemon, world, script or FSDP2_SCRIPT, *args)
 
 
 def _fsdp2():
