@@ -32,6 +32,10 @@ _bench_paths=()
 _bench_hooks=()
 _bench_children=()
 _bench_daemons=()
+# The start time of each tracked pid, taken while it is our unreaped child: a pid whose
+# process now has another start time was reused by someone else's and is never signalled,
+# nor its shared memory removed.
+declare -A _bench_started=()
 _bench_runs="${TMPDIR:-/tmp}/ckpt-bench-runs-$(id -u)"
 _bench_manifest=""
 
@@ -45,7 +49,16 @@ _bench_start_time() {
 _bench_note() {  # KIND VALUE: a line of this run's manifest
   if [ -n "$_bench_manifest" ]; then echo "$1 $2" >>"$_bench_manifest"; fi
 }
-_bench_note_pid() { _bench_note pid "$1 $(_bench_start_time "$1")"; }
+_bench_note_pid() {
+  _bench_started[$1]="$(_bench_start_time "$1")"
+  _bench_note pid "$1 ${_bench_started[$1]}"
+}
+# Whether PID is gone or still the process that was tracked under it (not reused).
+_bench_ours() {
+  local now
+  now="$(_bench_start_time "$1")"
+  [ -z "$now" ] || [ -z "${_bench_started[$1]:-}" ] || [ "$now" = "${_bench_started[$1]}" ]
+}
 
 bench_cleanup_init() {
   trap _bench_cleanup EXIT
@@ -91,18 +104,24 @@ _bench_sweep_stale() {
     [ -f "$m" ] || continue
     name="${m##*/}"
     [ "$(_bench_start_time "${name%%-*}")" != "${name#*-}" ] || continue  # that run still runs
-    local live=() pids=()
+    local live=()
     while read -r kind rest; do
       [ "$kind" = pid ] || continue
       read -r a b <<<"$rest"
-      pids+=("$a")
       if [ -n "$b" ] && [ "$(_bench_start_time "$a")" = "$b" ]; then live+=("$a"); fi
     done <"$m"
     if [ ${#live[@]} -gt 0 ]; then
       echo "bench: ending processes ${live[*]} of an earlier run that was killed" >&2
       _bench_end "${live[@]}"
     fi
-    for a in "${pids[@]}"; do rm -f "/dev/shm/ckpt-$uid-$a-"* "/dev/shm/ckpt-release-$a-"*; done
+    while read -r kind rest; do
+      [ "$kind" = pid ] || continue
+      read -r a b <<<"$rest"
+      local now
+      now="$(_bench_start_time "$a")"
+      [ -z "$now" ] || [ "$now" = "$b" ] || continue  # the pid is another process's now
+      rm -f "/dev/shm/ckpt-$uid-$a-"* "/dev/shm/ckpt-release-$a-"*
+    done <"$m"
     while read -r kind rest; do
       if [ "$kind" = path ] && [ -e "$rest" ]; then
         echo "bench: removing $rest, left by an earlier run that was killed" >&2
@@ -128,6 +147,7 @@ _bench_end() {
   local all=() p
   for p in "$@"; do
     kill -0 "$p" 2>/dev/null || continue
+    _bench_ours "$p" || continue
     all+=("$p")
     while read -r d; do all+=("$d"); done < <(_bench_descendants "$p")
   done
@@ -160,6 +180,7 @@ _bench_cleanup() {
   local uid
   uid=$(id -u)
   for p in "${_bench_trainer_pids[@]}"; do
+    _bench_ours "$p" || continue
     rm -f "/dev/shm/ckpt-$uid-$p-"* "/dev/shm/ckpt-release-$p-"*
   done
   if [ -n "${CKPT_BENCH_KEEP:-}" ]; then

@@ -309,6 +309,21 @@ TEST_CASE("prefetch --from-peers: a job the caller does not own is refused, and 
   INFO(mine.output);
   CHECK(mine.exit_code == 1);
   CHECK_THAT(mine.output, Catch::Contains("does not replicate (--replicas 0)"));
+  // Naming ranks is root's (it pulls whatever any peer holds, into memory other jobs use);
+  // the job's owner warm-starts the ranks sent from this node.
+  REQUIRE(RunAs(kOther, ToyTrainerArgs(d.socket(), "warmtheirs", 1, false)).exit_code == 0);
+  ProcessResult named = RunAs(kOther, Ctl(d.socket(), {"prefetch", "--job", "warmtheirs", "--from-peers",
+                                                       "--ranks", "0"}));
+  INFO(named.output);
+  CHECK(named.exit_code == 1);
+  CHECK_THAT(named.output, Catch::Contains("PERMISSION_DENIED") &&
+                               Catch::Contains("naming the ranks of a warm start (--ranks) is for root"));
+  std::string many;
+  for (int r = 0; r <= 4096; ++r) many += (r ? "," : "") + std::to_string(r);
+  ProcessResult too_many = RunProcess(Ctl(d.socket(), {"prefetch", "--job", "warmown", "--from-peers", "--ranks", many}));
+  INFO(too_many.output);
+  CHECK(too_many.exit_code == 2);  // an argument the daemon refuses as invalid
+  CHECK_THAT(too_many.output, Catch::Contains("INVALID_ARGUMENT") && Catch::Contains("at most 4096 in one call"));
   // --wait needs --from-peers; --version does not go with it.
   CHECK(RunProcess(Ctl(d.socket(), {"prefetch", "--job", "warmown", "--wait"})).exit_code == 2);
   CHECK(RunProcess(Ctl(d.socket(), {"prefetch", "--job", "warmown", "--from-peers", "--version", "1"})).exit_code ==

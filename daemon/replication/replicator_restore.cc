@@ -264,7 +264,10 @@ Result<std::shared_ptr<MemoryImage>> Replicator::FetchWith(const std::string& pe
     metrics::Metrics().Replication(metrics::ReplicationEvent::kPeerFallback);
     return image.status();
   }
-  image.value()->complete = true;
+  // An image in a buffer of the caller's own (the warm start's, reserved in the memory tier)
+  // is complete only once the caller has verified it: until then no restore nor peer may
+  // take it (MemoryTier::Complete).
+  if (!options.make) image.value()->complete = true;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("replication: fetched {} from peer {}: {} bytes in {:.0f} ms", DescribeShard(job, version, rank), peer,
                received, ms);

@@ -160,6 +160,11 @@ Result<WarmStartPlan> WarmStart::Start(const std::string& job, std::vector<std::
   Summarize(*progress);
   MutexLock lock(mu_);
   if (stopping_) return Cancelled("the daemon is stopping");
+  if (queue_.size() + tasks.size() > kMaxQueuedShards) {
+    return ResourceExhausted("warm start of job '" + job + "': " + std::to_string(queue_.size()) +
+                             " shard(s) are already waiting to be pulled (at most " +
+                             std::to_string(kMaxQueuedShards) + "); ask again once they are done");
+  }
   jobs_.push_back(progress);
   while (jobs_.size() > kJobsKept) jobs_.pop_front();  // a task still holds its job
   for (auto& t : tasks) queue_.push_back(std::move(t));

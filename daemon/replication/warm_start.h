@@ -5,8 +5,9 @@
 // Which shards: a job's newest committed version, and for it the ranks whose replicas the
 // peers hold as sent by this daemon's --peers address (ListReplicas): a replacement takes
 // the place and the address of the node it replaces (the peer rule), so those are exactly
-// the shards that node's ranks captured. A caller may name the ranks instead (any peer
-// holding one is read). Asked for by `ckptctl prefetch --from-peers` (Start) or, with
+// the shards that node's ranks captured. Root or the daemon's user may name the ranks
+// instead (any peer holding one is read), at most kMaxWarmStartRanks in one call; at most
+// kMaxQueuedShards wait in all, so that requests cannot grow the queue without bound. Asked for by `ckptctl prefetch --from-peers` (Start) or, with
 // --warm-start, for every job under the root when the daemon starts (StartAll).
 //
 // In: the peers' images (Replicator::FetchWith), received straight into a buffer of the
@@ -44,6 +45,9 @@
 #include "daemon/replication/replicator.h"
 
 namespace ckpt {
+
+// The most ranks one warm start may name (WarmStart RPC).
+inline constexpr std::uint32_t kMaxWarmStartRanks = 4096;
 
 // One shard's progress.
 struct WarmShardProgress {
@@ -103,6 +107,7 @@ class WarmStart {
 
  private:
   static constexpr std::size_t kJobsKept = 64;
+  static constexpr std::size_t kMaxQueuedShards = 16384;
   struct Task {
     std::shared_ptr<WarmJobProgress> job;  // its fields under mu_
     std::size_t shard = 0;                 // index in job->shards

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "common/names.h"
+#include "daemon/replication/warm_start.h"
 #include "proto/grpc_status.h"
 
 namespace ckpt {
@@ -11,6 +12,18 @@ grpc::Status HandleWarmStart(Daemon& daemon, const PeerCredentials& peer, const 
                              v1::WarmStartReply* reply) {
   if (std::string err = CheckJobId(req.job()); !err.empty()) return ToGrpc(InvalidArgument(err));
   if (Status st = daemon.owners().CheckAccess(req.job(), peer, "warm-start"); !st.ok()) return ToGrpc(st);
+  // Ranks named by hand are pulled whoever sent them, into memory other jobs use too: that
+  // is for root and the daemon's user (an operator rebuilding a node). Others warm-start what
+  // the peers hold as sent by this node's address.
+  if (!req.ranks().empty() && peer.uid != 0 && peer.uid != ::geteuid()) {
+    return ToGrpc(PermissionDenied("naming the ranks of a warm start (--ranks) is for root and the daemon's user; uid " +
+                                   std::to_string(peer.uid) +
+                                   " may warm-start the ranks the peers hold from this node (no --ranks)"));
+  }
+  if (req.ranks_size() > static_cast<int>(kMaxWarmStartRanks)) {
+    return ToGrpc(InvalidArgument("a warm start names " + std::to_string(req.ranks_size()) + " ranks; at most " +
+                                  std::to_string(kMaxWarmStartRanks) + " in one call"));
+  }
   WarmStart* warm = daemon.warm_start();
   if (warm == nullptr) {
     return ToGrpc(FailedPrecondition(
