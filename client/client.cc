@@ -292,7 +292,7 @@ DaemonStatus Client::status() {
   return out;
 }
 
-void Client::unregister() {
+void Client::unregister(bool job_finished) {
   MutexLock lock(impl_->mu);
   impl_->lost.Clear();
   if (impl_->session.empty()) {
@@ -304,6 +304,7 @@ void Client::unregister() {
   v1::UnregisterRequest req;
   v1::UnregisterReply rep;
   req.set_session(impl_->session);
+  req.set_finished(job_finished);
   impl_->DrainGpuLocked();
   std::shared_ptr<v1::Checkpoint::Stub> stub = impl_->stub;
   impl_->EndSessionLocked();

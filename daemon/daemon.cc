@@ -121,7 +121,15 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                            [this](const std::string& m) {
                              metrics::Metrics().Error(metrics::ErrorKind::kCommit);
                              errors_.Record(m);
-                           }});
+                           },
+                           [this](const std::string& job, const std::string& reason, const std::string& m) {
+                             metrics::Metrics().UnderReplicated(job, reason);
+                             // Superseded: a newer version is committed (and what a lost
+                             // node restores): nothing for the operator to act on.
+                             if (reason != "superseded") errors_.Record(m);
+                           }},
+      CommitTracker::ReplicaWait{config_.replicas > 0 && config_.replica_commit_timeout_s > 0, config_.replicas,
+                                 std::chrono::seconds(config_.replica_commit_timeout_s)});
   if (local_) {
     promoter_ = std::make_unique<Promoter>(
         *local_, *memory_, *copier_, *catalog_, persistent_direct_io_,

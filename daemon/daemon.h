@@ -79,6 +79,7 @@ class Daemon {
   Restorer& restorer() { return *restorer_; }
   JobOwners& owners() { return *owners_; }
   TierSet& tiers() { return *tiers_; }
+  MemoryTier& memory() { return *memory_; }
   Catalog& catalog() { return *catalog_; }
   ShardRegistry& shards() { return shards_; }
   const HostPool& pool() const { return *pool_; }

@@ -158,6 +158,10 @@ std::string CheckpointTree::RestorableMarker(const std::string& job, std::uint64
   return JoinPath(VersionDir(job, version), kRestorableMarker);
 }
 
+std::string CheckpointTree::UnderReplicatedMarker(const std::string& job, std::uint64_t version) const {
+  return JoinPath(VersionDir(job, version), kUnderReplicatedMarker);
+}
+
 std::string CheckpointTree::RegistrationPath(const std::string& job, const RegistrationId& id) const {
   return JoinPath(RanksDir(job), RegistrationName(id.rank, id.generation, id.registration));
 }

@@ -43,6 +43,11 @@ inline constexpr std::string_view kOwnerFile = "owner";
 // A version not committed yet whose every rank's shard was replicated to peers'
 // memory (format/markers.h, RestorableMarker).
 inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
+// A version that committed without every rank's shard held by the configured number of peers
+// (the replication wait timed out, or a newer version had committed first): its text says
+// which ranks were not replicated and why. Written before COMMITTED; for the operator and for
+// status, never read by a restore.
+inline constexpr std::string_view kUnderReplicatedMarker = "UNDER_REPLICATED";
 // A rank aborted the version (its memory changed during the copy): ABORTED.rank-RRRRR holds
 // why. Such a version never commits; the file is for the operator (ckptctl ls) and for the
 // other ranks' daemons, which stop waiting for it.
@@ -106,6 +111,7 @@ class CheckpointTree {
   std::string NodeMarker(const std::string& job, std::uint64_t version, std::string_view owner,
                          std::uint64_t ranks, NodeMarkerKind kind = NodeMarkerKind::kDone) const;
   std::string RestorableMarker(const std::string& job, std::uint64_t version) const;
+  std::string UnderReplicatedMarker(const std::string& job, std::uint64_t version) const;
   std::string RegistrationPath(const std::string& job, const RegistrationId& id) const;
   std::string CommittedMarker(const std::string& job, std::uint64_t version) const;
   std::string IndexFile(const std::string& job, std::uint64_t version) const;

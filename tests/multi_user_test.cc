@@ -215,7 +215,7 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   REQUIRE(Latest(shared.root(), job) == "3\n");
 
   // Another uid can neither register the job (to restore the owner's bytes, or to snapshot
-  // over them), nor list it, nor prefetch it.
+  // over them), nor list it, nor prefetch it, nor finish it.
   CheckRefused(RunAs(kOther, ToyTrainerArgs(node1.socket(), job, 6, true)), job, kOther, "register");
   CheckRefused(RunAs(kOther, ToyTrainerArgs(node1.socket(), job, 6, false)), job, kOther, "register");
   auto ls = RunAs(kOther, Ctl(node1.socket(), {"ls", "--job", job}));
@@ -224,6 +224,10 @@ TEST_CASE("a job belongs to the uid that first registers it, on every daemon of 
   auto prefetch = RunAs(kOther, Ctl(node1.socket(), {"prefetch", "--job", job}));
   CheckRefused(prefetch, job, kOther, "prefetch");
   CHECK(Contains(prefetch.output, "PERMISSION_DENIED"));
+  // Nor finish it (which would drop its memory images and replicas).
+  auto finish = RunAs(kOther, Ctl(node1.socket(), {"finish", "--job", job}));
+  CheckRefused(finish, job, kOther, "finish");
+  CHECK(Contains(finish.output, "PERMISSION_DENIED"));
 
   // Status shows another uid nothing of the job (its shards, errors, sessions); the owner
   // and root see it.

@@ -10,6 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -630,9 +633,18 @@ TEST_CASE("wait_durable(replicated) is reached with replicas, and with --replica
       CHECK(s.peers(0).sent_bytes_held() >= 2 * kTensors * kTensorBytes);
       CHECK(s.peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
     }
-    // The job ends: the peers drop its replicas.
-    for (auto& r : job.ranks) r->client->unregister();
-    CHECK(Eventually([&] { return c[0].Status().peers(0).held_bytes() == 0 && c[1].Status().peers(0).held_bytes() == 0; }));
+    // A trainer that ends without saying the job is finished (a crash, a failed collective)
+    // leaves the replicas for the restart; the last one that says so lets them go.
+    job.ranks[0]->client->unregister();
+    job.ranks[1]->client->unregister();
+    job.ranks[2]->client->unregister();
+    CHECK(c[1].Status().peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+    CHECK(c[0].Status().peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+    job.ranks[3]->client->unregister(/*job_finished=*/true);
+    // Node 1's last trainer finished the job: node 1 lets go of everything of it (node 0's
+    // replicas too), and node 0 of what node 1 sent it.
+    CHECK(c[1].Status().peers(0).held_bytes() == 0);
+    CHECK(c[0].Status().peers(0).held_bytes() == 0);
   }
   SECTION("R=0") {
     DaemonOptions o;
@@ -712,4 +724,221 @@ TEST_CASE("the peer rule: daemon i sends to i+1..i+R, restores ask the ring from
   auto no_slurm = ResolvePeers({"slurm"}, "0.0.0.0:7000", 1, "", "x");
   REQUIRE_FALSE(no_slurm.ok());
   CHECK_THAT(no_slurm.status().message(), Catch::Contains("$SLURM_JOB_NODELIST is not set"));
+}
+
+TEST_CASE("a crashed job keeps its replicas: a node lost, every other trainer ends, a second node lost, and the "
+          "job still restores from the memory left",
+          "[replication]") {
+  TempDir dir("replcrash");
+  Cluster c(dir, 3, 2);  // every node holds a replica of the other two nodes' shards
+  c.StartAll();
+  Job job("replcrash", 6);
+  job.Launch(c);
+  job.Save(1);
+  job.Save(2);
+  // Node 0 is lost; the collective fails, and every other trainer ends (and unregisters, as
+  // a trainer that leaves by an exception does).
+  c.Lose(0);
+  for (std::uint32_t r = 2; r < job.world; ++r) job.ranks[r]->client->unregister();
+  // Before the restart, node 1 is lost too: node 1's shards are only in node 2's memory now.
+  c.Lose(1);
+  c.Start(0);
+  c.Start(1);
+  job.Launch(c);
+  auto tiers = job.RestoreAll(2);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 2 ? "memory" : "peer"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto s = c[i].Status();
+    INFO("node " << i);
+    CHECK(s.restored_bytes_persistent() == 0);
+    CHECK(s.bytes_read_total() == 0);
+  }
+}
+
+TEST_CASE("ckptctl finish drops a finished job's memory images and its replicas at the peers, and refuses while a "
+          "trainer of it is registered",
+          "[replication]") {
+  TempDir dir("replfinish");
+  Cluster c(dir, 2, 1);
+  c.StartAll();
+  Job job("replfinish", 4);
+  job.Launch(c);
+  job.Save(1);
+  auto ctl = [&](int node, std::vector<std::string> args) {
+    std::vector<std::string> argv = {CKPTCTL_BINARY, "--socket", c.socket(node)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv);
+  };
+  // A trainer of the job is registered on node 0: refused, saying why; nothing dropped.
+  ProcessResult busy = ctl(0, {"finish", "--job", "replfinish"});
+  INFO(busy.output);
+  CHECK(busy.exit_code != 0);
+  CHECK_THAT(busy.output, Catch::Contains("job 'replfinish' still has a registered trainer on this daemon"));
+  CHECK(c[1].Status().peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+  // A bad job id is named.
+  ProcessResult bad = ctl(0, {"finish", "--job", "../etc"});
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("INVALID_ARGUMENT"));
+
+  for (auto& r : job.ranks) r->client->unregister();  // ended, not finished: all stays
+  CHECK(c[0].Status().peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+  CHECK(c[1].Status().peers(0).held_bytes() >= 2 * kTensors * kTensorBytes);
+  ProcessResult done = ctl(0, {"finish", "--job", "replfinish", "--json"});
+  INFO(done.output);
+  REQUIRE(done.exit_code == 0);
+  CHECK_THAT(done.output, Catch::Contains("\"memory_images_dropped\": 4"));  // 2 own, 2 replicas of node 1's
+  CHECK_THAT(done.output, Catch::Contains("\"peers_dropped\": 1"));
+  // Node 1 let go of node 0's replicas; node 0 of everything of the job.
+  CHECK(c[1].Status().peers(0).held_bytes() == 0);
+  CHECK(c[0].Status().peers(0).held_bytes() == 0);
+  // The files stay: the job restores from the persistent tier.
+  job.Launch(c);
+  auto tiers = job.RestoreAll(1);
+  CHECK(tiers[0] != "memory");
+}
+
+namespace {
+
+std::string Metric(const std::string& socket, const std::string& prefix) {
+  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
+  std::istringstream in(m.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) return line.substr(line.rfind(' ') + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("with replicas a version commits only once every shard is held by a peer, or after the timeout, "
+          "recorded as under-replicated",
+          "[replication]") {
+  TempDir dir("replgate");
+  Cluster c(dir, 2, 1);
+  c.extra_args = {"--replica-commit-timeout-s", "3"};
+  c.StartAll();
+  // Both ranks on node 0, whose only peer is node 1.
+  Job job("replgate", 2);
+  job.Launch(c);
+  job.Save(1);  // committed and replicated
+  const std::string root = c.root() + "/replgate";
+  CHECK_FALSE(fs::exists(root + "/v0000000001/UNDER_REPLICATED"));
+
+  // Node 1 is lost: version 2 is persisted, and no peer can hold it.
+  c.Lose(1);
+  const auto asked = std::chrono::steady_clock::now();
+  for (auto& r : job.ranks) {
+    r->state.Fill(2);
+    r->client->snapshot(2);
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kPersisted);
+  // Not committed before the timeout has run from the moment every rank persisted it.
+  if (std::chrono::steady_clock::now() - asked < std::chrono::seconds(3)) {
+    CHECK_FALSE(fs::exists(root + "/v0000000002/COMMITTED"));
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kCommitted);
+  CHECK(std::chrono::steady_clock::now() - asked >= std::chrono::seconds(3));
+  std::string marker;
+  {
+    std::ifstream in(root + "/v0000000002/UNDER_REPLICATED");
+    marker.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK_THAT(marker, Catch::StartsWith("ranks 0,1: timeout: not held by 1 peer(s) 3 s after every rank persisted"));
+  // Visible: ls, the error log and the metric.
+  ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "replgate"});
+  INFO(ls.output);
+  CHECK_THAT(ls.output, Catch::Contains("under-replicated"));
+  CHECK_THAT(ErrorsOf(c[0].Status()), Catch::Contains("job replgate version 2 committed under-replicated (ranks 0,1"));
+  CHECK(Metric(c.socket(0), "ckptd_versions_under_replicated_total{job=\"replgate\",reason=\"timeout\"}") == "1");
+
+  // The peer is back: versions commit replicated again, with no marker (the first ones may
+  // still find its address refused, for the sender's back-off after a failure).
+  c.Start(1);
+  bool replicated = false;
+  for (std::uint64_t v = 3; v < 20 && !replicated; ++v) {
+    for (auto& r : job.ranks) {
+      r->state.Fill(v);
+      r->client->snapshot(v);
+    }
+    for (auto& r : job.ranks) r->client->wait_durable(v, Level::kCommitted);
+    char name[32];
+    std::snprintf(name, sizeof name, "/v%010llu", static_cast<unsigned long long>(v));
+    replicated = !fs::exists(root + name + "/UNDER_REPLICATED");
+  }
+  CHECK(replicated);
+}
+
+// The node-loss trials: three nodes, R=1, a node lost at a point relative to a version's
+// commit (before its capture ends, once it is persisted, right after it commits: the window
+// in which a replica used to arrive only after the commit, or a random delay). Every trial
+// restores every rank byte-exact, the lost node's from its peer's memory, nothing from a file.
+TEST_CASE("a node lost at any point around a commit restores its ranks from peers' memory, nothing from files "
+          "(20 trials)",
+          "[replication]") {
+  TempDir dir("repltrials");
+  Cluster c(dir, 3, 1);
+  c.StartAll();
+  Job job("repltrials", 6);
+  std::mt19937 rng(20261204);
+  std::uint64_t next = 1;
+  int from_peer = 0;
+  job.Launch(c);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int lost = trial % 3;
+    const int when = trial % 5;
+    INFO("trial " << trial << ", node " << lost << " lost at point " << when);
+    job.Save(next++);
+    const std::uint64_t v = next++;
+    for (auto& r : job.ranks) {
+      r->state.Fill(v);
+      r->client->snapshot(v);
+    }
+    auto& first = *job.ranks[2 * lost];
+    switch (when) {
+      case 0:  // capture in flight
+        break;
+      case 1:  // captured
+        first.client->wait_snapshot(v);
+        break;
+      case 2:  // persisted by the node's ranks
+        first.client->wait_durable(v, Level::kPersisted);
+        job.ranks[2 * lost + 1]->client->wait_durable(v, Level::kPersisted);
+        break;
+      case 3:  // committed: the old window, before replicas used to arrive
+        job.ranks[0]->client->wait_durable(v, Level::kCommitted);
+        break;
+      default:  // anywhere in the first half second
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 500)(rng)));
+    }
+    c.Lose(lost);
+    c.Start(lost);
+    job.Launch(c);
+    std::uint64_t got_version = 0;
+    for (auto& r : job.ranks) {
+      r->state.Fill(999);
+      RestoreResult got = r->client->restore();
+      INFO("rank " << r->rank);
+      if (got_version == 0) got_version = got.version;
+      REQUIRE(got.version == got_version);  // every rank takes the same version
+      REQUIRE(got.version >= v - 1);
+      CHECK(r->state.FirstMismatch(got.version) == -1);
+      if (job.NodeOf(r->rank) == lost) {
+        CHECK(got.tier == "peer");
+        from_peer += got.tier == "peer";
+      } else {
+        CHECK(got.tier == "memory");
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto s = c[i].Status();
+      INFO("node " << i);
+      CHECK(s.restored_bytes_persistent() == 0);
+      CHECK(s.restored_bytes_local() == 0);
+    }
+    next = std::max(next, got_version + 1);
+  }
+  CHECK(from_peer == 40);
 }

@@ -1,4 +1,4 @@
-// ckptctl: look at a running ckptd (status, ls, jobs, prefetch, metrics) or at checkpoint files
+// ckptctl: look at a running ckptd (status, ls, jobs, prefetch, finish, metrics) or at checkpoint files
 // (verify, inspect, export). The subcommands live in tools/ckptctl/ (commands.h); here the command
 // line is parsed and one of them called. Exit codes: tools/ckptctl/common.h.
 #include <CLI/CLI.hpp>
@@ -86,6 +86,13 @@ int main(int argc, char** argv) {
   prefetch->add_flag("--wait", wait_prefetch, "With --from-peers: follow it until done (0) or failed (1)")
       ->needs(from_peers_flag);
 
+  auto* finish = app.add_subcommand(
+      "finish",
+      "The job is over and will not restart: drop its memory images on this daemon and its replicas at the peers "
+      "(files stay). Refused while a trainer of the job is registered here");
+  finish->add_option("--job", job, "Job id")->required();
+  json_flag(finish);
+
   auto* metrics = app.add_subcommand("metrics", "The daemon's metrics in Prometheus text format");
   json_flag(metrics);
 
@@ -150,6 +157,7 @@ int main(int argc, char** argv) {
   if (*jobs) return Jobs(socket, json);
   if (*prefetch && from_peers) return PrefetchFromPeers(socket, job, ranks, wait_prefetch, json);
   if (*prefetch) return Prefetch(socket, job, version, ranks, json);
+  if (*finish) return Finish(socket, job, json);
   if (*metrics) return Metrics(socket, json);
   if (*verify) return Verify(paths, tree, json);
   if (*inspect) return Inspect(paths, tree, json);

@@ -130,6 +130,13 @@ struct Config {
   // is given up, and the restore goes on with the next source: a peer that stalls costs a
   // trainer this much, not the call's deadline.
   std::uint32_t peer_progress_timeout_s = 5;
+  // With replicas, a version commits once every rank's shard is persisted *and* held by
+  // `replicas` peers (each rank's daemon claims it in its `.repl` marker), so a node lost at
+  // any moment leaves the newest committed version in its peers' memory. A version whose
+  // shards are all persisted but not all replicated this many seconds later commits anyway,
+  // recorded as under-replicated (its UNDER_REPLICATED marker, a metric, the error log); 0:
+  // never wait for replicas (the commit needs persistence only).
+  std::uint32_t replica_commit_timeout_s = 30;
   // Connections the peer server holds at once: in all, and from one remote address (the
   // rest are closed as they come). 0 for the total: derived from the open-file limit.
   std::uint32_t peer_max_connections = 0;

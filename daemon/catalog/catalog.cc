@@ -80,7 +80,7 @@ Status Catalog::PrepareVersionDir(const std::string& job, std::uint64_t version)
 }
 
 Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                                 bool* committed, std::uint64_t* claimed) {
+                                 bool* committed, std::uint64_t* claimed, ReplicaGate* gate) {
   MutexLock lock(commit_mu_);
   *committed = false;
   if (claimed != nullptr) *claimed = 0;
@@ -91,8 +91,8 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   // names count them); the markers are opened only once they may claim every rank.
   auto names = storage_->List(dir);
   if (!names.ok()) return Status::Ok();
-  std::uint64_t named = 0;
-  std::vector<std::string> markers;
+  std::uint64_t named = 0, named_replicated = 0;
+  std::vector<std::string> markers, replica_markers;
   for (const auto& n : names.value()) {
     if (n == kCommittedMarker) {
       *committed = true;
@@ -101,12 +101,30 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
     if (auto id = ParseNodeMarkerName(n)) {
       named += id->ranks;
       markers.push_back(n);
+    } else if (auto rid = ParseNodeMarkerName(n, NodeMarkerKind::kReplicated)) {
+      named_replicated += rid->ranks;
+      replica_markers.push_back(n);
     }
   }
   if (claimed != nullptr) *claimed = named;
   if (named < world_size) return Status::Ok();
   auto current = CurrentRegistrationsIfClaimed(job, version, markers, NodeMarkerKind::kDone, world_size);
   if (!current) return Status::Ok();
+  if (gate != nullptr && gate->replicas) {
+    if (claimed != nullptr) *claimed = named + named_replicated;
+    gate->unreplicated = UnreplicatedRanks(job, version, replica_markers, *current);
+    if (!gate->unreplicated.empty()) {
+      if (!gate->commit_anyway) return Status::Ok();
+      std::string ranks;
+      for (std::uint32_t r : gate->unreplicated) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      const std::string text = "ranks " + ranks + ": " + gate->commit_anyway_why + "\n";
+      // Before COMMITTED: a version that commits without it would pass for fully replicated.
+      if (Status s = storage_->WriteFileAtomic(tree_.UnderReplicatedMarker(job, version), text); !s.ok()) {
+        return s.With("write the UNDER_REPLICATED marker");
+      }
+      gate->under_replicated = true;
+    }
+  }
   if (index_writer_) {
     std::vector<std::string> registrations(world_size);
     for (std::uint32_t r = 0; r < world_size; ++r) registrations[r] = current->at(r);
@@ -136,6 +154,36 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
            " committed failed: " + s.message() + " (retried after the next commit)");
   }
   return Status::Ok();
+}
+
+std::vector<std::uint32_t> Catalog::UnreplicatedRanks(const std::string& job, std::uint64_t version,
+                                                      const std::vector<std::string>& replica_markers,
+                                                      const NodeClaims& current) {
+  const std::string dir = VersionDir(job, version);
+  NodeClaims replicated;  // only the claims of each rank's current registration count
+  for (const auto& m : replica_markers) {
+    auto text = storage_->ReadSmallFile(JoinPath(dir, m));
+    if (!text.ok()) continue;  // replaced by a larger one meanwhile: the next look reads that
+    auto parsed = ParseNodeMarker(text.value());
+    if (!parsed) continue;
+    for (auto& [rank, registration] : *parsed) {
+      auto it = current.find(rank);
+      if (it != current.end() && it->second == registration) replicated[rank] = registration;
+    }
+  }
+  std::vector<std::uint32_t> missing;
+  for (const auto& [rank, registration] : current) {
+    if (!replicated.count(rank)) missing.push_back(rank);
+  }
+  return missing;
+}
+
+std::string Catalog::UnderReplicated(const std::string& job, std::uint64_t version) {
+  auto text = storage_->ReadSmallFile(tree_.UnderReplicatedMarker(job, version));
+  if (!text.ok()) return "";
+  std::string t = text.value();
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  return t.empty() ? "under-replicated" : t;
 }
 
 std::optional<NodeClaims> Catalog::CurrentRegistrationsIfClaimed(const std::string& job,

@@ -66,6 +66,7 @@ struct VersionEntry {
   bool committed = false;
   bool restorable = false;           // a RESTORABLE marker: replicated to peers, not committed
   std::string aborted;               // non-empty: a rank aborted it (the first ABORTED marker's text)
+  std::string under_replicated;      // non-empty: committed under-replicated (its marker's text)
   std::vector<std::uint32_t> ranks;  // ranks with a durable shard
 };
 
@@ -108,8 +109,24 @@ class Catalog {
   // the newest committed one commits too (its shards may simply have been slower); `latest`
   // never moves back. An error means the version did not commit (no COMMITTED is left); what
   // fails once it is committed (`latest`, retention) is reported, not returned.
+  //
+  // With `gate.replicas`, every rank's shard must also be claimed replicated (the `.repl`
+  // markers, ReplicaClaims) with the same current registration; while one is not, the
+  // version does not commit and the ranks missing are in gate.unreplicated (*claimed then
+  // counts the replicated claims' names too, as progress). With `gate.commit_anyway` set
+  // too it commits all the same, writing UNDER_REPLICATED (the ranks and
+  // gate.commit_anyway_why) before COMMITTED, and sets gate.under_replicated.
+  struct ReplicaGate {
+    bool replicas = false;
+    bool commit_anyway = false;
+    std::string commit_anyway_why;
+    std::vector<std::uint32_t> unreplicated;  // out
+    bool under_replicated = false;            // out
+  };
   Status CommitIfComplete(const std::string& job, std::uint64_t version, std::uint32_t world_size,
-                          bool* committed, std::uint64_t* claimed = nullptr);
+                          bool* committed, std::uint64_t* claimed = nullptr, ReplicaGate* gate = nullptr);
+  // The text of the version's UNDER_REPLICATED marker, or "" if it has none.
+  std::string UnderReplicated(const std::string& job, std::uint64_t version);
   // Records `registration` as the current one of (job, rank), durably: the rank's next
   // generation in JOB/ranks/rank-R, then its name; the name of the generation it replaces is
   // removed. A failure is also reported (the trainer's call fails, and status shows why).
@@ -181,6 +198,11 @@ class Catalog {
   // The ranks' current registrations (rank -> registration, every rank 0..world_size-1) if
   // `markers` (names of `kind` in the version's directory) claim each rank with it; nullopt
   // if any is not so claimed, or ranks/ cannot be listed.
+  // The ranks of `current` (rank -> current registration) that no `.repl` marker among
+  // `replica_markers` claims with that registration.
+  std::vector<std::uint32_t> UnreplicatedRanks(const std::string& job, std::uint64_t version,
+                                               const std::vector<std::string>& replica_markers,
+                                               const NodeClaims& current);
   std::optional<NodeClaims> CurrentRegistrationsIfClaimed(const std::string& job, std::uint64_t version,
                                                           const std::vector<std::string>& markers,
                                                           NodeMarkerKind kind, std::uint32_t world_size);

@@ -33,6 +33,7 @@ Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
     for (const auto& f : files.value()) {
       if (f == kCommittedMarker) e.committed = true;
       if (f == kRestorableMarker) e.restorable = true;
+      if (f == kUnderReplicatedMarker) e.under_replicated = UnderReplicated(job, e.version);
       if (auto r = ParseShardFileName(f)) e.ranks.push_back(*r);
       if (e.aborted.empty() && f.rfind(kAbortedPrefix, 0) == 0 &&
           f.find('.', kAbortedPrefix.size()) == std::string::npos) {

@@ -12,8 +12,8 @@ constexpr std::chrono::seconds kRepairEvery{1};
 
 }  // namespace
 
-CommitTracker::CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks)
-    : catalog_(catalog), shards_(shards), hooks_(std::move(hooks)) {}
+CommitTracker::CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks, ReplicaWait replica_wait)
+    : catalog_(catalog), shards_(shards), hooks_(std::move(hooks)), replica_wait_(replica_wait) {}
 
 void CommitTracker::Start() {
   watcher_ = std::thread([this] { WatchLoop(); });
@@ -247,10 +247,54 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
   }
 }
 
+Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGate* gate) {
+  if (!replica_wait_.replicas) return nullptr;
+  gate->replicas = true;
+  const std::uint64_t latest = catalog_.Latest(key.first);
+  if (key.second < latest) {
+    // A newer version is committed: that one is what a lost node restores, so this one's
+    // replicas are not worth a wait.
+    gate->commit_anyway = true;
+    gate->commit_anyway_why = "superseded: version " + std::to_string(latest) +
+                              " had committed before these ranks' shards were held by " +
+                              std::to_string(replica_wait_.copies) + " peer(s)";
+    return gate;
+  }
+  MutexLock lock(mu_);
+  auto it = deciding_.find(key);
+  if (it != deciding_.end() && it->second.unreplicated_since != Clock::time_point{} &&
+      Clock::now() - it->second.unreplicated_since >= replica_wait_.timeout) {
+    gate->commit_anyway = true;
+    gate->commit_anyway_why = "timeout: not held by " + std::to_string(replica_wait_.copies) + " peer(s) " +
+                              std::to_string(replica_wait_.timeout.count()) +
+                              " s after every rank persisted the version (--replica-commit-timeout-s)";
+  }
+  return gate;
+}
+
+void CommitTracker::NoteUnreplicated(const Key& key, const Catalog::ReplicaGate& gate) {
+  std::string ranks;
+  for (std::uint32_t r : gate.unreplicated) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  {
+    MutexLock lock(mu_);
+    auto it = deciding_.find(key);
+    if (it == deciding_.end()) return;
+    Awaited& a = it->second;
+    if (a.unreplicated_since == Clock::time_point{}) a.unreplicated_since = Clock::now();
+    if (a.unreplicated_logged) return;
+    a.unreplicated_logged = true;
+  }
+  spdlog::info("job {} version {}: persisted by every rank; waiting for rank(s) {} to be held by {} peer(s) before "
+               "it commits (at most {} s)",
+               key.first, key.second, ranks, replica_wait_.copies, replica_wait_.timeout.count());
+}
+
 void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
                               const std::shared_ptr<ShardJob>& shard, std::uint64_t* claimed) {
   bool committed = false;
   Status st;
+  Catalog::ReplicaGate gate_storage;
+  Catalog::ReplicaGate* gate = GateFor({job, version}, &gate_storage);
   {
     MutexLock decide(decide_mu_);
     if (given_up_.count({job, version}) != 0) {
@@ -258,13 +302,29 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
       deciding_.erase({job, version});  // a late shard of a version given up: it stays so
       return;
     }
-    st = catalog_.CommitIfComplete(job, version, world_size, &committed, claimed);
+    st = catalog_.CommitIfComplete(job, version, world_size, &committed, claimed, gate);
   }
   if (committed) {
+    if (gate != nullptr && gate->under_replicated) {
+      const std::string text = catalog_.UnderReplicated(job, version);
+      const bool superseded = gate->commit_anyway_why.rfind("superseded", 0) == 0;
+      const std::string message = "job " + job + " version " + std::to_string(version) +
+                                  " committed under-replicated (" + text + ")" +
+                                  (superseded ? "" : "; a node lost now restores those ranks from the persistent tier");
+      if (superseded) {
+        spdlog::info("{}", message);
+      } else {
+        spdlog::warn("{}", message);
+      }
+      if (hooks_.on_under_replicated) hooks_.on_under_replicated(job, superseded ? "superseded" : "timeout", message);
+    }
     Finish(job, version, shard, /*ours=*/true);
     return;
   }
-  if (st.ok()) return;  // not complete yet: the watcher looks again
+  if (st.ok()) {
+    if (gate != nullptr && !gate->unreplicated.empty()) NoteUnreplicated({job, version}, *gate);
+    return;  // not complete yet: the watcher looks again
+  }
   std::vector<std::shared_ptr<ShardJob>> failed;
   {
     MutexLock lock(mu_);

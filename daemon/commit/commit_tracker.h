@@ -58,9 +58,23 @@ class CommitTracker {
     std::function<void(const std::shared_ptr<ShardJob>&)> on_shard_failed;
     // A failure with no shard to carry it.
     std::function<void(const std::string&)> on_error;
+    // This daemon committed a version under-replicated: the job, and what its marker says.
+    std::function<void(const std::string& job, const std::string& reason, const std::string& message)>
+        on_under_replicated;
+  };
+  // With peer replication: a version commits once every rank's shard is persisted and held by
+  // the peers too (Catalog::ReplicaGate); one persisted everywhere and not replicated
+  // `replica_timeout` later, or older than a version that committed, commits anyway, recorded
+  // as under-replicated. Off (the commit needs persistence only) when `replicas` is false.
+  struct ReplicaWait {
+    bool replicas = false;
+    std::uint32_t copies = 0;  // --replicas, for the messages
+    std::chrono::seconds timeout{0};
   };
 
-  CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks);
+  CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks, ReplicaWait replica_wait);
+  CommitTracker(Catalog& catalog, ShardRegistry& shards, Hooks hooks)
+      : CommitTracker(catalog, shards, std::move(hooks), ReplicaWait{}) {}
   ~CommitTracker() { Stop(); }
 
   void Start();
@@ -97,6 +111,10 @@ class CommitTracker {
     Clock::time_point next_poll{};
     Clock::duration interval{};
     std::uint64_t claimed = 0;
+    // Since when every rank's shard is persisted and some are not replicated yet (zero: not
+    // seen so), and whether that was logged.
+    Clock::time_point unreplicated_since{};
+    bool unreplicated_logged = false;
   };
   // This daemon's marker of one version: what it claims on storage, and what is to be added.
   struct Marker {
@@ -130,9 +148,15 @@ class CommitTracker {
               bool ours) EXCLUDES(mu_);
   void WatchLoop() EXCLUDES(mu_);
 
+  // The replication gate of one decision of (job, version): none (null) without replicas.
+  Catalog::ReplicaGate* GateFor(const Key& key, Catalog::ReplicaGate* gate) EXCLUDES(mu_);
+  // After a decision that waits for replicas: when it started, logged once.
+  void NoteUnreplicated(const Key& key, const Catalog::ReplicaGate& gate) EXCLUDES(mu_);
+
   Catalog& catalog_;
   ShardRegistry& shards_;
   const Hooks hooks_;
+  const ReplicaWait replica_wait_;
   // Held across this daemon's commit decisions and its giving up, so that a version is
   // never both committed and given up here. Taken before mu_.
   Mutex decide_mu_ ACQUIRED_BEFORE(mu_);

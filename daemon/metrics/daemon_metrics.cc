@@ -96,6 +96,7 @@ void DaemonMetrics::Render(Exposition& out, const LabelFilter& filter) const {
   committed_.Render(out, filter);
   failed_.Render(out, filter);
   aborted_.Render(out, filter);
+  under_replicated_.Render(out, filter);
   errors_family_.Render(out, nullptr);
   replication_family_.Render(out, nullptr);
   replication_bytes_family_.Render(out, nullptr);

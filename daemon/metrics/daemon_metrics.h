@@ -77,6 +77,11 @@ class DaemonMetrics {
   }
   void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
   void ShardAborted(const std::string& job) { aborted_.With({{"job", job}}).Add(); }
+  // A version this daemon committed without every rank's shard replicated; `reason`:
+  // "timeout" or "superseded".
+  void UnderReplicated(const std::string& job, const std::string& reason) {
+    under_replicated_.With({{"job", job}, {"reason", reason}}).Add();
+  }
   // Counts a version once, however many of its shards fail.
   void VersionFailed(const std::string& job, std::uint64_t version) EXCLUDES(failed_mu_);
   void Error(ErrorKind kind) { errors_[static_cast<std::size_t>(kind)]->Add(); }
@@ -116,6 +121,10 @@ class DaemonMetrics {
   Family<Counter> aborted_{"ckptd_versions_aborted_total",
                            "Shards served by this daemon that were aborted (a torn snapshot: memory changed "
                            "during the copy, or never sealed), by job; such a version never commits."};
+  Family<Counter> under_replicated_{
+      "ckptd_versions_under_replicated_total",
+      "Versions this daemon committed without every rank's shard held by --replicas peers, by job and reason "
+      "(timeout: --replica-commit-timeout-s ran out; superseded: a newer version had committed first)."};
   Family<Counter> errors_family_{
       "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};

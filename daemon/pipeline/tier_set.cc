@@ -129,6 +129,7 @@ Result<std::map<std::uint64_t, VersionOnTiers>> TierSet::List(const std::string&
     v.committed = e.committed;
     v.restorable = e.restorable && !e.committed;
     if (!e.committed) v.aborted = e.aborted;
+    if (e.committed) v.under_replicated = e.under_replicated;
     v.persistent_ranks = e.ranks;
   }
   auto note = [&](std::uint64_t version) -> VersionOnTiers& {

@@ -94,6 +94,7 @@ struct VersionOnTiers {
   bool committed = false;
   bool restorable = false;  // not committed, but every rank's shard is replicated
   std::string aborted;      // non-empty: a rank aborted it, and why
+  std::string under_replicated;  // non-empty: committed without every shard replicated, and why
   std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
   std::vector<std::uint32_t> local_ranks;
   std::vector<std::uint32_t> memory_ranks;

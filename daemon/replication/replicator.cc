@@ -325,7 +325,6 @@ void Replicator::SendLoop() {
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
         MutexLock lock(mu_);
         sent_held_[peer] = held;
-        sent_to_[m.job].insert(peer);
         peer_error_.erase(peer);
         continue;
       }
@@ -355,16 +354,11 @@ void Replicator::SendLoop() {
   }
 }
 
-void Replicator::OnJobEnded(const std::string& job) {
-  std::set<std::string> told;
-  {
-    MutexLock lock(mu_);
-    auto it = sent_to_.find(job);
-    if (it == sent_to_.end()) return;  // nothing of it was replicated
-    told = std::move(it->second);
-    sent_to_.erase(it);
-  }
-  for (const std::string& peer : told) {
+Replicator::JobDropped Replicator::OnJobFinished(const std::string& job) {
+  JobDropped out;
+  for (std::size_t i : peers_.Ring()) {
+    const std::string& peer = peers_.addresses[i];
+    ++out.told;
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
     grpc::ClientContext ctx;
     const std::string subject = PeerSecret::JobSubject(job, peers_.self_address());
@@ -386,9 +380,11 @@ void Replicator::OnJobEnded(const std::string& job) {
       Unproven(peer, proven);
       continue;
     }
+    ++out.dropped;
     MutexLock lock(mu_);
     sent_held_.erase(peer);  // as it says on the next acknowledgement
   }
+  return out;
 }
 
 std::vector<Replicator::PeerInfo> Replicator::Peers() {

@@ -97,8 +97,16 @@ class Replicator : public PeerShards {
   // `deadline` passes (DeadlineExceeded).
   Status WaitReplicated(const std::string& job, std::uint64_t version, std::uint32_t rank,
                         std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
-  // The job has no session left on this daemon: the holders drop the replicas it sent.
-  void OnJobEnded(const std::string& job) EXCLUDES(mu_);
+  // The job is finished (FinishJob, or the last session of it unregistered as finished):
+  // every peer is told to drop the replicas of it this daemon sent (every peer of the ring,
+  // not only those that acknowledged one since this daemon started, which a restart forgets).
+  // A job that merely lost its sessions (a crash, a failed collective) keeps them: they are
+  // what its restart restores from.
+  struct JobDropped {
+    std::uint32_t told = 0;     // peers asked
+    std::uint32_t dropped = 0;  // peers that answered, proven
+  };
+  JobDropped OnJobFinished(const std::string& job) EXCLUDES(mu_);
 
   // PeerShards.
   std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) override;
@@ -205,8 +213,6 @@ class Replicator : public PeerShards {
   std::deque<Key> state_order_ GUARDED_BY(mu_);  // oldest first, to bound states_
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
   std::map<std::string, std::uint64_t> sent_held_ GUARDED_BY(mu_);
-  // Per job, the peers that acknowledged a shard of it: those a job's end tells.
-  std::map<std::string, std::set<std::string>> sent_to_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   // When a send to the peer last failed (erased by a success): see SendTo.
   std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);

@@ -81,6 +81,8 @@ void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* ou
   out->set_restorable(v.restorable);
   out->set_aborted(!v.aborted.empty());
   out->set_abort_reason(v.aborted);
+  out->set_under_replicated(!v.under_replicated.empty());
+  out->set_under_replicated_reason(v.under_replicated);
   for (auto r : v.persistent_ranks) out->add_durable_ranks(r);
   for (auto r : v.local_ranks) out->add_local_ranks(r);
   for (auto r : v.memory_ranks) out->add_memory_ranks(r);

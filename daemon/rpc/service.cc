@@ -278,13 +278,53 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   if (!s.ok()) return ToGrpc(s.status());
   const std::string job = s.value()->job;
   daemon_.sessions().Unregister(s.value(), gate_.CancelCheckOf(ctx));
-  if (Replicator* r = daemon_.replicator()) {
-    // The job ended on this node (no session of it left): its replicas go.
-    const auto all = daemon_.sessions().All();
-    if (std::none_of(all.begin(), all.end(), [&](const auto& other) { return other->job == job; })) {
-      r->OnJobEnded(job);
-    }
+  // A trainer that ends is not a job that finished: a crash or a failed collective ends every
+  // trainer of a job too, and its restart restores from the memory images and the peers'
+  // replicas. Only a trainer that says the job is finished lets them go, once it is the last
+  // one of the job here.
+  if (req->finished() && !HasSessionOf(job)) {
+    v1::FinishJobReply dropped;
+    FinishJobHere(job, &dropped);
   }
+  return grpc::Status::OK;
+}
+
+bool CheckpointService::HasSessionOf(const std::string& job) {
+  const auto all = daemon_.sessions().All();
+  return std::any_of(all.begin(), all.end(), [&](const auto& other) { return other->job == job; });
+}
+
+void CheckpointService::FinishJobHere(const std::string& job, v1::FinishJobReply* reply) {
+  std::uint64_t bytes = 0;
+  const std::uint32_t images = daemon_.memory().DropJob(job, &bytes);
+  reply->set_memory_images_dropped(images);
+  reply->set_memory_bytes_dropped(bytes);
+  if (Replicator* r = daemon_.replicator()) {
+    const Replicator::JobDropped told = r->OnJobFinished(job);
+    reply->set_peers_told(told.told);
+    reply->set_peers_dropped(told.dropped);
+  }
+  spdlog::info("job {} finished: dropped {} memory image(s) ({} bytes); {} of {} peer(s) dropped the replicas sent "
+               "them",
+               job, images, bytes, reply->peers_dropped(), reply->peers_told());
+}
+
+grpc::Status CheckpointService::FinishJob(grpc::ServerContext* ctx, const v1::FinishJobRequest* req,
+                                          v1::FinishJobReply* reply) {
+  auto pass = gate_.Enter();
+  if (!pass) return CallGate::Refusal();
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return ToGrpc(peer.status());
+  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
+  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "finish"); !st.ok()) {
+    return ToGrpc(st);
+  }
+  if (HasSessionOf(req->job())) {
+    return ToGrpc(FailedPrecondition("job '" + req->job() +
+                                     "' still has a registered trainer on this daemon; finish it once its trainers "
+                                     "have exited (its memory images and replicas are what a restart restores from)"));
+  }
+  FinishJobHere(req->job(), reply);
   return grpc::Status::OK;
 }
 

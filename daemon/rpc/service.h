@@ -39,6 +39,7 @@ class CheckpointService final : public v1::Checkpoint::Service {
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortReply*) override;
   grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchReply*) override;
   grpc::Status WarmStart(grpc::ServerContext*, const v1::WarmStartRequest*, v1::WarmStartReply*) override;
+  grpc::Status FinishJob(grpc::ServerContext*, const v1::FinishJobRequest*, v1::FinishJobReply*) override;
   grpc::Status Jobs(grpc::ServerContext*, const v1::JobsRequest*, v1::JobsReply*) override;
   grpc::Status GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*, v1::GetMetricsReply*) override;
 
@@ -53,6 +54,11 @@ class CheckpointService final : public v1::Checkpoint::Service {
   // then seals it. The shard's error, the verification's, or kCancelled / kDeadlineExceeded.
   ckpt::Status SealAtWait(grpc::ServerContext* ctx, const std::shared_ptr<ShardJob>& shard, bool ordered,
                           std::chrono::steady_clock::time_point deadline);
+
+  // Whether a session of `job` is registered on this daemon.
+  bool HasSessionOf(const std::string& job);
+  // Drops the job's memory images here and tells the peers to drop the replicas sent them.
+  void FinishJobHere(const std::string& job, v1::FinishJobReply* reply);
 
   // A random id, new in every daemon process (RegisterReply.daemon_instance): how a client
   // tells a restarted daemon from the one it registered with.

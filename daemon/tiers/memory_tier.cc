@@ -244,6 +244,35 @@ std::uint32_t MemoryTier::DropReplicas(const std::string& job, const std::string
   return dropped;
 }
 
+std::uint32_t MemoryTier::DropJob(const std::string& job, std::uint64_t* bytes) {
+  std::uint32_t dropped = 0;
+  *bytes = 0;
+  MutexLock lock(mu_);
+  for (auto it = images_.begin(); it != images_.end();) {
+    if (std::get<0>(it->first) != job) {
+      ++it;
+      continue;
+    }
+    auto& versions = it->second;
+    for (auto v = versions.begin(); v != versions.end();) {
+      if (v->second.image->complete) {
+        *bytes += v->second.image->capacity();
+        v = versions.erase(v);
+        ++dropped;
+      } else {
+        ++v;
+      }
+    }
+    if (versions.empty()) {
+      last_used_.erase(it->first);
+      it = images_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
 std::map<std::string, std::uint64_t> MemoryTier::ReplicaBytes() {
   std::map<std::string, std::uint64_t> out;
   MutexLock lock(mu_);

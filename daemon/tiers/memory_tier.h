@@ -80,6 +80,10 @@ class MemoryTier {
                                               const std::string& origin, bool* own_shard = nullptr) EXCLUDES(mu_);
   // Drops the replicas of `job` that `origin` sent (every origin if empty); how many.
   std::uint32_t DropReplicas(const std::string& job, const std::string& origin) EXCLUDES(mu_);
+  // The job is finished: drops every complete image of it, this daemon's own shards and the
+  // replicas it holds for peers (an image still being filled is left to its writer, and goes
+  // with the tier's usual rules). How many, and their bytes in *bytes.
+  std::uint32_t DropJob(const std::string& job, std::uint64_t* bytes) EXCLUDES(mu_);
   // Bytes of replicas held, per origin.
   std::map<std::string, std::uint64_t> ReplicaBytes() EXCLUDES(mu_);
   // The image is complete (its shard is published).

@@ -16,6 +16,26 @@ rc=0
 # Whether the daemon may have left temporary files: it died by itself, or was SIGKILLed.
 left_tmp=0
 
+# Node mode: a Slurm job that succeeded finished the checkpoint jobs the operator names; their
+# memory images and replicas go. Any other end (failure, cancel, requeue, node failure) keeps
+# them for the restart, as a trainer crash does.
+if [ "$CKPTD_SLURM_MODE" = node ] && [ -n "${CKPTD_FINISH_JOBS:-}" ]; then
+  if [ "${SLURM_JOB_EXIT_CODE:-1}" = 0 ]; then
+    ctl="$(dirname "$CKPTD_BIN")/ckptctl"
+    for pattern in $CKPTD_FINISH_JOBS; do
+      ckpt_job="${pattern//%j/$job_id}"
+      ckpt_job="${ckpt_job//%u/$user}"
+      if out="$(timeout 60 "$ctl" --socket "$CKPTD_NODE_SOCKET" finish --job "$ckpt_job" 2>&1)"; then
+        ckptd_log "$out"
+      else
+        ckptd_log "ckptctl finish --job $ckpt_job: $out"
+      fi
+    done
+  else
+    ckptd_log "exit code ${SLURM_JOB_EXIT_CODE:-unknown}: checkpoint jobs kept in memory for a restart"
+  fi
+fi
+
 if [ "$CKPTD_SLURM_MODE" = job ] && [ -e "$job_state" ]; then
   recorded="$(cat "$job_state" 2>/dev/null)"
   pid="${recorded%% *}"

@@ -488,10 +488,14 @@ class Checkpointer(_Collecting, _Restoring):
         self._collect_seal(block=True)
         self._client.wait_durable(step, level, timeout)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
         """Removes the hooks and ends the registration (versions in flight still complete).
         The tensors stay where they are (in shared memory) and keep working. An error of the
-        last save's snapshot call not yet raised is raised here, after all that."""
+        last save's snapshot call not yet raised is raised here, after all that.
+        `finished=True`: the training run is over and will not restart, so the daemon lets go
+        of the job's memory images and the replicas at its peers once no rank of it is left
+        on the node (files stay). Leave it False when closing for any other reason: a crashed
+        or interrupted run restores from them."""
         if self._closed:
             return
         error = None
@@ -517,7 +521,7 @@ class Checkpointer(_Collecting, _Restoring):
             if obj is not None and obj in _OPEN and _OPEN[obj]() is self:
                 del _OPEN[obj]
         _LIVE.discard(self)
-        self._client.unregister()
+        self._client.unregister(finished=finished)
         if error is not None:
             raise error
 

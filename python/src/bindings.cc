@@ -597,11 +597,14 @@ PYBIND11_MODULE(_ckpt, m) {
           "The daemon's status as a JSON string.")
       .def(
           "unregister",
-          [](ckpt::Client& c) {
+          [](ckpt::Client& c, bool finished) {
             py::gil_scoped_release release;
-            c.unregister();
+            c.unregister(finished);
           },
-          "Ends the registration (in-flight versions still complete).")
+          py::arg("finished") = false,
+          "Ends the registration (in-flight versions still complete). finished=True: the job is over "
+          "and will not restart, so once no trainer of it is left on the daemon, its memory images and "
+          "the replicas at the daemon's peers go (files stay); without it they stay for a restart.")
       .def_property_readonly("socket_path", &ckpt::Client::socket_path)
       .def_property_readonly(
           "reconnect_budget",

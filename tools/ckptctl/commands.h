@@ -27,6 +27,8 @@ int Ls(const std::string& socket, const std::string& job, bool json);
 int Jobs(const std::string& socket, bool json);
 int Prefetch(const std::string& socket, const std::string& job, std::uint64_t version,
              const std::vector<std::uint32_t>& ranks, bool json);
+// FinishJob: the job's memory images here and its replicas at the peers go.
+int Finish(const std::string& socket, const std::string& job, bool json);
 int Metrics(const std::string& socket, bool json);
 // `paths` and the shards of `tree` (if its root is set).
 int Verify(std::vector<std::string> paths, const TreeSelection& tree, bool json);

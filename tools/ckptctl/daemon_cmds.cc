@@ -1,4 +1,4 @@
-// The subcommands that ask a running ckptd: status (one report), ls, jobs, prefetch, metrics.
+// The subcommands that ask a running ckptd: status (one report), ls, jobs, prefetch, finish, metrics.
 #include <grp.h>
 #include <pwd.h>
 
@@ -146,6 +146,7 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
                                  : "incomplete",
                 join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
     if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
+    if (v.under_replicated()) std::printf("      under-replicated: %s\n", v.under_replicated_reason().c_str());
   }
   return kOk;
 }
@@ -194,6 +195,28 @@ int Prefetch(const std::string& socket, const std::string& job, std::uint64_t ve
   }
   std::printf("job %s version %" PRIu64 ": %u shard(s) copied to the local tier, %u into memory, %s read\n",
               job.c_str(), r.version(), r.local_shards(), r.memory_shards(), Human(r.bytes()).c_str());
+  return kOk;
+}
+
+int Finish(const std::string& socket, const std::string& job, bool json) {
+  auto stub = Connect(socket);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 60);
+  ckpt::v1::FinishJobRequest req;
+  req.set_job(job);
+  ckpt::v1::FinishJobReply r;
+  grpc::Status s = stub->FinishJob(&ctx, req, &r);
+  if (!s.ok()) return Fail("finish", s, socket);
+  if (json) {
+    nlohmann::ordered_json doc = ToJson(r);
+    doc["job"] = job;
+    PrintJson(doc);
+    return kOk;
+  }
+  std::printf("job %s finished on this node: %u memory image(s) dropped (%s); %u of %u peer(s) dropped the "
+              "replicas sent them\n",
+              job.c_str(), r.memory_images_dropped(), Human(r.memory_bytes_dropped()).c_str(), r.peers_dropped(),
+              r.peers_told());
   return kOk;
 }
 
