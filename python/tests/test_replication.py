@@ -91,3 +91,48 @@ def test_a_replicated_version_not_committed_restores_after_a_node_loss(start_dae
         assert {b.name: b.data for b in r.blobs} == {"step": b"2"}
         assert "uncommitted=True" in repr(r)
     assert "1 restore(s) of a version not committed yet" in nodes[1].ctl("status").stdout
+
+
+def test_replicas_stay_when_trainers_end_and_go_when_the_job_is_finished(start_daemon, temp_dir):
+    """A trainer that ends (a crash, a failed collective: Python leaves through an exception,
+    and the client unregisters) keeps the job's replicas at the peers for the restart;
+    unregister(finished=True) from the job's last trainer on a node lets the job go there."""
+    import json
+
+    root = temp_dir / "persistent"
+    peers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    secret = temp_dir / "peer-secret"
+    secret.write_text("a secret the two test daemons share\n")
+    os.chmod(secret, 0o600)
+    nodes = [start_daemon(root=root, socket=temp_dir / f"node{i}" / "ckptd.sock",
+                          extra_args=["--memory-mib", "64", "--replicas", "1", "--peer-listen", peers[i],
+                                      "--peers", ",".join(peers), "--peer-secret", str(secret)])
+             for i in range(2)]
+
+    def held(i):
+        status = json.loads(nodes[i].ctl("status", "--json").stdout)
+        return sum(int(p.get("held_bytes", 0)) for p in status.get("peers", []))
+
+    def launch():
+        ranks = []
+        for rank in range(2):
+            region = ckpt.SharedRegion.create(64)
+            c = nodes[rank].client()
+            c.register_items("pyfinish", rank, 2, [("w", "F32", [16], region, 0)])
+            ranks.append((c, region))
+        return ranks
+
+    ranks = launch()
+    for rank, (c, region) in enumerate(ranks):
+        fill(region, 1, rank)
+        c.snapshot(1)
+    for c, _ in ranks:
+        c.wait_durable(1, ckpt.Level.COMMITTED)
+    for c, _ in ranks:
+        c.unregister()  # ended, not finished
+    assert held(0) > 0 and held(1) > 0
+    # The restart restores from memory (own images, not files), then the run completes.
+    for rank, (c, region) in enumerate(launch()):
+        assert c.restore(result=True).tier == "memory"
+        c.unregister(finished=True)
+    assert held(0) == 0 and held(1) == 0

@@ -12,6 +12,7 @@ process the prolog did not record. Every wait polls with a deadline.
 Usage: slurm_test.py BUILD_DIR [CASE...] (CASE: a case_* name without the prefix). Exit 77 (ctest SKIP_RETURN_CODE) when the machine cannot
 host the cluster, saying why.
 """
+import json
 import os
 import pwd
 import re
@@ -435,7 +436,7 @@ def case_node_mode(env):
         assert os.read(r, 16).startswith(b"ready"), "the node daemon did not start"
         os.close(r)
         with open(envfile, "a") as f:
-            f.write(f"CKPTD_SLURM_MODE=node\nCKPTD_NODE_SOCKET={socket}\n")
+            f.write(f"CKPTD_SLURM_MODE=node\nCKPTD_NODE_SOCKET={socket}\nCKPTD_FINISH_JOBS='nodemode other-%j'\n")
         job = sbatch("node-mode", env.train("nodemode", "", 3))
         state, code = wait_done(job)
         out = output("node-mode")
@@ -443,6 +444,16 @@ def case_node_mode(env):
         assert f"daemon at {socket}" in out, out
         assert all(os.path.exists(f"{node_root}/nodemode/v{v:010d}/COMMITTED") for v in (1, 2, 3))
         assert daemon.poll() is None, "the epilog stopped the node daemon"
+        # The job exited 0: the epilog finished the checkpoint jobs named, and the node
+        # daemon let go of nodemode's memory images (files stay); %j expanded.
+        with open(f"{D}/log/ckptd/slurm-scripts.log") as f:
+            log = f.read()
+        assert "job nodemode finished on this node: " in log, log
+        assert f"ckptctl finish --job other-{job}: " in log, log
+        jobs = json.loads(subprocess.run([env.ckptctl, "--socket", socket, "jobs", "--json"], check=True,
+                                         capture_output=True, text=True).stdout)
+        held = [j for j in jobs["jobs"] if j["job"] == "nodemode"]
+        assert held and int(held[0].get("memory_bytes", 0)) == 0, jobs
         daemon.terminate()
         daemon.wait()
         expect_prolog_failure(env, "node-mode-down", rf"node mode: no ckptd socket at {re.escape(socket)}")
