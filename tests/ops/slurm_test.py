@@ -449,7 +449,7 @@ def case_node_mode(env):
         with open(f"{D}/log/ckptd/slurm-scripts.log") as f:
             log = f.read()
         assert "job nodemode finished on this node: " in log, log
-        assert f"ckptctl finish --job other-{job}: " in log, log
+        assert f"job other-{job} finished on this node: 0 memory image(s)" in log, log
         jobs = json.loads(subprocess.run([env.ckptctl, "--socket", socket, "jobs", "--json"], check=True,
                                          capture_output=True, text=True).stdout)
         held = [j for j in jobs["jobs"] if j["job"] == "nodemode"]
