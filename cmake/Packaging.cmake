@@ -18,10 +18,12 @@ set(CPACK_PACKAGE_NAME ckptd)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "ckptd maintainers <ckptd@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "node-local checkpoint daemon for large-model training")
-set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
-# The install runs with CMAKE_INSTALL_PREFIX=/usr under DESTDIR, so that the paths
+# The install runs with CMAKE_INSTALL_PREFIX=/usr (CPACK_INSTALL_PREFIX) under DESTDIR,
+# whatever prefix the build tree was configured with, so that the paths
 # cmake/install_deploy.cmake writes into the unit and scripts are the packaged ones.
 set(CPACK_SET_DESTDIR ON)
+set(CPACK_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_COMPONENTS_ALL daemon runtime dev)
 set(CPACK_DEB_COMPONENT_INSTALL ON)

@@ -107,10 +107,12 @@ read -r -a exec_start <<<"$(sed -n 's/^ExecStart=//p' "$root/usr/lib/systemd/sys
 for i in "${!exec_start[@]}"; do
   case "${exec_start[$i]}" in /*) exec_start[$i]="$root${exec_start[$i]}" ;; esac
 done
-"${exec_start[@]}" --check-config >"$work/check-config.log" 2>&1 || fail "the packaged configuration does not check"
+# The packaged configuration's socket and checkpoint root, under the root.
 sock="$root/run/ckptd/ckptd.sock"
-"${exec_start[@]}" --socket "$sock" --root "$root/var/lib/ckptd" --pool-mib 64 --memory-mib 64 \
-  >"$work/ckptd.log" 2>&1 &
+under_root=(--socket "$sock" --root "$root/var/lib/ckptd")
+"${exec_start[@]}" "${under_root[@]}" --check-config >"$work/check-config.log" 2>&1 ||
+  fail "the packaged configuration does not check"
+"${exec_start[@]}" "${under_root[@]}" --pool-mib 64 --memory-mib 64 >"$work/ckptd.log" 2>&1 &
 children+=($!)
 daemon=$!
 ctl="$root/usr/bin/ckptctl"
