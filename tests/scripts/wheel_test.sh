@@ -9,18 +9,29 @@
 #     SharedRegion when torch imports there, which it does with TORCH2_PYTHON (a venv with
 #     torch 2.x from PyPI, scripts/setup_torch2_venv.sh: its packages are made visible to the
 #     fresh venv by a .pth file instead of a download of 5 GB), else a memoryview.
-# Exits 77 (skipped) only when the interpreter has no venv module or no setuptools/wheel to
-# build with (Debian: python3-venv, python3-setuptools, python3-wheel).
+# PYTHON, the interpreter the extension is built for, builds the wheel and makes the venv;
+# when it lacks venv, setuptools or wheel (a pyenv or conda interpreter), /usr/bin/python3
+# does, if its extension suffix is the same (the extension loads in it). Exits 77 (skipped)
+# only when neither can (Debian: python3-venv, python3-setuptools, python3-wheel).
 #
 # Usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}" && pwd)"
 python="${2:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}"
-ckptd="${3:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}"
+ckptd="$(readlink -f "${3:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}")"
 torch2_python="${4:-}"
-"$python" -c "import venv, ensurepip, setuptools, wheel" 2>/dev/null ||
-  { echo "SKIP: $python lacks venv, ensurepip, setuptools or wheel (python3-venv python3-setuptools python3-wheel)"; exit 77; }
+can_build() { "$1" -c "import venv, ensurepip, setuptools, wheel" 2>/dev/null; }
+suffix() { "$1" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"; }
+if ! can_build "$python"; then
+  if [ -x /usr/bin/python3 ] && can_build /usr/bin/python3 && [ "$(suffix /usr/bin/python3)" = "$(suffix "$python")" ]; then
+    echo "$python lacks venv, setuptools or wheel: using /usr/bin/python3, of the same ABI"
+    python=/usr/bin/python3
+  else
+    echo "SKIP: $python lacks venv, ensurepip, setuptools or wheel (python3-venv python3-setuptools python3-wheel)"
+    exit 77
+  fi
+fi
 uid="$(id -u)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-wheel-test.XXXXXX")"
 children=()
