@@ -23,29 +23,9 @@ build="$(cd "${1:?usage: deb_package_test.sh BUILD_DIR}" && pwd)"
 for tool in cpack dpkg dpkg-deb dpkg-shlibdeps apt-get; do
   command -v "$tool" >/dev/null || { echo "SKIP: no $tool (the Debian packages need dpkg and dpkg-dev)"; exit 77; }
 done
-uid="$(id -u)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-deb-test.XXXXXX")"
-children=()
-cleanup() {
-  local p
-  for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${children[@]}"; do
-    wait "$p" 2>/dev/null || true
-    rm -f "/dev/shm/ckpt-$uid-$p-"* "/dev/shm/ckpt-release-$p-"*
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
-
-fail() {
-  echo "FAIL: $*"
-  for log in "$work"/*.log; do
-    [ -e "$log" ] && { echo "--- $log:"; tail -n 30 "$log"; }
-  done
-  exit 1
-}
-step() { echo "== $*"; }
+# shellcheck source=packaging_lib.sh
+. "$src/tests/scripts/packaging_lib.sh"
+packaging_setup deb-test
 
 step "1. build the packages"
 cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/pkg" >"$work/cpack.log" 2>&1 || fail "cpack"
@@ -112,16 +92,8 @@ sock="$root/run/ckptd/ckptd.sock"
 under_root=(--socket "$sock" --root "$root/var/lib/ckptd")
 "${exec_start[@]}" "${under_root[@]}" --check-config >"$work/check-config.log" 2>&1 ||
   fail "the packaged configuration does not check"
-"${exec_start[@]}" "${under_root[@]}" --pool-mib 64 --memory-mib 64 >"$work/ckptd.log" 2>&1 &
-children+=($!)
-daemon=$!
 ctl="$root/usr/bin/ckptctl"
-for _ in $(seq 1 300); do
-  [ -S "$sock" ] && "$ctl" --socket "$sock" status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || fail "the packaged ckptd exited at start"
-  sleep 0.1
-done
-"$ctl" --socket "$sock" status >/dev/null || fail "the packaged ckptd does not answer within 30 s"
+start_ckptd "${exec_start[0]}" "$ctl" "$sock" "${exec_start[@]:1}" --root "$root/var/lib/ckptd" --pool-mib 64 --memory-mib 64
 # shellcheck disable=SC2046
 PKG_CONFIG_PATH="$root/usr/lib/pkgconfig" c++ -std=c++17 -O1 -o "$work/trainer" \
   "$src/examples/installed_trainer/trainer.cc" $(PKG_CONFIG_PATH="$root/usr/lib/pkgconfig" pkg-config --cflags --libs ckpt) \
@@ -130,8 +102,7 @@ PKG_CONFIG_PATH="$root/usr/lib/pkgconfig" c++ -std=c++17 -O1 -o "$work/trainer" 
 children+=($!)
 wait $! || fail "the trainer failed against the packaged daemon (exit $?)"
 sed 's/^/   /' "$work/trainer.log"
-kill -TERM "$daemon"
-wait "$daemon" || fail "the packaged ckptd did not stop cleanly on SIGTERM (exit $?)"
+stop_ckptd
 checkpoint="$root/var/lib/ckptd/deb-trainer/v0000000001"
 [ -e "$checkpoint/COMMITTED" ] || fail "no committed checkpoint under the packaged root"
 

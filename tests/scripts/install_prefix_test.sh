@@ -20,29 +20,9 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: install_prefix_test.sh BUILD_DIR HAVE_CUDA}" && pwd)"
 have_cuda="${2:?usage: install_prefix_test.sh BUILD_DIR HAVE_CUDA}"
-uid="$(id -u)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-install-test.XXXXXX")"
-children=()
-cleanup() {
-  local p
-  for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${children[@]}"; do
-    wait "$p" 2>/dev/null || true
-    rm -f "/dev/shm/ckpt-$uid-$p-"* "/dev/shm/ckpt-release-$p-"*
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
-
-fail() {
-  echo "FAIL: $*"
-  for log in "$work"/*.log; do
-    [ -e "$log" ] && { echo "--- $log:"; tail -n 30 "$log"; }
-  done
-  exit 1
-}
-step() { echo "== $*"; }
+# shellcheck source=packaging_lib.sh
+. "$src/tests/scripts/packaging_lib.sh"
+packaging_setup install-test
 
 step "1. install into a temporary prefix, then move it"
 stage="$work/stage"
@@ -125,15 +105,7 @@ done
 step "5. save and restore against the installed ckptd"
 mkdir -m 0700 "$work/run" "$work/root"
 sock="$work/run/ckptd.sock"
-"$prefix/bin/ckptd" --socket "$sock" --root "$work/root" --pool-mib 64 --memory-mib 64 >"$work/ckptd.log" 2>&1 &
-children+=($!)
-daemon=$!
-for _ in $(seq 1 300); do
-  [ -S "$sock" ] && "$prefix/bin/ckptctl" --socket "$sock" status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || fail "ckptd exited at start"
-  sleep 0.1
-done
-"$prefix/bin/ckptctl" --socket "$sock" status >/dev/null || fail "ckptd does not answer within 30 s"
+start_ckptd "$prefix/bin/ckptd" "$prefix/bin/ckptctl" "$sock" --root "$work/root" --pool-mib 64 --memory-mib 64
 for t in cmake pc; do
   bin="$work/trainer-cmake/installed-trainer"
   [ "$t" = pc ] && bin="$work/trainer-pc"
@@ -145,6 +117,5 @@ for t in cmake pc; do
 done
 [ -e "$work/root/trainer-cmake/v0000000001/COMMITTED" ] && [ -e "$work/root/trainer-pc/v0000000001/COMMITTED" ] ||
   fail "the trainers' version 1 is not committed under the daemon's root"
-kill -TERM "$daemon"
-wait "$daemon" || fail "ckptd did not stop cleanly on SIGTERM (exit $?)"
+stop_ckptd
 echo "PASS"

@@ -14,13 +14,14 @@
 # does, if its extension suffix is the same (the extension loads in it). Exits 77 (skipped)
 # only when neither can (Debian: python3-venv, python3-setuptools, python3-wheel).
 #
-# Usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]
+# Usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]   (ckptctl beside CKPTD)
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}" && pwd)"
 python="${2:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}"
 ckptd="$(readlink -f "${3:?usage: wheel_test.sh BUILD_DIR PYTHON CKPTD [TORCH2_PYTHON]}")"
 torch2_python="${4:-}"
+ckptctl="$(dirname "$ckptd")/ckptctl"
 can_build() { "$1" -c "import venv, ensurepip, setuptools, wheel" 2>/dev/null; }
 suffix() { "$1" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"; }
 if ! can_build "$python"; then
@@ -32,29 +33,9 @@ if ! can_build "$python"; then
     exit 77
   fi
 fi
-uid="$(id -u)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-wheel-test.XXXXXX")"
-children=()
-cleanup() {
-  local p
-  for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${children[@]}"; do
-    wait "$p" 2>/dev/null || true
-    rm -f "/dev/shm/ckpt-$uid-$p-"* "/dev/shm/ckpt-release-$p-"*
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
-
-fail() {
-  echo "FAIL: $*"
-  for log in "$work"/*.log; do
-    [ -e "$log" ] && { echo "--- $log:"; tail -n 30 "$log"; }
-  done
-  exit 1
-}
-step() { echo "== $*"; }
+# shellcheck source=packaging_lib.sh
+. "$src/tests/scripts/packaging_lib.sh"
+packaging_setup wheel-test
 version="$(sed -n 's/^Version: //p' "$build/ckpt.pc")"
 
 step "1. pip wheel ./python from the build tree"
@@ -99,15 +80,7 @@ sed 's/^/   /' "$work/import.log"
 step "3. save and restore through a real ckptd"
 mkdir -m 0700 "$work/run" "$work/root"
 sock="$work/run/ckptd.sock"
-"$ckptd" --socket "$sock" --root "$work/root" --pool-mib 64 --memory-mib 64 >"$work/ckptd.log" 2>&1 &
-children+=($!)
-daemon=$!
-for _ in $(seq 1 300); do
-  [ -S "$sock" ] && break
-  kill -0 "$daemon" 2>/dev/null || fail "ckptd exited at start"
-  sleep 0.1
-done
-[ -S "$sock" ] || fail "ckptd made no socket within 30 s"
+start_ckptd "$ckptd" "$ckptctl" "$sock" --root "$work/root" --pool-mib 64 --memory-mib 64
 env -u PYTHONPATH "$venv_python" - "$sock" "$torch2_python" >"$work/save-restore.log" 2>&1 <<'PY' &
 import sys
 import ckpt
@@ -151,6 +124,5 @@ PY
 children+=($!)
 wait $! || fail "save and restore in the venv"
 sed 's/^/   /' "$work/save-restore.log"
-kill -TERM "$daemon"
-wait "$daemon" || fail "ckptd did not stop cleanly on SIGTERM (exit $?)"
+stop_ckptd
 echo "PASS"
