@@ -43,7 +43,7 @@ def project_version():
 class BuildWithCMake(build_py):
     """build_py plus the CMake build of the extension and libckpt, copied into the package."""
 
-    def configure(self, cmake, build_dir):
+    def configure_cmake(self, cmake, build_dir):
         args = [cmake, "-S", str(SOURCE), "-B", str(build_dir),
                 "-DCMAKE_BUILD_TYPE=Release", "-DCKPT_BUILD_TESTS=OFF", "-DCKPT_BUILD_PYTHON=ON",
                 f"-DPython3_EXECUTABLE={sys.executable}"]
@@ -74,7 +74,7 @@ class BuildWithCMake(build_py):
                 sys.exit(f"ckpt: CKPT_BUILD_DIR={build_dir} is not a configured build tree")
         else:
             build_dir = Path(self.get_finalized_command("build").build_temp).resolve() / "cmake"
-            self.configure(cmake, build_dir)
+            self.configure_cmake(cmake, build_dir)
         subprocess.check_call([cmake, "--build", str(build_dir), "--target", "_ckpt", "-j", jobs])
         stage = Path(self.get_finalized_command("build").build_temp).resolve() / "stage"
         shutil.rmtree(stage, ignore_errors=True)
