@@ -15,12 +15,14 @@
 #     against libckpt-dev saves and restores through it;
 #  4. dpkg -r removes the packages and leaves the checkpoints (and the conffiles); dpkg
 #     --purge removes the conffiles and still leaves the checkpoints.
-# Exits 77 (skipped) where there is no dpkg toolchain (not Debian).
+# Exits 77 (skipped) where there is no dpkg toolchain (not Debian), or when not run as root
+# (the packaged files and directories belong to root; CI runs as root).
 #
 # Usage: deb_package_test.sh BUILD_DIR
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: deb_package_test.sh BUILD_DIR}" && pwd)"
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: dpkg --root must give the packaged files their owner, root: run as root"; exit 77; }
 for tool in cpack dpkg dpkg-deb dpkg-shlibdeps apt-get; do
   command -v "$tool" >/dev/null || { echo "SKIP: no $tool (the Debian packages need dpkg and dpkg-dev)"; exit 77; }
 done
@@ -74,7 +76,6 @@ mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/d
 touch "$root/var/lib/dpkg/status"
 # The Depends are runtime libraries of this system, not of the empty root's database.
 dpkg_root=(dpkg --root="$root" --log=/dev/null --force-script-chrootless --force-depends)
-[ "$uid" -eq 0 ] || dpkg_root+=(--force-not-root)
 "${dpkg_root[@]}" -i "$lib_deb" "$dev_deb" "$daemon_deb" >"$work/dpkg-install.log" 2>&1 || fail "dpkg -i"
 grep -q '^ckpt:' "$root/etc/group" || fail "the postinst made no group ckpt (sysusers.d)"
 for d in run/ckptd run/ckptd-jobs var/lib/ckptd var/log/ckptd; do
