@@ -39,6 +39,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ckptConfig.cmake ${CMAKE_CURRENT_BINAR
 # ckpt.pc: the prefix relative to the file itself (${pcfiledir}), so it works wherever the
 # tree is; `pkg-config --variable=cuda ckpt` says whether GPU tensors are supported.
 file(RELATIVE_PATH CKPT_PC_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+string(REGEX REPLACE "/$" "" CKPT_PC_PREFIX "${CKPT_PC_PREFIX}")
 if(CKPT_HAVE_CUDA)
   set(CKPT_PC_CUDA yes)
 else()
