@@ -15,6 +15,10 @@ if(prefix STREQUAL "/usr")
 else()
   set(etc "${prefix}/etc")
 endif()
+# One staging directory per destination, so that installs to different places (a prefix, a
+# package) may run at once from one build tree.
+string(MD5 destination "$ENV{DESTDIR}${prefix}")
+set(CKPT_STAGE_DIR "${CKPT_STAGE_DIR}/${destination}")
 set(bindir "${prefix}/${CKPT_BINDIR}")
 set(libexecdir "${prefix}/${CKPT_LIBEXECDIR}/ckptd")
 

@@ -26,7 +26,7 @@ build="$(cd "${1:?usage: deb_package_test.sh BUILD_DIR}" && pwd)"
 for tool in cpack dpkg dpkg-deb dpkg-shlibdeps apt-get; do
   command -v "$tool" >/dev/null || { echo "SKIP: no $tool (the Debian packages need dpkg and dpkg-dev)"; exit 77; }
 done
-# shellcheck source=packaging_lib.sh
+# shellcheck source-path=SCRIPTDIR source=packaging_lib.sh
 . "$src/tests/scripts/packaging_lib.sh"
 packaging_setup deb-test
 

@@ -20,7 +20,7 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:?usage: install_prefix_test.sh BUILD_DIR HAVE_CUDA}" && pwd)"
 have_cuda="${2:?usage: install_prefix_test.sh BUILD_DIR HAVE_CUDA}"
-# shellcheck source=packaging_lib.sh
+# shellcheck source-path=SCRIPTDIR source=packaging_lib.sh
 . "$src/tests/scripts/packaging_lib.sh"
 packaging_setup install-test
 

@@ -33,7 +33,7 @@ if ! can_build "$python"; then
     exit 77
   fi
 fi
-# shellcheck source=packaging_lib.sh
+# shellcheck source-path=SCRIPTDIR source=packaging_lib.sh
 . "$src/tests/scripts/packaging_lib.sh"
 packaging_setup wheel-test
 version="$(sed -n 's/^Version: //p' "$build/ckpt.pc")"
