@@ -154,7 +154,9 @@ def main(argv):
     symbols = read_symbols(library)
     ok = check_soname(library) & check(library, symbols, classes, functions, nested)
     if not self_test:
-        print(f"{library}: {len(symbols)} exported symbols, all public API ({', '.join(sorted(classes | functions))})"
+        for (kind, _), name in zip(symbols, demangle([m for _, m in symbols])):
+            print(f"  {kind} {name}")
+        print(f"{library}: {len(symbols)} exported symbols: the public API ({', '.join(sorted(classes | functions))}) and weak libstdc++ instantiations"
               if ok else f"{library}: FAILED")
         return 0 if ok else 1
     if not ok:
