@@ -60,7 +60,9 @@ grpc::Status CallWait(v1::Checkpoint::Stub& stub, const std::string& session, st
 // Unregisters `session`, best effort: used where the client drops a session on its own.
 void UnregisterQuietly(v1::Checkpoint::Stub& stub, const std::string& session);
 
-struct Client::Impl {
+// Hidden: a nested class takes the visibility of the exported Client, and its members are
+// libckpt's own (ckpt/export.h).
+struct CKPT_HIDDEN Client::Impl {
   std::string socket_path;
   std::chrono::milliseconds reconnect_budget{0};
   std::chrono::milliseconds initial_backoff{0};

@@ -37,22 +37,4 @@ Level LevelFromProto(v1::Level level) {
   }
 }
 
-const char* LevelName(Level level) {
-  switch (level) {
-    case Level::kNone:
-      return "copying";
-    case Level::kCaptured:
-      return "captured";
-    case Level::kLocal:
-      return "local";
-    case Level::kPersisted:
-      return "persisted";
-    case Level::kCommitted:
-      return "committed";
-    case Level::kReplicated:
-      return "replicated";
-  }
-  return "copying";
-}
-
 }  // namespace ckpt

@@ -25,8 +25,15 @@ packages=(
   # tests/ops/: a real one-node Slurm (with munge) runs deploy/slurm/, and a GlusterFS
   # volume holds the multi-daemon tests' root (util-linux: setpriv).
   slurm-wlm munge glusterfs-server glusterfs-client util-linux
-  # systemd-analyze verify/security on deploy/ckptd.service (tests/systemd_unit_test.sh).
+  # systemd-analyze verify/security on deploy/ckptd.service (tests/systemd_unit_test.sh);
+  # systemd-sysusers and systemd-tmpfiles run by the ckptd package's postinst.
   systemd
+  # The Debian packages (cpack -G DEB; tests/scripts/deb_package_test.sh): dpkg-shlibdeps
+  # finds their Depends, `file` tells CPack which files are binaries.
+  dpkg-dev file
+  # The wheel built from the build tree (pip wheel --no-build-isolation ./python;
+  # tests/scripts/wheel_test.sh).
+  python3-setuptools python3-wheel
   # promtool checks the metrics text, and the scrape test runs a real Prometheus server.
   prometheus
 )

@@ -58,11 +58,12 @@
 #include <vector>
 
 #include "ckpt/dtype.h"
+#include "ckpt/export.h"
 #include "ckpt/level.h"
 
 namespace ckpt {
 
-class Error : public std::runtime_error {
+class CKPT_API Error : public std::runtime_error {
  public:
   // `code` is the gRPC status code (grpc::StatusCode) of the failed call.
   Error(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
@@ -73,7 +74,7 @@ class Error : public std::runtime_error {
 };
 
 // Versions lost to a daemon restart (see above); code() is ABORTED (10).
-class DaemonRestartedError : public Error {
+class CKPT_API DaemonRestartedError : public Error {
  public:
   DaemonRestartedError(const std::string& message, std::vector<std::uint64_t> versions)
       : Error(kAborted, message), versions_(std::move(versions)) {}
@@ -90,7 +91,7 @@ class DaemonRestartedError : public Error {
 // its copy (a torn snapshot), found by the daemon's verification or reported by the client
 // (abort_snapshot); code() is ABORTED (10). The version is never committed; the previous
 // committed version is untouched.
-class TornSnapshotError : public Error {
+class CKPT_API TornSnapshotError : public Error {
  public:
   TornSnapshotError(const std::string& message, std::uint64_t version)
       : Error(DaemonRestartedError::kAborted, message), version_(version) {}
@@ -134,7 +135,7 @@ struct ClientOptions {
 // Shared memory the trainer owns and the daemon may read and write. Created 0600; its
 // name is removed when the last SharedRegion handle to it goes away, or when the process that
 // created it exits (normally: exit() or the end of main) with handles still held.
-class SharedRegion {
+class CKPT_API SharedRegion {
  public:
   // Creates a region of `bytes` (zero-filled). Throws ckpt::Error on failure.
   static std::shared_ptr<SharedRegion> create(std::size_t bytes, const std::string& name = "");
@@ -219,7 +220,7 @@ struct DaemonStatus {
   std::string json;
 };
 
-class Client {
+class CKPT_API Client {
  public:
   // Connects to the daemon at `socket_path` (default: $CKPTD_SOCKET if set and not empty,
   // else /run/ckptd/ckptd.sock, the node daemon's). Does not block; the
