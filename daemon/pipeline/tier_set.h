@@ -96,7 +96,9 @@ struct VersionOnTiers {
   std::string aborted;      // non-empty: a rank aborted it, and why
   std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
   std::vector<std::uint32_t> local_ranks;
-  std::vector<std::uint32_t> memory_ranks;
+  std::vector<std::uint32_t> memory_ranks;  // this daemon's own images
+  // Replicas held here for other daemons: (rank, the daemon that sent it).
+  std::vector<std::pair<std::uint32_t, std::string>> replicas_held;
 };
 
 struct PrefetchResult {

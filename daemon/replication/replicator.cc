@@ -323,8 +323,8 @@ void Replicator::SendLoop() {
       if (st.ok()) {
         ++acks;
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
+        NoteAcknowledged(peer, key, held);
         MutexLock lock(mu_);
-        sent_held_[peer] = held;
         sent_to_[m.job].insert(peer);
         peer_error_.erase(peer);
         continue;
@@ -381,13 +381,12 @@ void Replicator::OnJobEnded(const std::string& job) {
       continue;
     }
     if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
-                                           PeerSecret::DropAnswer(subject, reply.dropped()));
+                                           PeerSecret::DropAnswer(subject, reply.dropped(), reply.bytes_held()));
         !proven.ok()) {
       Unproven(peer, proven);
       continue;
     }
-    MutexLock lock(mu_);
-    sent_held_.erase(peer);  // as it says on the next acknowledgement
+    NoteDropped(peer, job, reply.bytes_held());
   }
 }
 
@@ -400,7 +399,10 @@ std::vector<Replicator::PeerInfo> Replicator::Peers() {
     PeerInfo p;
     p.address = peers_.addresses[i];
     if (auto it = held.find(p.address); it != held.end()) p.held_bytes = it->second;
-    if (auto it = sent_held_.find(p.address); it != sent_held_.end()) p.sent_bytes_held = it->second;
+    if (auto it = sent_held_.find(p.address); it != sent_held_.end()) {
+      p.sent_bytes_held = it->second.bytes;
+      p.sent_said_at = it->second.at;
+    }
     if (auto it = peer_error_.find(p.address); it != peer_error_.end()) p.error = it->second;
     p.holder = std::find(rule.begin(), rule.end(), i) != rule.end();
     out.push_back(std::move(p));
