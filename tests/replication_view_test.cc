@@ -4,10 +4,10 @@
 // versions waiting for a rank, folded errors) and the metrics, with real ckptd processes on
 // loopback TCP standing for the nodes (support/peer_cluster.h).
 #include <ckpt/client.h>
-
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
@@ -100,7 +100,8 @@ TEST_CASE("ls shows a node's own shards apart from the replicas it holds, and wh
                             Catch::Contains("4,5 from " + c.addresses[2]) &&
                             Catch::Contains("rank 0's replicas: " + c.addresses[1]) &&
                             Catch::Contains("as the peers acknowledged them since this daemon started"));
-  ProcessResult json = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "rview-ls", "--json"});
+  ProcessResult json =
+      RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "rview-ls", "--json"});
   INFO(json.output);
   REQUIRE(json.exit_code == 0);
   CHECK_THAT(json.output, Catch::Contains("\"replicas_held\"") && Catch::Contains("\"replica_holders\"") &&
@@ -130,7 +131,8 @@ TEST_CASE("ls shows a node's own shards apart from the replicas it holds, and wh
   }
 }
 
-TEST_CASE("status shows per job whether the newest committed version is fully replicated", "[replication][view]") {
+TEST_CASE("status shows per job whether the newest committed version is fully replicated",
+          "[replication][view]") {
   TempDir dir("rview-full");
   Cluster c(dir, 2, 1);
   c.StartAll();
@@ -148,10 +150,12 @@ TEST_CASE("status shows per job whether the newest committed version is fully re
   CHECK(r.version() == 1);
   CHECK(r.fully_replicated());
   REQUIRE(r.ranks_size() == 2);
-  for (const auto& rank : r.ranks()) CHECK(std::vector<std::string>(rank.peers().begin(), rank.peers().end()) ==
-                                           std::vector<std::string>{c.addresses[1]});
+  for (const auto& rank : r.ranks())
+    CHECK(std::vector<std::string>(rank.peers().begin(), rank.peers().end()) ==
+          std::vector<std::string>{c.addresses[1]});
   ProcessResult status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "status"});
-  CHECK_THAT(status.output, Catch::Contains("job rview-full") && Catch::Contains("fully replicated: ranks 0-1"));
+  CHECK_THAT(status.output,
+             Catch::Contains("job rview-full") && Catch::Contains("fully replicated: ranks 0-1"));
 
   // The only peer is gone: version 2 commits (the persistent tier is fine) but no peer holds it.
   c.Lose(1);
@@ -188,8 +192,9 @@ TEST_CASE("bytes restored from peers are counted in the metrics and the status l
                                       std::to_string(kRanksPerNode * kRankBytes) + "\n") &&
                           Catch::Contains("ckptd_bytes_restored_total{tier=\"persistent\"} 0\n"));
   ProcessResult status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(2), "status"});
-  CHECK_THAT(status.output, Catch::Contains("restored: 0 B from memory, 0 B from local, 4.0 MiB from peer, 0 B from "
-                                            "persistent"));
+  CHECK_THAT(status.output,
+             Catch::Contains("restored: 0 B from memory, 0 B from local, 4.0 MiB from peer, 0 B from "
+                             "persistent"));
 }
 
 TEST_CASE("every node of a job reports the same committed count, whichever daemon wrote COMMITTED",
@@ -242,12 +247,13 @@ TEST_CASE("a version that cannot commit because a node is gone names the missing
   CHECK(std::vector<std::uint32_t>(stalled.missing_ranks().begin(), stalled.missing_ranks().end()) ==
         std::vector<std::uint32_t>{4, 5});
   REQUIRE(stalled.missing_nodes_size() == 1);
-  CHECK_THAT(stalled.missing_nodes(0), Catch::StartsWith("rank(s) 4,5: node ") &&
-                                           Catch::Contains("wrote them in version 1"));
+  CHECK_THAT(stalled.missing_nodes(0),
+             Catch::StartsWith("rank(s) 4,5: node ") && Catch::Contains("wrote them in version 1"));
   ProcessResult status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "status"});
   INFO(status.output);
-  CHECK_THAT(status.output, Catch::Contains("not committed (1)") &&
-                                Catch::Contains("no shard of rank(s) 4-5 of 6 is durable (their node may be gone)"));
+  CHECK_THAT(status.output,
+             Catch::Contains("not committed (1)") &&
+                 Catch::Contains("no shard of rank(s) 4-5 of 6 is durable (their node may be gone)"));
 }
 
 TEST_CASE("the error log folds identical messages into one entry with a count and when it was last seen",
@@ -263,7 +269,8 @@ TEST_CASE("the error log folds identical messages into one entry with a count an
   CHECK(entries[1].message == "peer A unreachable; trying the next replica");  // newest last
   CHECK(entries[1].count == 6);
   CHECK(entries[1].first <= entries[1].last);
-  CHECK(log.Recent() == std::vector<std::string>{"another error", "peer A unreachable; trying the next replica"});
+  CHECK(log.Recent() ==
+        std::vector<std::string>{"another error", "peer A unreachable; trying the next replica"});
   // Bounded by distinct messages.
   for (std::size_t i = 0; i < ErrorLog::kKept + 3; ++i) log.Record("error " + std::to_string(i));
   CHECK(log.Entries().size() == ErrorLog::kKept);
@@ -331,9 +338,11 @@ TEST_CASE("the bytes a node holds for another and the bytes that node says are h
 
   // One job ends on node 0: node 1 drops its replicas and keeps the other job's.
   for (auto& r : ended.ranks) r->client->unregister();
-  REQUIRE(Eventually([&] { return c[1].Status().peers_size() > 0 && PeerIn(c[1].Status(), c.addresses[0])
-                                                                          ->held_bytes() < has; },
-                     std::chrono::seconds(10)));
+  REQUIRE(Eventually(
+      [&] {
+        return c[1].Status().peers_size() > 0 && PeerIn(c[1].Status(), c.addresses[0])->held_bytes() < has;
+      },
+      std::chrono::seconds(10)));
   const bool agreed = Eventually([&] { return agree(&says, &has); }, std::chrono::seconds(10));
   INFO("node 0 says node 1 holds " << says << " bytes of its shards; node 1 holds " << has);
   CHECK(agreed);
@@ -346,6 +355,7 @@ TEST_CASE("the bytes a node holds for another and the bytes that node says are h
   REQUIRE(said != nullptr);
   CHECK(said->sent_bytes_held_unix_ms() == 0);
   ProcessResult status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "status"});
-  CHECK_THAT(status.output, Catch::Contains("holds ? of this daemon's shards (it has not said since this daemon "
-                                            "started)"));
+  CHECK_THAT(status.output,
+             Catch::Contains("holds ? of this daemon's shards (it has not said since this daemon "
+                             "started)"));
 }

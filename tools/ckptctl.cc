@@ -63,9 +63,10 @@ int main(int argc, char** argv) {
   auto* ls = app.add_subcommand("ls", "Versions of a job");
   ls->add_option("--job", job, "Job id")->required();
   bool ask_peers = false;
-  ls->add_flag("--ask-peers", ask_peers,
-               "Peer replication: ask every peer which replicas of this node's shards it holds now, rather than "
-               "show what they acknowledged");
+  ls->add_flag(
+      "--ask-peers", ask_peers,
+      "Peer replication: ask every peer which replicas of this node's shards it holds now, rather than "
+      "show what they acknowledged");
   json_flag(ls);
 
   auto* jobs =

@@ -10,7 +10,8 @@ void ErrorLog::Record(const std::string& message) {
   spdlog::error("{}", message);
   const auto now = std::chrono::system_clock::now();
   MutexLock lock(mu_);
-  auto it = std::find_if(errors_.begin(), errors_.end(), [&](const Entry& e) { return e.message == message; });
+  auto it =
+      std::find_if(errors_.begin(), errors_.end(), [&](const Entry& e) { return e.message == message; });
   Entry entry{message, 0, now, now};
   if (it != errors_.end()) {
     entry = std::move(*it);

@@ -220,7 +220,8 @@ std::string PeerSecret::HasAnswer(const std::string& subject, bool held, std::ui
          std::to_string(registration.size()) + ":" + registration;
 }
 
-std::string PeerSecret::DropAnswer(const std::string& subject, std::uint32_t dropped, std::uint64_t bytes_held) {
+std::string PeerSecret::DropAnswer(const std::string& subject, std::uint32_t dropped,
+                                   std::uint64_t bytes_held) {
   return subject + " dropped " + std::to_string(dropped) + " holding " + std::to_string(bytes_held);
 }
 

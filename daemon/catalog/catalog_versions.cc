@@ -16,7 +16,8 @@ bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
   return storage_->Exists(tree_.CommittedMarker(job, version));
 }
 
-Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job, std::uint64_t version) {
+Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job,
+                                                                   std::uint64_t version) {
   const std::string dir = VersionDir(job, version);
   auto names = storage_->List(dir);
   if (!names.ok()) return names.status();

@@ -380,8 +380,9 @@ void Replicator::OnJobEnded(const std::string& job) {
       spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
       continue;
     }
-    if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
-                                           PeerSecret::DropAnswer(subject, reply.dropped(), reply.bytes_held()));
+    if (Status proven =
+            secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
+                               PeerSecret::DropAnswer(subject, reply.dropped(), reply.bytes_held()));
         !proven.ok()) {
       Unproven(peer, proven);
       continue;

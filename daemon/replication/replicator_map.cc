@@ -27,7 +27,8 @@ void Replicator::NoteAcknowledged(const std::string& peer, const Key& key, std::
 void Replicator::NoteDropped(const std::string& peer, const std::string& job, std::uint64_t held) {
   MutexLock lock(mu_);
   sent_held_[peer] = Said{held, std::chrono::system_clock::now()};
-  for (auto it = holders_.lower_bound(Key{job, 0, 0}); it != holders_.end() && std::get<0>(it->first) == job;) {
+  for (auto it = holders_.lower_bound(Key{job, 0, 0});
+       it != holders_.end() && std::get<0>(it->first) == job;) {
     auto& peers = it->second;
     peers.erase(std::remove(peers.begin(), peers.end(), peer), peers.end());
     it = peers.empty() ? holders_.erase(it) : std::next(it);
@@ -87,7 +88,8 @@ Replicator::ReplicaMap Replicator::ReplicaMapOf(const std::string& job, bool ask
   return out;
 }
 
-std::vector<Replicator::RankHolders> Replicator::JobReplicationOf(const std::string& job, std::uint64_t version) {
+std::vector<Replicator::RankHolders> Replicator::JobReplicationOf(const std::string& job,
+                                                                  std::uint64_t version) {
   std::map<std::uint32_t, RankHolders> ranks;
   MutexLock lock(mu_);
   for (auto it = holders_.lower_bound(Key{job, version, 0});
@@ -102,10 +104,9 @@ std::vector<Replicator::RankHolders> Replicator::JobReplicationOf(const std::str
     auto& r = ranks[std::get<2>(it->first)];
     r.rank = std::get<2>(it->first);
     if (r.peers.size() >= peers_.replicas) continue;
-    r.error = !it->second.done ? "still being sent"
-              : it->second.error.ok()
-                  ? std::string()
-                  : it->second.error.message();
+    r.error = !it->second.done        ? "still being sent"
+              : it->second.error.ok() ? std::string()
+                                      : it->second.error.message();
   }
   std::vector<RankHolders> out;
   for (auto& [rank, r] : ranks) out.push_back(std::move(r));

@@ -268,7 +268,8 @@ void AddStalledVersions(Daemon& daemon, Visibility& visible, v1::StatusReply* re
       if (!claims->count(r)) missing.push_back(r);
     }
     for (std::uint32_t r : missing) out->add_missing_ranks(r);
-    for (auto& line : MissingNodes(daemon.catalog(), job, version, missing)) out->add_missing_nodes(std::move(line));
+    for (auto& line : MissingNodes(daemon.catalog(), job, version, missing))
+      out->add_missing_nodes(std::move(line));
   }
 }
 
@@ -290,8 +291,8 @@ void AddJobReplication(Daemon& daemon, Replicator& replicator, Visibility& visib
       for (const auto& p : r.peers) rank->add_peers(p);
       if (r.peers.size() < replicator.replicas()) {
         full = false;
-        out->add_missing("rank " + std::to_string(r.rank) + ": held by " + std::to_string(r.peers.size()) + " of " +
-                         std::to_string(replicator.replicas()) + " peers" +
+        out->add_missing("rank " + std::to_string(r.rank) + ": held by " + std::to_string(r.peers.size()) +
+                         " of " + std::to_string(replicator.replicas()) + " peers" +
                          (r.error.empty() ? std::string() : ": " + r.error));
       }
     }

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <vector>
 #include <optional>
+#include <vector>
 
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
@@ -137,13 +137,15 @@ int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool j
     std::string held;  // "4,5 from 127.0.0.1:7001"
     std::map<std::string, std::vector<std::uint32_t>> by_origin;
     for (const auto& h : v.replicas_held()) by_origin[h.origin()].push_back(h.rank());
-    for (const auto& [origin, ranks] : by_origin) held += (held.empty() ? "" : "; ") + join(ranks) + " from " + origin;
+    for (const auto& [origin, ranks] : by_origin)
+      held += (held.empty() ? "" : "; ") + join(ranks) + " from " + origin;
     std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %-16s%s\n", v.version(),
                 v.committed()    ? "committed"
                 : v.aborted()    ? "aborted"
                 : v.restorable() ? "replicated"
                                  : "incomplete",
-                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str(),
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(),
+                join(v.memory_ranks()).c_str(),
                 replication ? (" " + (held.empty() ? std::string("-") : held)).c_str() : "");
     if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
     for (const auto& h : v.replica_holders()) {

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <vector>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <vector>
 
 #include "tools/ckptctl/common.h"
 #include "tools/ckptctl/json.h"
@@ -137,17 +137,18 @@ std::string TierSummary(const ckpt::v1::StatusReply& r) {
 
 std::string ReplicationLines(const ckpt::v1::StatusReply& r) {
   if (r.replicas() == 0) return "";
-  std::string out = Format("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64
-                           " shard(s) replicated, %" PRIu64 " failed; %s restored from peers; %" PRIu64
-                           " restore(s) of a version not committed yet\n",
-                           r.replicas(), r.peer_address().c_str(), r.replicated_shards(),
-                           r.replication_failures(), Human(r.restored_bytes_peer()).c_str(),
-                           r.restores_uncommitted());
+  std::string out = Format(
+      "\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
+      " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
+      r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),
+      Human(r.restored_bytes_peer()).c_str(), r.restores_uncommitted());
   for (const auto& p : r.peers()) {
     const std::string sent = p.sent_bytes_held_unix_ms() == 0
-                                 ? std::string("holds ? of this daemon's shards (it has not said since this daemon "
-                                               "started)")
-                                 : "holds " + Human(p.sent_bytes_held()) + " of this daemon's shards (as it said " +
+                                 ? std::string(
+                                       "holds ? of this daemon's shards (it has not said since this daemon "
+                                       "started)")
+                                 : "holds " + Human(p.sent_bytes_held()) +
+                                       " of this daemon's shards (as it said " +
                                        Ago(p.sent_bytes_held_unix_ms()) + ")";
     out += Format("  peer %-22s %-7s ", p.address().c_str(), p.holder() ? "holder" : "") + sent + "; " +
            Human(p.held_bytes()) + " of its replicas held here" +
@@ -158,7 +159,8 @@ std::string ReplicationLines(const ckpt::v1::StatusReply& r) {
     std::vector<std::uint32_t> ranks;
     for (const auto& rk : j.ranks()) ranks.push_back(rk.rank());
     if (ranks.empty()) {
-      out += Format("  job %-16s v%-8" PRIu64 " replication of its ranks here unknown (none sent since this daemon "
+      out += Format("  job %-16s v%-8" PRIu64
+                    " replication of its ranks here unknown (none sent since this daemon "
                     "started; `ckptctl ls` asks the peers)\n",
                     j.job().c_str(), j.version());
       continue;
@@ -175,8 +177,8 @@ std::string StalledVersionLines(const ckpt::v1::StatusReply& r) {
   if (r.stalled_versions().empty()) return "";
   std::string out = Format("\nnot committed (%d)\n", r.stalled_versions_size());
   for (const auto& v : r.stalled_versions()) {
-    out += Format("  job %-16s v%-8" PRIu64 " persisted here %" PRIu64 " s ago, not committed: ", v.job().c_str(),
-                  v.version(), v.waiting_s());
+    out += Format("  job %-16s v%-8" PRIu64 " persisted here %" PRIu64 " s ago, not committed: ",
+                  v.job().c_str(), v.version(), v.waiting_s());
     out += v.missing_ranks().empty()
                ? std::string("every rank is claimed; the daemon of rank 0 decides the commit")
                : "no shard of rank(s) " + Ranks(v.missing_ranks()) + " of " + std::to_string(v.world_size()) +
