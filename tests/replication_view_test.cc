@@ -46,11 +46,12 @@ std::vector<std::string> HoldersOf(const v1::VersionInfo& info, std::uint32_t ra
   return {};
 }
 
-const v1::PeerStatus* PeerIn(const v1::StatusReply& st, const std::string& address) {
+// The peer `address` as `st` shows it (an empty one if it is not listed).
+v1::PeerStatus PeerIn(const v1::StatusReply& st, const std::string& address) {
   for (const auto& p : st.peers()) {
-    if (p.address() == address) return &p;
+    if (p.address() == address) return p;
   }
-  return nullptr;
+  return v1::PeerStatus();
 }
 
 v1::ListReply ListAskingPeers(const DaemonProcess& d, const std::string& job) {
@@ -92,6 +93,18 @@ TEST_CASE("ls shows a node's own shards apart from the replicas it holds, and wh
   REQUIRE(v2->replica_holders_size() == 2);
   CHECK(HoldersOf(*v2, 0) == std::vector<std::string>{c.addresses[1]});
   CHECK(HoldersOf(*v2, 1) == std::vector<std::string>{c.addresses[1]});
+
+  // What the acknowledgements say is what the peers hold: the holders' retention dropped the
+  // replicas of versions older than the newest committed ones, and so did the map.
+  const v1::ListReply asked = ListAskingPeers(c[0], "rview-ls");
+  CHECK(asked.replica_map().source() == "listed");
+  REQUIRE(asked.versions_size() == list.versions_size());
+  for (int i = 0; i < list.versions_size(); ++i) {
+    INFO("version " << list.versions(i).version());
+    for (std::uint32_t rank : {0u, 1u}) {
+      CHECK(HoldersOf(list.versions(i), rank) == HoldersOf(asked.versions(i), rank));
+    }
+  }
 
   ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "rview-ls"});
   INFO(ls.output);
@@ -234,7 +247,8 @@ TEST_CASE("a version that cannot commit because a node is gone names the missing
   v1::StalledVersion stalled;
   REQUIRE(Eventually(
       [&] {
-        for (const auto& s : c[1].Status().stalled_versions()) {
+        const v1::StatusReply st = c[1].Status();
+        for (const auto& s : st.stalled_versions()) {
           if (s.job() == "rview-stall" && s.version() == 2) {
             stalled = s;
             return true;
@@ -325,12 +339,11 @@ TEST_CASE("the bytes a node holds for another and the bytes that node says are h
   ended.Save(1);
   running.Save(1);
   auto agree = [&](std::uint64_t* origin_says, std::uint64_t* holder_has) {
-    const v1::PeerStatus* said = PeerIn(c[0].Status(), c.addresses[1]);
-    const v1::PeerStatus* held = PeerIn(c[1].Status(), c.addresses[0]);
-    if (!said || !held) return false;
-    *origin_says = said->sent_bytes_held();
-    *holder_has = held->held_bytes();
-    return said->sent_bytes_held_unix_ms() > 0 && *origin_says == *holder_has;
+    const v1::PeerStatus said = PeerIn(c[0].Status(), c.addresses[1]);
+    const v1::PeerStatus held = PeerIn(c[1].Status(), c.addresses[0]);
+    *origin_says = said.sent_bytes_held();
+    *holder_has = held.held_bytes();
+    return said.sent_bytes_held_unix_ms() > 0 && *origin_says == *holder_has;
   };
   std::uint64_t says = 0, has = 0;
   REQUIRE(Eventually([&] { return agree(&says, &has); }, std::chrono::seconds(10)));
@@ -338,11 +351,8 @@ TEST_CASE("the bytes a node holds for another and the bytes that node says are h
 
   // One job ends on node 0: node 1 drops its replicas and keeps the other job's.
   for (auto& r : ended.ranks) r->client->unregister();
-  REQUIRE(Eventually(
-      [&] {
-        return c[1].Status().peers_size() > 0 && PeerIn(c[1].Status(), c.addresses[0])->held_bytes() < has;
-      },
-      std::chrono::seconds(10)));
+  REQUIRE(Eventually([&] { return PeerIn(c[1].Status(), c.addresses[0]).held_bytes() < has; },
+                     std::chrono::seconds(10)));
   const bool agreed = Eventually([&] { return agree(&says, &has); }, std::chrono::seconds(10));
   INFO("node 0 says node 1 holds " << says << " bytes of its shards; node 1 holds " << has);
   CHECK(agreed);
@@ -351,9 +361,9 @@ TEST_CASE("the bytes a node holds for another and the bytes that node says are h
   // A restarted origin does not know what its peers hold: it says so rather than 0.
   c[0].Stop();
   c.Start(0);
-  const v1::PeerStatus* said = PeerIn(c[0].Status(), c.addresses[1]);
-  REQUIRE(said != nullptr);
-  CHECK(said->sent_bytes_held_unix_ms() == 0);
+  const v1::PeerStatus said = PeerIn(c[0].Status(), c.addresses[1]);
+  CHECK(said.address() == c.addresses[1]);
+  CHECK(said.sent_bytes_held_unix_ms() == 0);
   ProcessResult status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "status"});
   CHECK_THAT(status.output,
              Catch::Contains("holds ? of this daemon's shards (it has not said since this daemon "

@@ -34,7 +34,7 @@ Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::st
   return out;
 }
 
-std::string Catalog::MarkerNode(const std::string& owner) {
+std::string Catalog::MarkerOwnerNode(const std::string& owner) {
   // The owner is the node id, "-" and 8 hex digits of the daemon's start.
   const auto dash = owner.rfind('-');
   return dash == std::string::npos || owner.size() - dash != 9 ? owner : owner.substr(0, dash);

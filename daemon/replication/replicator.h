@@ -31,7 +31,8 @@
 //
 // Where this daemon's shards are (ReplicaMapOf, JobReplicationOf): the peers that
 // acknowledged each (job, version, rank), kept per rank for the versions a holder keeps
-// (--memory-versions + 1), forgotten where this daemon had them dropped (DropJob, DropNewer).
+// (--memory-versions + 1, and after a commit what the holder's retention keeps), forgotten
+// where this daemon had them dropped (DropJob, DropNewer).
 // A holder may still drop a replica on its own (its budget, its retention): the map says what
 // was acknowledged, not what is held now. After a restart it is empty; ReplicaMapOf rebuilds
 // a job's part from the peers' ListReplicas the first time it is asked. What each peer holds
@@ -170,6 +171,9 @@ class Replicator : public PeerShards {
     std::string error;  // why it is short of R, if it is and the send said why
   };
   std::vector<RankHolders> JobReplicationOf(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  // `version` of `job` committed: the replica map forgets, per rank, what a holder that saw
+  // the commit drops (it keeps the newest --memory-versions committed replicas and newer ones).
+  void OnCommitted(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
   // The jobs this daemon replicated a shard of since it started, sorted.
   std::vector<std::string> ReplicatedJobs() EXCLUDES(mu_);
   std::uint64_t replicated_shards() const { return replicated_; }
@@ -251,6 +255,8 @@ class Replicator : public PeerShards {
   std::map<Key, std::vector<std::string>> holders_ GUARDED_BY(mu_);
   // Jobs whose part of holders_ is known: acknowledged or listed since this daemon started.
   std::set<std::string> mapped_jobs_ GUARDED_BY(mu_);
+  // Per job, the versions this daemon saw commit (the newest kCommitsKept).
+  std::map<std::string, std::set<std::uint64_t>> committed_ GUARDED_BY(mu_);
   // Per job, the peers that acknowledged a shard of it: those a job's end tells.
   std::map<std::string, std::set<std::string>> sent_to_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);

@@ -43,6 +43,35 @@ void Replicator::ForgetNewer(const std::string& job, std::uint32_t rank, std::ui
   }
 }
 
+void Replicator::OnCommitted(const std::string& job, std::uint64_t version) {
+  constexpr std::size_t kCommitsKept = 64;
+  MutexLock lock(mu_);
+  auto& committed = committed_[job];
+  committed.insert(version);
+  while (committed.size() > kCommitsKept) committed.erase(committed.begin());
+  // The holder's rule (MemoryTier::OnCommitted), per rank, newest first: keep the newest
+  // --memory-versions committed versions and what is newer than the newest committed one.
+  std::map<std::uint32_t, std::vector<Key>> by_rank;  // oldest first
+  for (auto it = holders_.lower_bound(Key{job, 0, 0}); it != holders_.end() && std::get<0>(it->first) == job;
+       ++it) {
+    by_rank[std::get<2>(it->first)].push_back(it->first);
+  }
+  for (auto& [rank, keys] : by_rank) {
+    std::uint32_t committed_seen = 0;
+    bool newer_committed = false;
+    for (auto k = keys.rbegin(); k != keys.rend(); ++k) {
+      bool drop = false;
+      if (committed.count(std::get<1>(*k))) {
+        newer_committed = true;
+        drop = ++committed_seen > memory_.versions();
+      } else {
+        drop = newer_committed;  // older than a committed version: it never commits
+      }
+      if (drop) holders_.erase(*k);
+    }
+  }
+}
+
 Replicator::ReplicaMap Replicator::ReplicaMapOf(const std::string& job, bool ask_peers) {
   ReplicaMap out;
   bool known = false;

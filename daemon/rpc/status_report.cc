@@ -220,7 +220,7 @@ std::vector<std::string> MissingNodes(Catalog& catalog, const std::string& job, 
   for (std::uint32_t rank : missing) {
     auto it = claims->find(rank);
     if (it == claims->end()) continue;
-    auto& ranks = by_node[Catalog::MarkerNode(it->second)];
+    auto& ranks = by_node[Catalog::MarkerOwnerNode(it->second)];
     ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
   }
   for (const auto& [node, ranks] : by_node) {
