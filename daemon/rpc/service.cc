@@ -255,10 +255,13 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
   if (!versions.ok()) return ToGrpc(versions.status());
   Replicator::ReplicaMap replicas;
   if (Replicator* r = daemon_.replicator()) {
-    replicas = r->ReplicaMapOf(req->job(), req->ask_peers());
     reply->mutable_replica_map()->set_replicas(r->replicas());
-    reply->mutable_replica_map()->set_source(replicas.source);
-    for (const auto& u : replicas.unanswered) reply->mutable_replica_map()->add_unanswered(u);
+    // Only for a job with versions here: a List of any id must not cost a call to every peer.
+    if (!versions->empty()) {
+      replicas = r->ReplicaMapOf(req->job(), req->ask_peers());
+      reply->mutable_replica_map()->set_source(replicas.source);
+      for (const auto& u : replicas.unanswered) reply->mutable_replica_map()->add_unanswered(u);
+    }
   }
   for (const auto& [version, on_tiers] : versions.value()) {
     v1::VersionInfo* info = reply->add_versions();

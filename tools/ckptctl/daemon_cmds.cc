@@ -159,7 +159,10 @@ int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool j
                       : "");
     }
   }
-  if (replication) {
+  if (ask_peers && !replication) {
+    std::printf("replicas: none to ask about (the daemon runs with --replicas 0)\n");
+  }
+  if (replication && !r.versions().empty()) {
     const auto& m = r.replica_map();
     std::printf("replicas of this node's shards: %s\n",
                 m.source() == "acknowledged" ? "as the peers acknowledged them since this daemon started "
