@@ -131,22 +131,25 @@ int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool j
     return out.empty() ? std::string("-") : out;
   };
   const bool replication = r.replica_map().replicas() > 0;
-  std::printf("  %-11s %-11s %-16s %-16s %-16s%s\n", "version", "state", "persistent ranks", "local ranks",
-              "memory ranks", replication ? " replicas held here (for other nodes)" : "");
+  // With replication a last column: the replicas this node holds for others (memory ranks
+  // are its own shards only).
+  const char* row = replication ? "  %-11s %-11s %-16s %-16s %-16s %s\n" : "  %-11s %-11s %-16s %-16s %s%s\n";
+  std::printf(row, "version", "state", "persistent ranks", "local ranks", "memory ranks",
+              replication ? "replicas held here (for other nodes)" : "");
   for (const auto& v : r.versions()) {
     std::string held;  // "4,5 from 127.0.0.1:7001"
     std::map<std::string, std::vector<std::uint32_t>> by_origin;
     for (const auto& h : v.replicas_held()) by_origin[h.origin()].push_back(h.rank());
     for (const auto& [origin, ranks] : by_origin)
       held += (held.empty() ? "" : "; ") + join(ranks) + " from " + origin;
-    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %-16s%s\n", v.version(),
+    const std::string name = "v" + std::to_string(v.version());
+    std::printf(row, name.c_str(),
                 v.committed()    ? "committed"
                 : v.aborted()    ? "aborted"
                 : v.restorable() ? "replicated"
                                  : "incomplete",
-                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(),
-                join(v.memory_ranks()).c_str(),
-                replication ? (" " + (held.empty() ? std::string("-") : held)).c_str() : "");
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str(),
+                replication ? (held.empty() ? "-" : held.c_str()) : "");
     if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
     for (const auto& h : v.replica_holders()) {
       std::string peers;
