@@ -291,9 +291,15 @@ void AddJobReplication(Daemon& daemon, Replicator& replicator, Visibility& visib
       for (const auto& p : r.peers) rank->add_peers(p);
       if (r.peers.size() < replicator.replicas()) {
         full = false;
-        out->add_missing("rank " + std::to_string(r.rank) + ": held by " + std::to_string(r.peers.size()) +
-                         " of " + std::to_string(replicator.replicas()) + " peers" +
-                         (r.error.empty() ? std::string() : ": " + r.error));
+        // A failed send says "SHARD is held by k of R peers: why": its "held by ..." part is
+        // the line; any other reason (superseded, not kept) follows the count.
+        const std::string held = "held by " + std::to_string(r.peers.size()) + " of " +
+                                 std::to_string(replicator.replicas()) + " peers";
+        const auto at = r.error.find(" is " + held);
+        out->add_missing("rank " + std::to_string(r.rank) + ": " +
+                         (at != std::string::npos ? r.error.substr(at + 4)
+                          : r.error.empty()       ? held
+                                                  : held + ": " + r.error));
       }
     }
     out->set_fully_replicated(full && !ranks.empty());
