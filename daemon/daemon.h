@@ -86,6 +86,10 @@ class Daemon {
   const Promoter* promoter() const { return promoter_.get(); }
   const CommitTracker& commits() const { return *commits_; }
   const ErrorLog& errors() const { return errors_; }
+  // Versions this daemon saw commit since it started (it wrote a shard of each), whichever
+  // daemon decided the commit: what status and ckptd_versions_committed_total both count, so
+  // every node of a job reports the same number for it.
+  std::uint64_t versions_committed() const { return versions_committed_; }
   RestoreCounters& restore_counters() { return restore_counters_; }
   // Peer replication; null with --replicas 0.
   Replicator* replicator() { return replicator_.get(); }
@@ -127,6 +131,7 @@ class Daemon {
   RestoreCounters restore_counters_;
   std::atomic<std::uint64_t> copied_done_total_{0};
   std::atomic<std::uint64_t> written_done_total_{0};
+  std::atomic<std::uint64_t> versions_committed_{0};
 
   // In stage order; destroyed in reverse.
   std::unique_ptr<Catalog> catalog_;

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   std::string job;
   auto* ls = app.add_subcommand("ls", "Versions of a job");
   ls->add_option("--job", job, "Job id")->required();
+  bool ask_peers = false;
+  ls->add_flag(
+      "--ask-peers", ask_peers,
+      "Peer replication: ask every peer which replicas of this node's shards it holds now, rather than "
+      "show what they acknowledged");
   json_flag(ls);
 
   auto* jobs =
@@ -153,7 +158,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? kOk : kUsage;  // --help is not an error
   }
   if (*status) return watch->count() > 0 ? Watch(socket, watch_s, count, json) : Status(socket, json);
-  if (*ls) return Ls(socket, job, json);
+  if (*ls) return Ls(socket, job, ask_peers, json);
   if (*jobs) return Jobs(socket, json);
   if (*prefetch && from_peers) return PrefetchFromPeers(socket, job, ranks, wait_prefetch, json);
   if (*prefetch) return Prefetch(socket, job, version, ranks, json);

@@ -220,8 +220,9 @@ std::string PeerSecret::HasAnswer(const std::string& subject, bool held, std::ui
          std::to_string(registration.size()) + ":" + registration;
 }
 
-std::string PeerSecret::DropAnswer(const std::string& subject, std::uint32_t dropped) {
-  return subject + " dropped " + std::to_string(dropped);
+std::string PeerSecret::DropAnswer(const std::string& subject, std::uint32_t dropped,
+                                   std::uint64_t bytes_held) {
+  return subject + " dropped " + std::to_string(dropped) + " holding " + std::to_string(bytes_held);
 }
 
 bool PeerSecret::SameMac(const std::string& a, const std::string& b) {

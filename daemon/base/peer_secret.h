@@ -103,7 +103,9 @@ class PeerSecret {
   static std::string PutAnswer(const std::string& subject, std::uint64_t bytes_held);
   static std::string HasAnswer(const std::string& subject, bool held, std::uint64_t file_bytes,
                                const std::string& registration);
-  static std::string DropAnswer(const std::string& subject, std::uint32_t dropped);
+  // DropJob and DropNewer: how many were dropped, and (DropJob) the replica bytes the callee
+  // still holds for the caller.
+  static std::string DropAnswer(const std::string& subject, std::uint32_t dropped, std::uint64_t bytes_held);
 
   // What a token is made for: `subject`, sent to the daemon `callee` (its --peers entry), so
   // that a token cannot be relayed to another daemon.

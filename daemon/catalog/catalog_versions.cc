@@ -16,6 +16,30 @@ bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
   return storage_->Exists(tree_.CommittedMarker(job, version));
 }
 
+Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job,
+                                                                   std::uint64_t version) {
+  const std::string dir = VersionDir(job, version);
+  auto names = storage_->List(dir);
+  if (!names.ok()) return names.status();
+  std::map<std::uint32_t, std::string> out;
+  for (const auto& n : names.value()) {
+    auto id = ParseNodeMarkerName(n);
+    if (!id) continue;
+    auto text = storage_->ReadSmallFile(JoinPath(dir, n));
+    if (!text.ok()) continue;  // replaced by a marker of more ranks meanwhile
+    auto claims = ParseNodeMarker(text.value());
+    if (!claims) continue;
+    for (const auto& [rank, registration] : *claims) out.emplace(rank, id->owner);
+  }
+  return out;
+}
+
+std::string Catalog::MarkerOwnerNode(const std::string& owner) {
+  // The owner is the node id, "-" and 8 hex digits of the daemon's start.
+  const auto dash = owner.rfind('-');
+  return dash == std::string::npos || owner.size() - dash != 9 ? owner : owner.substr(0, dash);
+}
+
 Result<std::vector<VersionEntry>> Catalog::List(const std::string& job) {
   std::vector<VersionEntry> out;
   auto names = storage_->List(JobDir(job));

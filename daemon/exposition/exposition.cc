@@ -41,6 +41,7 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
   out.Sample("ckptd_bytes_restored_total", {{"tier", "memory"}}, restored.from_memory.load());
   out.Sample("ckptd_bytes_restored_total", {{"tier", "local"}}, restored.from_local.load());
   out.Sample("ckptd_bytes_restored_total", {{"tier", "persistent"}}, restored.from_persistent.load());
+  out.Sample("ckptd_bytes_restored_total", {{"tier", "peer"}}, restored.from_peer.load());
   out.Header("ckptd_restores_resharded_total", "counter",
              "Restores at another world size or decomposition, each item filled from the chunks of its global "
              "tensor.");

@@ -141,6 +141,7 @@ Result<std::map<std::uint64_t, VersionOnTiers>> TierSet::List(const std::string&
     for (auto& [version, ranks] : local_->List(job)) note(version).local_ranks = std::move(ranks);
   }
   for (auto& [version, ranks] : memory_.List(job)) note(version).memory_ranks = std::move(ranks);
+  for (auto& [version, held] : memory_.ListReplicas(job)) note(version).replicas_held = std::move(held);
   return out;
 }
 

@@ -97,7 +97,9 @@ struct VersionOnTiers {
   std::string under_replicated;  // non-empty: committed without every shard replicated, and why
   std::vector<std::uint32_t> persistent_ranks;  // ranks with a durable shard there
   std::vector<std::uint32_t> local_ranks;
-  std::vector<std::uint32_t> memory_ranks;
+  std::vector<std::uint32_t> memory_ranks;  // this daemon's own images
+  // Replicas held here for other daemons: (rank, the daemon that sent it).
+  std::vector<std::pair<std::uint32_t, std::string>> replicas_held;
 };
 
 struct PrefetchResult {

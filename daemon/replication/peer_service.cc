@@ -183,8 +183,9 @@ class PeerServiceImpl final : public v1::Peer::Service {
       spdlog::info("peer: job {} rank {} restored version {}: dropped {} image(s) of the versions above it", k.job(),
                    k.rank(), k.version(), reply->dropped());
     }
-    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
-                             secret_.Proof("DropNewer", nonce, PeerSecret::DropAnswer(KeySubject(k), reply->dropped())));
+    ctx->AddTrailingMetadata(
+        PeerSecret::kProofKey,
+        secret_.Proof("DropNewer", nonce, PeerSecret::DropAnswer(KeySubject(k), reply->dropped(), 0)));
     return grpc::Status::OK;
   }
 
@@ -198,8 +199,15 @@ class PeerServiceImpl final : public v1::Peer::Service {
     if (reply->dropped() > 0) {
       spdlog::info("peer: job {} ended on {}: dropped {} replica(s)", req->job(), req->origin(), reply->dropped());
     }
-    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
-                             secret_.Proof("DropJob", nonce, PeerSecret::DropAnswer(subject, reply->dropped())));
+    // What is left of the origin's replicas (its other jobs'): the origin's count of what this
+    // daemon holds for it follows this, not zero.
+    const auto held = memory_.ReplicaBytes();
+    auto left = held.find(req->origin());
+    reply->set_bytes_held(left == held.end() ? 0 : left->second);
+    ctx->AddTrailingMetadata(
+        PeerSecret::kProofKey,
+        secret_.Proof("DropJob", nonce,
+                      PeerSecret::DropAnswer(subject, reply->dropped(), reply->bytes_held())));
     return grpc::Status::OK;
   }
 

@@ -323,8 +323,8 @@ void Replicator::SendLoop() {
       if (st.ok()) {
         ++acks;
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
+        NoteAcknowledged(peer, key, held);
         MutexLock lock(mu_);
-        sent_held_[peer] = held;
         peer_error_.erase(peer);
         continue;
       }
@@ -374,15 +374,15 @@ Replicator::JobDropped Replicator::OnJobFinished(const std::string& job) {
       spdlog::info("replication: peer {} did not drop job {}'s replicas: {}", peer, job, st.error_message());
       continue;
     }
-    if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
-                                           PeerSecret::DropAnswer(subject, reply.dropped()));
+    if (Status proven =
+            secret_.CheckProof(ProofOf(ctx), "DropJob", PeerSecret::NonceOf(token),
+                               PeerSecret::DropAnswer(subject, reply.dropped(), reply.bytes_held()));
         !proven.ok()) {
       Unproven(peer, proven);
       continue;
     }
     ++out.dropped;
-    MutexLock lock(mu_);
-    sent_held_.erase(peer);  // as it says on the next acknowledgement
+    NoteDropped(peer, job, reply.bytes_held());
   }
   return out;
 }
@@ -396,7 +396,10 @@ std::vector<Replicator::PeerInfo> Replicator::Peers() {
     PeerInfo p;
     p.address = peers_.addresses[i];
     if (auto it = held.find(p.address); it != held.end()) p.held_bytes = it->second;
-    if (auto it = sent_held_.find(p.address); it != sent_held_.end()) p.sent_bytes_held = it->second;
+    if (auto it = sent_held_.find(p.address); it != sent_held_.end()) {
+      p.sent_bytes_held = it->second.bytes;
+      p.sent_said_at = it->second.at;
+    }
     if (auto it = peer_error_.find(p.address); it != peer_error_.end()) p.error = it->second;
     p.holder = std::find(rule.begin(), rule.end(), i) != rule.end();
     out.push_back(std::move(p));

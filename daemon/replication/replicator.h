@@ -27,7 +27,17 @@
 // (ckptd_replication_events_total{event="unproven"}) and logged at most once a second.
 //
 // Level `replicated` (WaitReplicated): reached when R peers acknowledged the shard, after
-// verifying it, each proving it knows the secret. Thread-safe.
+// verifying it, each proving it knows the secret.
+//
+// Where this daemon's shards are (ReplicaMapOf, JobReplicationOf): the peers that
+// acknowledged each (job, version, rank), kept per rank for the versions a holder keeps
+// (--memory-versions + 1, and after a commit what the holder's retention keeps), forgotten
+// where this daemon had them dropped (DropJob, DropNewer).
+// A holder may still drop a replica on its own (its budget, its retention): the map says what
+// was acknowledged, not what is held now. After a restart it is empty; ReplicaMapOf rebuilds
+// a job's part from the peers' ListReplicas the first time it is asked. What each peer holds
+// of this daemon's shards in bytes (Peers: sent_bytes_held) is what the peer last said, with
+// when: on each acknowledgement and in its answer to a DropJob. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -146,10 +156,34 @@ class Replicator : public PeerShards {
     std::string address;
     std::uint64_t held_bytes = 0;       // replicas this daemon holds that it sent
     std::uint64_t sent_bytes_held = 0;  // this daemon's replicas it holds, as it last said
+    // When it said so; the epoch: not since this daemon started (sent_bytes_held unknown).
+    std::chrono::system_clock::time_point sent_said_at{};
     bool holder = false;
     std::string error;
   };
   std::vector<PeerInfo> Peers() EXCLUDES(mu_);
+  // Where the replicas of this daemon's shards of `job` are: per (version, rank), the peers
+  // holding one. From the acknowledgements since this daemon started; when it has none for the
+  // job (a restart), or `ask_peers`, asked of every peer (ListReplicas, kHasDeadline each).
+  struct ReplicaMap {
+    std::map<std::pair<std::uint64_t, std::uint32_t>, std::vector<std::string>> holders;
+    std::string source;                   // "acknowledged", "listed" or "unknown" (ckpt.proto)
+    std::vector<std::string> unanswered;  // "ADDRESS: why", peers that could not say
+  };
+  ReplicaMap ReplicaMapOf(const std::string& job, bool ask_peers) EXCLUDES(mu_);
+  // Whether the ranks of `version` of `job` that this daemon sent to peers are each held by
+  // R of them, as far as the acknowledgements say (no peer is asked).
+  struct RankHolders {
+    std::uint32_t rank = 0;
+    std::vector<std::string> peers;
+    std::string error;  // why it is short of R, if it is and the send said why
+  };
+  std::vector<RankHolders> JobReplicationOf(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  // `version` of `job` committed: the replica map forgets, per rank, what a holder that saw
+  // the commit drops (it keeps the newest --memory-versions committed replicas and newer ones).
+  void OnCommitted(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  // The jobs this daemon replicated a shard of since it started, sorted.
+  std::vector<std::string> ReplicatedJobs() EXCLUDES(mu_);
   std::uint64_t replicated_shards() const { return replicated_; }
   std::uint64_t failures() const { return failures_; }
 
@@ -180,6 +214,13 @@ class Replicator : public PeerShards {
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& peer) EXCLUDES(mu_);
   void Finish(const Key& key, Status st, std::uint32_t acks) EXCLUDES(mu_);
   void NoteError(const std::string& peer, const std::string& error) EXCLUDES(mu_);
+  // `peer` acknowledged (job, version, rank), saying it holds `held` bytes of this daemon's
+  // replicas: the map and the count follow.
+  void NoteAcknowledged(const std::string& peer, const Key& key, std::uint64_t held) EXCLUDES(mu_);
+  // `peer` dropped this daemon's replicas of `job` and holds `held` bytes of its others.
+  void NoteDropped(const std::string& peer, const std::string& job, std::uint64_t held) EXCLUDES(mu_);
+  // The versions of (job, rank) above `version` are being dropped everywhere (DropNewer).
+  void ForgetNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) EXCLUDES(mu_);
   // `peer` answered without proof of the secret (`why`): counted and logged (throttled);
   // returns PermissionDenied with `why`'s message.
   Status Unproven(const std::string& peer, const Status& why);
@@ -212,7 +253,18 @@ class Replicator : public PeerShards {
   std::map<Key, State> states_ GUARDED_BY(mu_);
   std::deque<Key> state_order_ GUARDED_BY(mu_);  // oldest first, to bound states_
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
-  std::map<std::string, std::uint64_t> sent_held_ GUARDED_BY(mu_);
+  // Per peer, the replica bytes of this daemon's shards it said it holds, and when.
+  struct Said {
+    std::uint64_t bytes = 0;
+    std::chrono::system_clock::time_point at{};
+  };
+  std::map<std::string, Said> sent_held_ GUARDED_BY(mu_);
+  // The replica map (see the top): per (job, version, rank), the peers that acknowledged it.
+  std::map<Key, std::vector<std::string>> holders_ GUARDED_BY(mu_);
+  // Jobs whose part of holders_ is known: acknowledged or listed since this daemon started.
+  std::set<std::string> mapped_jobs_ GUARDED_BY(mu_);
+  // Per job, the versions this daemon saw commit (the newest kCommitsKept).
+  std::map<std::string, std::set<std::uint64_t>> committed_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   // When a send to the peer last failed (erased by a success): see SendTo.
   std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);

@@ -121,6 +121,7 @@ bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::ui
 }
 
 void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  ForgetNewer(job, rank, version);
   for (std::size_t i : peers_.Ring()) {
     const std::string& peer = peers_.addresses[i];
     if (RecentlySilent(peer)) continue;  // a lost node: its memory is gone with it
@@ -138,7 +139,7 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
     grpc::Status st = stub->DropNewer(&ctx, req, &reply);
     if (st.ok()) {
       if (Status proven = secret_.CheckProof(ProofOf(ctx), "DropNewer", PeerSecret::NonceOf(token),
-                                             PeerSecret::DropAnswer(subject, reply.dropped()));
+                                             PeerSecret::DropAnswer(subject, reply.dropped(), 0));
           !proven.ok()) {
         st = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, Unproven(peer, proven).message());
       }

@@ -86,6 +86,11 @@ void ToProto(std::uint64_t version, const VersionOnTiers& v, v1::VersionInfo* ou
   for (auto r : v.persistent_ranks) out->add_durable_ranks(r);
   for (auto r : v.local_ranks) out->add_local_ranks(r);
   for (auto r : v.memory_ranks) out->add_memory_ranks(r);
+  for (const auto& [rank, origin] : v.replicas_held) {
+    auto* h = out->add_replicas_held();
+    h->set_rank(rank);
+    h->set_origin(origin);
+  }
 }
 
 void ToProto(const PrefetchResult& r, v1::PrefetchReply* reply) {

@@ -253,7 +253,26 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
     return ToGrpc(st);
   auto versions = daemon_.tiers().List(req->job());
   if (!versions.ok()) return ToGrpc(versions.status());
-  for (const auto& [version, on_tiers] : versions.value()) ToProto(version, on_tiers, reply->add_versions());
+  Replicator::ReplicaMap replicas;
+  if (Replicator* r = daemon_.replicator()) {
+    reply->mutable_replica_map()->set_replicas(r->replicas());
+    // Only for a job with versions here: a List of any id must not cost a call to every peer.
+    if (!versions->empty()) {
+      replicas = r->ReplicaMapOf(req->job(), req->ask_peers());
+      reply->mutable_replica_map()->set_source(replicas.source);
+      for (const auto& u : replicas.unanswered) reply->mutable_replica_map()->add_unanswered(u);
+    }
+  }
+  for (const auto& [version, on_tiers] : versions.value()) {
+    v1::VersionInfo* info = reply->add_versions();
+    ToProto(version, on_tiers, info);
+    for (auto it = replicas.holders.lower_bound({version, 0});
+         it != replicas.holders.end() && it->first.first == version; ++it) {
+      auto* holders = info->add_replica_holders();
+      holders->set_rank(it->first.second);
+      for (const auto& peer : it->second) holders->add_peers(peer);
+    }
+  }
   reply->set_latest(daemon_.catalog().RefreshLatest(req->job()));
   return grpc::Status::OK;
 }

@@ -2,12 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include "proto/level_codec.h"
 
 namespace ckpt {
 namespace {
+
+std::int64_t UnixMillis(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
 
 // What one viewer may see of other uids' work.
 class Visibility {
@@ -192,6 +198,114 @@ void AddTiers(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
   reply->set_promotions_pending(daemon.promoter() ? daemon.promoter()->pending() : 0);
 }
 
+// A version persisted here and not committed this long after is reported with the ranks it
+// waits for: a commit normally follows its last shard within a second or two, so this is a
+// node gone, a rank that crashed, or a slow persistent tier, and the operator should hear
+// which ranks within seconds, not after the 60 s the commit waits before giving up.
+constexpr std::chrono::seconds kStalledAfter{5};
+// At most this many versions are looked at per report (each costs a listing and a read of
+// each daemon's marker on the persistent tier).
+constexpr std::size_t kStalledShown = 4;
+
+// "ranks 4-5: node host3 wrote them in version 41": where the missing ranks' shards came
+// from in the newest committed version, by node (empty if nothing says).
+std::vector<std::string> MissingNodes(Catalog& catalog, const std::string& job, std::uint64_t version,
+                                      const std::vector<std::uint32_t>& missing) {
+  std::vector<std::string> out;
+  const std::uint64_t before = catalog.Latest(job);
+  if (before == 0 || before == version) return out;
+  auto claims = catalog.MarkerClaims(job, before);
+  if (!claims.ok()) return out;
+  std::map<std::string, std::string> by_node;
+  for (std::uint32_t rank : missing) {
+    auto it = claims->find(rank);
+    if (it == claims->end()) continue;
+    auto& ranks = by_node[Catalog::MarkerOwnerNode(it->second)];
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+  }
+  for (const auto& [node, ranks] : by_node) {
+    out.push_back("rank(s) " + ranks + ": node " + node + " wrote them in version " + std::to_string(before) +
+                  " (is its daemon, or are its trainers, gone?)");
+  }
+  return out;
+}
+
+// The versions with a shard persisted here that have not committed kStalledAfter later, and
+// the ranks no done marker claims.
+void AddStalledVersions(Daemon& daemon, Visibility& visible, v1::StatusReply* reply) {
+  struct Waiting {
+    std::uint32_t world_size = 0;
+    std::chrono::steady_clock::duration waiting{};
+  };
+  std::map<std::pair<std::string, std::uint64_t>, Waiting> versions;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& shard : daemon.shards().Recent()) {
+    if (shard->failed() || shard->level() != Level::kPersisted) continue;
+    const ShardMeta& m = shard->meta();
+    if (!visible.Job(m.job)) continue;
+    const auto persisted_at =
+        shard->created + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double, std::milli>(shard->MillisTo(Level::kPersisted)));
+    if (now - persisted_at < kStalledAfter) continue;
+    auto& w = versions[{m.job, m.version}];
+    w.world_size = m.world_size;
+    w.waiting = std::max(w.waiting, now - persisted_at);
+  }
+  std::size_t shown = 0;
+  for (auto it = versions.rbegin(); it != versions.rend() && shown < kStalledShown; ++it, ++shown) {
+    const auto& [job, version] = it->first;
+    if (daemon.catalog().IsCommitted(job, version)) continue;  // its commit is on its way here
+    auto* out = reply->add_stalled_versions();
+    out->set_job(job);
+    out->set_version(version);
+    out->set_world_size(it->second.world_size);
+    out->set_waiting_s(static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::seconds>(it->second.waiting).count()));
+    auto claims = daemon.catalog().MarkerClaims(job, version);
+    if (!claims.ok()) continue;
+    std::vector<std::uint32_t> missing;
+    for (std::uint32_t r = 0; r < it->second.world_size; ++r) {
+      if (!claims->count(r)) missing.push_back(r);
+    }
+    for (std::uint32_t r : missing) out->add_missing_ranks(r);
+    for (auto& line : MissingNodes(daemon.catalog(), job, version, missing))
+      out->add_missing_nodes(std::move(line));
+  }
+}
+
+// Per job this daemon replicated: whether its newest committed version's shards sent from
+// here are each held by R peers, by the acknowledgements.
+void AddJobReplication(Daemon& daemon, Replicator& replicator, Visibility& visible, v1::StatusReply* reply) {
+  for (const std::string& job : replicator.ReplicatedJobs()) {
+    if (!visible.Job(job)) continue;
+    const std::uint64_t version = daemon.catalog().Latest(job);
+    auto* out = reply->add_job_replication();
+    out->set_job(job);
+    out->set_version(version);
+    if (version == 0) continue;
+    bool full = true;
+    const auto ranks = replicator.JobReplicationOf(job, version);
+    for (const auto& r : ranks) {
+      auto* rank = out->add_ranks();
+      rank->set_rank(r.rank);
+      for (const auto& p : r.peers) rank->add_peers(p);
+      if (r.peers.size() < replicator.replicas()) {
+        full = false;
+        // A failed send says "SHARD is held by k of R peers: why": its "held by ..." part is
+        // the line; any other reason (superseded, not kept) follows the count.
+        const std::string held = "held by " + std::to_string(r.peers.size()) + " of " +
+                                 std::to_string(replicator.replicas()) + " peers";
+        const auto at = r.error.find(" is " + held);
+        out->add_missing("rank " + std::to_string(r.rank) + ": " +
+                         (at != std::string::npos ? r.error.substr(at + 4)
+                          : r.error.empty()       ? held
+                                                  : held + ": " + r.error));
+      }
+    }
+    out->set_fully_replicated(full && !ranks.empty());
+  }
+}
+
 }  // namespace
 
 void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusReply* reply) {
@@ -210,11 +324,17 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_device_backend(daemon.DescribeBackend());
   AddClients(daemon, visible, reply);
   AddShards(daemon, visible, reply);
-  for (const auto& e : daemon.errors().Recent()) {
-    if (visible.Error(e)) reply->add_errors(e);
+  for (const ErrorLog::Entry& e : daemon.errors().Entries()) {
+    if (!visible.Error(e.message)) continue;
+    reply->add_errors(e.message);
+    auto* out = reply->add_error_entries();
+    out->set_message(e.message);
+    out->set_count(e.count);
+    out->set_first_unix_ms(UnixMillis(e.first));
+    out->set_last_unix_ms(UnixMillis(e.last));
   }
   reply->set_bytes_read_total(daemon.restore_counters().bytes_read);
-  reply->set_versions_committed(daemon.commits().committed_total());
+  reply->set_versions_committed(daemon.versions_committed());
   const RestoreCounters& restored = daemon.restore_counters();
   reply->set_restored_bytes_memory(restored.from_memory);
   reply->set_restored_bytes_local(restored.from_local);
@@ -233,10 +353,15 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
       out->set_address(p.address);
       out->set_held_bytes(p.held_bytes);
       out->set_sent_bytes_held(p.sent_bytes_held);
+      if (p.sent_said_at != std::chrono::system_clock::time_point{}) {
+        out->set_sent_bytes_held_unix_ms(UnixMillis(p.sent_said_at));
+      }
       out->set_holder(p.holder);
       out->set_error(p.error);
     }
+    AddJobReplication(daemon, *r, visible, reply);
   }
+  AddStalledVersions(daemon, visible, reply);
 }
 
 }  // namespace ckpt

@@ -452,7 +452,21 @@ std::map<std::uint64_t, std::vector<std::uint32_t>> MemoryTier::List(const std::
   for (const auto& [key, versions] : images_) {
     if (std::get<0>(key) != job) continue;
     for (const auto& [v, e] : versions) {
-      if (e.image->complete) out[v].push_back(std::get<1>(key));
+      if (e.image->complete && e.origin.empty()) out[v].push_back(std::get<1>(key));
+    }
+  }
+  for (auto& [v, ranks] : out) std::sort(ranks.begin(), ranks.end());
+  return out;
+}
+
+std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::string>>> MemoryTier::ListReplicas(
+    const std::string& job) {
+  std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::string>>> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, versions] : images_) {
+    if (std::get<0>(key) != job) continue;
+    for (const auto& [v, e] : versions) {
+      if (e.image->complete && !e.origin.empty()) out[v].emplace_back(std::get<1>(key), e.origin);
     }
   }
   for (auto& [v, ranks] : out) std::sort(ranks.begin(), ranks.end());

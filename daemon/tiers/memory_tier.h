@@ -99,8 +99,11 @@ class MemoryTier {
 
   // The complete image of (job, version, rank), or null.
   std::shared_ptr<MemoryImage> Find(const std::string& job, std::uint64_t version, std::uint32_t rank);
-  // Ranks with a complete image, per version of `job`.
+  // Ranks with a complete image of this daemon's own (not a replica), per version of `job`.
   std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job);
+  // The complete replicas of `job` that peers sent, per version: (rank, origin), by rank.
+  std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::string>>> ListReplicas(
+      const std::string& job) EXCLUDES(mu_);
   // The complete replicas of `job` that `origin` sent, as (version, rank, file bytes), by
   // rank then version: what a warm start of the node at `origin` may pull back.
   struct ReplicaEntry {

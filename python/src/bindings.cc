@@ -406,7 +406,9 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::class_<ckpt::RestoreResult>(m, "RestoreResult", "What restore(..., result=True) returns")
       .def_readonly("version", &ckpt::RestoreResult::version)
-      .def_readonly("tier", &ckpt::RestoreResult::tier, "'memory', 'local' or 'persistent'")
+      .def_readonly(
+          "tier", &ckpt::RestoreResult::tier,
+          "'memory', 'local', 'peer' (a replica in another daemon's memory, --replicas) or 'persistent'")
       .def_readonly("blobs", &ckpt::RestoreResult::blobs, "list of ckpt.Blob (with from_rank)")
       .def_readonly("tensor_bytes", &ckpt::RestoreResult::tensor_bytes)
       .def_readonly("world_size", &ckpt::RestoreResult::world_size, "the world size that wrote the version")
@@ -582,7 +584,8 @@ PYBIND11_MODULE(_ckpt, m) {
           py::arg("version") = py::none(), py::arg("with_tier") = false, py::arg("result") = false,
           "Fills the registered regions from `version` (None: the newest committed) and returns "
           "(version, blobs) with blobs a dict name -> bytes; with_tier=True adds the tier the daemon "
-          "read it from: 'memory', 'local' or 'persistent'. result=True returns a ckpt.RestoreResult "
+          "read it from: 'memory', 'local', 'peer' (a replica in another daemon's memory) or 'persistent'. "
+          "result=True returns a ckpt.RestoreResult "
           "instead (blobs with from_rank, world_size, resharded).")
       .def(
           "status",

@@ -23,7 +23,7 @@ int Status(const std::string& socket, bool json);
 // Redraws every `interval_s` until SIGINT/SIGTERM (exit 0), `count` frames (0: no limit)
 // or the daemon going away (exit 1).
 int Watch(const std::string& socket, double interval_s, std::uint64_t count, bool json);
-int Ls(const std::string& socket, const std::string& job, bool json);
+int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool json);
 int Jobs(const std::string& socket, bool json);
 int Prefetch(const std::string& socket, const std::string& job, std::uint64_t version,
              const std::vector<std::uint32_t>& ranks, bool json);

@@ -5,7 +5,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <vector>
 
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/common.h"
@@ -71,21 +73,11 @@ int Status(const std::string& socket, bool json) {
   std::printf("totals: copied %s, written %s, read %s, %" PRIu64 " versions committed\n",
               Human(r.bytes_copied_total()).c_str(), Human(r.bytes_written_total()).c_str(),
               Human(r.bytes_read_total()).c_str(), r.versions_committed());
-  std::printf("restored: %s from memory, %s from local, %s from persistent\n",
+  std::printf("restored: %s from memory, %s from local, %s from peer, %s from persistent\n",
               Human(r.restored_bytes_memory()).c_str(), Human(r.restored_bytes_local()).c_str(),
-              Human(r.restored_bytes_persistent()).c_str());
+              Human(r.restored_bytes_peer()).c_str(), Human(r.restored_bytes_persistent()).c_str());
   std::printf("\ntiers\n%s", TierLines(r).c_str());
-  if (r.replicas() > 0) {  // peer replication is on: what it sent, holds and restored
-    std::printf("\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
-                " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
-                r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),
-                Human(r.restored_bytes_peer()).c_str(), r.restores_uncommitted());
-    for (const auto& p : r.peers()) {
-      std::printf("  peer %-22s %-7s holds %s of this daemon's shards; %s of its replicas held here%s%s\n",
-                  p.address().c_str(), p.holder() ? "holder" : "", Human(p.sent_bytes_held()).c_str(),
-                  Human(p.held_bytes()).c_str(), p.error().empty() ? "" : "; last error: ", p.error().c_str());
-    }
-  }
+  std::fputs(ReplicationLines(r).c_str(), stdout);
   PrintWarmStarts(r);
   std::printf("\nclients (%d)\n", r.clients_size());
   for (const auto& c : r.clients()) {
@@ -99,17 +91,19 @@ int Status(const std::string& socket, bool json) {
                 sh.version(), sh.rank(), ShardWord(sh), Human(sh.copied_bytes()).c_str(),
                 Human(sh.written_bytes()).c_str(), Human(sh.total_bytes()).c_str(), ShardNote(sh).c_str());
   }
+  std::fputs(StalledVersionLines(r).c_str(), stdout);
   std::printf("\nerrors (%d)\n", r.errors_size());
-  for (const auto& e : r.errors()) std::printf("  %s\n", e.c_str());
+  std::fputs(ErrorLines(r).c_str(), stdout);
   return rc;
 }
 
-int Ls(const std::string& socket, const std::string& job, bool json) {
+int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool json) {
   auto stub = Connect(socket);
   grpc::ClientContext ctx;
   SetDeadline(ctx, 30);
   ckpt::v1::ListRequest req;
   req.set_job(job);
+  req.set_ask_peers(ask_peers);
   ckpt::v1::ListReply r;
   grpc::Status s = stub->List(&ctx, req, &r);
   if (!s.ok()) return Fail("ls", s, socket);
@@ -136,17 +130,50 @@ int Ls(const std::string& socket, const std::string& job, bool json) {
     for (auto rk : ranks) out += (out.empty() ? "" : ",") + std::to_string(rk);
     return out.empty() ? std::string("-") : out;
   };
-  std::printf("  %-11s %-11s %-16s %-16s %s\n", "version", "state", "persistent ranks", "local ranks",
-              "memory ranks");
+  const bool replication = r.replica_map().replicas() > 0;
+  // With replication a last column: the replicas this node holds for others (memory ranks
+  // are its own shards only).
+  const char* row = replication ? "  %-11s %-11s %-16s %-16s %-16s %s\n" : "  %-11s %-11s %-16s %-16s %s%s\n";
+  std::printf(row, "version", "state", "persistent ranks", "local ranks", "memory ranks",
+              replication ? "replicas held here (for other nodes)" : "");
   for (const auto& v : r.versions()) {
-    std::printf("  v%-10" PRIu64 " %-11s %-16s %-16s %s\n", v.version(),
+    std::string held;  // "4,5 from 127.0.0.1:7001"
+    std::map<std::string, std::vector<std::uint32_t>> by_origin;
+    for (const auto& h : v.replicas_held()) by_origin[h.origin()].push_back(h.rank());
+    for (const auto& [origin, ranks] : by_origin)
+      held += (held.empty() ? "" : "; ") + join(ranks) + " from " + origin;
+    const std::string name = "v" + std::to_string(v.version());
+    std::printf(row, name.c_str(),
                 v.committed()    ? "committed"
                 : v.aborted()    ? "aborted"
                 : v.restorable() ? "replicated"
                                  : "incomplete",
-                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str());
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str(),
+                replication ? (held.empty() ? "-" : held.c_str()) : "");
     if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
     if (v.under_replicated()) std::printf("      under-replicated: %s\n", v.under_replicated_reason().c_str());
+    for (const auto& h : v.replica_holders()) {
+      std::string peers;
+      for (const auto& p : h.peers()) peers += (peers.empty() ? "" : ", ") + p;
+      std::printf("      rank %u's replicas: %s%s\n", h.rank(), peers.c_str(),
+                  static_cast<std::uint32_t>(h.peers_size()) < r.replica_map().replicas()
+                      ? (" (" + std::to_string(h.peers_size()) + " of " +
+                         std::to_string(r.replica_map().replicas()) + ")")
+                            .c_str()
+                      : "");
+    }
+  }
+  if (ask_peers && !replication) {
+    std::printf("replicas: none to ask about (the daemon runs with --replicas 0)\n");
+  }
+  if (replication && !r.versions().empty()) {
+    const auto& m = r.replica_map();
+    std::printf("replicas of this node's shards: %s\n",
+                m.source() == "acknowledged" ? "as the peers acknowledged them since this daemon started "
+                                               "(--ask-peers: as they hold them now)"
+                : m.source() == "listed"     ? "as the peers listed them just now"
+                                             : "unknown: no peer could say which it holds");
+    for (const auto& u : m.unanswered()) std::printf("  no answer from %s\n", u.c_str());
   }
   return kOk;
 }

@@ -1,9 +1,11 @@
 #include "tools/ckptctl/status_view.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <vector>
 
 #include "tools/ckptctl/common.h"
 #include "tools/ckptctl/json.h"
@@ -23,6 +25,29 @@ std::string Rate(double bytes_per_s) {
 
 int Percent(std::uint64_t part, std::uint64_t total) {
   return total == 0 ? 100 : static_cast<int>(std::min<std::uint64_t>(100, part * 100 / total));
+}
+
+// "12 s ago", from a time in milliseconds since the Unix epoch.
+std::string Ago(std::int64_t unix_ms) {
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  return std::to_string(std::max<std::int64_t>(0, now - unix_ms) / 1000) + " s ago";
+}
+
+// "0-3,6": ranks in increasing order, runs joined.
+std::string Ranks(const auto& ranks) {
+  std::vector<std::uint32_t> sorted(ranks.begin(), ranks.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::string out;
+  for (std::size_t i = 0; i < sorted.size();) {
+    std::size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(sorted[i]);
+    if (j > i) out += "-" + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -108,6 +133,75 @@ std::string TierSummary(const ckpt::v1::StatusReply& r) {
     }
   }
   return out + Format(" %u promotion(s) pending", r.promotions_pending());
+}
+
+std::string ReplicationLines(const ckpt::v1::StatusReply& r) {
+  if (r.replicas() == 0) return "";
+  std::string out = Format(
+      "\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
+      " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
+      r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),
+      Human(r.restored_bytes_peer()).c_str(), r.restores_uncommitted());
+  for (const auto& p : r.peers()) {
+    const std::string sent = p.sent_bytes_held_unix_ms() == 0
+                                 ? std::string(
+                                       "holds ? of this daemon's shards (it has not said since this daemon "
+                                       "started)")
+                                 : "holds " + Human(p.sent_bytes_held()) +
+                                       " of this daemon's shards (as it said " +
+                                       Ago(p.sent_bytes_held_unix_ms()) + ")";
+    out += Format("  peer %-22s %-7s ", p.address().c_str(), p.holder() ? "holder" : "") + sent + "; " +
+           Human(p.held_bytes()) + " of its replicas held here" +
+           (p.error().empty() ? std::string() : "; last error: " + p.error()) + "\n";
+  }
+  for (const auto& j : r.job_replication()) {
+    if (j.version() == 0) continue;
+    std::vector<std::uint32_t> ranks;
+    for (const auto& rk : j.ranks()) ranks.push_back(rk.rank());
+    if (ranks.empty()) {
+      out += Format("  job %-16s v%-8" PRIu64
+                    " replication of its ranks here unknown (none sent since this daemon "
+                    "started; `ckptctl ls` asks the peers)\n",
+                    j.job().c_str(), j.version());
+      continue;
+    }
+    out += Format("  job %-16s v%-8" PRIu64 " %s: ranks %s", j.job().c_str(), j.version(),
+                  j.fully_replicated() ? "fully replicated" : "UNDER-REPLICATED", Ranks(ranks).c_str());
+    out += "\n";
+    for (const auto& m : j.missing()) out += "      " + m + "\n";
+  }
+  return out;
+}
+
+std::string StalledVersionLines(const ckpt::v1::StatusReply& r) {
+  if (r.stalled_versions().empty()) return "";
+  std::string out = Format("\nnot committed (%d)\n", r.stalled_versions_size());
+  for (const auto& v : r.stalled_versions()) {
+    out += Format("  job %-16s v%-8" PRIu64 " persisted here %" PRIu64 " s ago, not committed: ",
+                  v.job().c_str(), v.version(), v.waiting_s());
+    out += v.missing_ranks().empty()
+               ? std::string("every rank is claimed; the daemon of rank 0 decides the commit")
+               : "no shard of rank(s) " + Ranks(v.missing_ranks()) + " of " + std::to_string(v.world_size()) +
+                     " is durable (their node may be gone)";
+    out += "\n";
+    for (const auto& n : v.missing_nodes()) out += "      " + n + "\n";
+  }
+  return out;
+}
+
+std::string ErrorLines(const ckpt::v1::StatusReply& r) {
+  std::string out;
+  if (r.error_entries_size() == r.errors_size()) {
+    for (const auto& e : r.error_entries()) {
+      out += "  ";
+      if (e.count() > 1)
+        out += Format("[%" PRIu64 " times, last %s] ", e.count(), Ago(e.last_unix_ms()).c_str());
+      out += e.message() + "\n";
+    }
+    return out;
+  }
+  for (const auto& e : r.errors()) out += "  " + e + "\n";  // a daemon that does not count them
+  return out;
 }
 
 nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r) {

@@ -37,6 +37,16 @@ std::string TierLines(const ckpt::v1::StatusReply& r);
 // The tiers in one line, for a frame of status --watch.
 std::string TierSummary(const ckpt::v1::StatusReply& r);
 
+// Peer replication (empty when it is off): what this daemon sent, holds and restored, each
+// peer, and per job whether its newest committed version is fully replicated.
+std::string ReplicationLines(const ckpt::v1::StatusReply& r);
+// The versions that wait for their commit longer than expected, and which ranks they miss
+// (empty when none).
+std::string StalledVersionLines(const ckpt::v1::StatusReply& r);
+// The error log, one line per distinct message, a repeated one with its count and when it
+// was last seen.
+std::string ErrorLines(const ckpt::v1::StatusReply& r);
+
 // The reply as JSON (json.h), each shard with "in_flight" added.
 nlohmann::ordered_json StatusJson(const ckpt::v1::StatusReply& r);
 

@@ -194,7 +194,9 @@ struct Blob {
 
 struct RestoreResult {
   std::uint64_t version = 0;
-  std::string tier;  // where the daemon read it: "memory", "local" or "persistent"
+  // Where the daemon read it: "memory", "local", "peer" (a replica in another daemon's memory,
+  // --replicas) or "persistent"; a restore at another world size: the slowest one read.
+  std::string tier;
   std::vector<Blob> blobs;
   std::uint64_t tensor_bytes = 0;
   std::uint32_t world_size = 0;  // that wrote the version
