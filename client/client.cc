@@ -292,6 +292,8 @@ DaemonStatus Client::status() {
   return out;
 }
 
+void Client::unregister() { unregister(false); }
+
 void Client::unregister(bool job_finished) {
   MutexLock lock(impl_->mu);
   impl_->lost.Clear();

@@ -128,8 +128,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                              // node restores): nothing for the operator to act on.
                              if (reason != "superseded") errors_.Record(m);
                            }},
-      CommitTracker::ReplicaWait{config_.replicas > 0 && config_.replica_commit_timeout_s > 0, config_.replicas,
-                                 std::chrono::seconds(config_.replica_commit_timeout_s)});
+      CommitTracker::ReplicaWait{config_.replicas > 0 && config_.replica_commit_timeout_s > 0,
+                                 config_.replicas, std::chrono::seconds(config_.replica_commit_timeout_s)});
   if (local_) {
     promoter_ = std::make_unique<Promoter>(
         *local_, *memory_, *copier_, *catalog_, persistent_direct_io_,
@@ -256,6 +256,9 @@ void Daemon::Shutdown() {
   if (sessions_) sessions_->Stop();
   if (warm_start_) warm_start_->Stop();  // its pulls read through the replicator
   if (replicator_) replicator_->Stop();
+  // Shards that finish during the stop are not replicated any more: their versions commit on
+  // persistence (under-replicated, said so) rather than wait for claims that never come.
+  if (commits_) commits_->ReplicationStopped();
   // The replicator (stopped above) hands it claims; its thread writes on the catalog and
   // reports to the error log: stopped before any of them goes.
   if (replica_claims_) replica_claims_->Stop();

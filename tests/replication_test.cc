@@ -1,19 +1,19 @@
 // Peer replication of the memory tier, with real ckptd processes on loopback TCP standing for
 // the nodes of a job (support/peer_cluster.h, as in tiers_test.cc).
 #include <ckpt/client.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <grpcpp/grpcpp.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt/v1/peer.grpc.pb.h"
@@ -21,8 +21,8 @@
 #include "daemon/base/peer_secret.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
-#include "support/peer_cluster.h"
 #include "support/free_ports.h"
+#include "support/peer_cluster.h"
 #include "support/test_dirs.h"
 #include "support/trainer_state.h"
 
@@ -726,9 +726,10 @@ TEST_CASE("the peer rule: daemon i sends to i+1..i+R, restores ask the ring from
   CHECK_THAT(no_slurm.status().message(), Catch::Contains("$SLURM_JOB_NODELIST is not set"));
 }
 
-TEST_CASE("a crashed job keeps its replicas: a node lost, every other trainer ends, a second node lost, and the "
-          "job still restores from the memory left",
-          "[replication]") {
+TEST_CASE(
+    "a crashed job keeps its replicas: a node lost, every other trainer ends, a second node lost, and the "
+    "job still restores from the memory left",
+    "[replication]") {
   TempDir dir("replcrash");
   Cluster c(dir, 3, 2);  // every node holds a replica of the other two nodes' shards
   c.StartAll();
@@ -758,9 +759,10 @@ TEST_CASE("a crashed job keeps its replicas: a node lost, every other trainer en
   }
 }
 
-TEST_CASE("ckptctl finish drops a finished job's memory images and its replicas at the peers, and refuses while a "
-          "trainer of it is registered",
-          "[replication]") {
+TEST_CASE(
+    "ckptctl finish drops a finished job's memory images and its replicas at the peers, and refuses while a "
+    "trainer of it is registered",
+    "[replication]") {
   TempDir dir("replfinish");
   Cluster c(dir, 2, 1);
   c.StartAll();
@@ -794,10 +796,80 @@ TEST_CASE("ckptctl finish drops a finished job's memory images and its replicas 
   // Node 1 let go of node 0's replicas; node 0 of everything of the job.
   CHECK(c[1].Status().peers(0).held_bytes() == 0);
   CHECK(c[0].Status().peers(0).held_bytes() == 0);
-  // The files stay: the job restores from the persistent tier.
+  // The files stay: the job restores from a file tier.
   job.Launch(c);
   auto tiers = job.RestoreAll(1);
-  CHECK(tiers[0] != "memory");
+  CHECK((tiers[0] == "local" || tiers[0] == "persistent"));
+}
+
+TEST_CASE("a job finished right after its last save still commits that version, replicated",
+          "[replication]") {
+  TempDir dir("replfinlast");
+  Cluster c(dir, 2, 1);
+  c.StartAll();
+  Job job("replfinlast", 4);
+  job.Launch(c);
+  job.Save(1);
+  // The last save, and every trainer closes at once saying the job is over (rank 0 first:
+  // any trainer of the job may say it, the last one to leave a node acts on it).
+  for (auto& r : job.ranks) {
+    r->state.Fill(2);
+    r->client->snapshot(2);
+  }
+  for (auto& r : job.ranks) r->client->wait_snapshot(2);
+  job.ranks[0]->client->unregister(/*job_finished=*/true);
+  job.ranks[2]->client->unregister(/*job_finished=*/true);
+  job.ranks[1]->client->unregister();
+  job.ranks[3]->client->unregister();
+  const std::string v2 = c.root() + "/replfinlast/v0000000002";
+  REQUIRE(Eventually([&] { return fs::exists(v2 + "/COMMITTED"); }, std::chrono::seconds(20)));
+  CHECK_FALSE(fs::exists(v2 + "/UNDER_REPLICATED"));
+  // The version on its way kept its images through the finish (they are what it was
+  // replicated from, and what a restore would read).
+  for (int i : {0, 1}) {
+    auto listed = c[i].List("replfinlast");
+    REQUIRE(listed.versions_size() >= 1);
+    CHECK(listed.versions(listed.versions_size() - 1).version() == 2);
+    CHECK(listed.versions(listed.versions_size() - 1).memory_ranks_size() == 2);
+  }
+}
+
+TEST_CASE("a daemon stopped while a version waits for its replicas commits it on persistence, recorded",
+          "[replication]") {
+  TempDir dir("replstop");
+  Cluster c(dir, 2, 1);
+  c.StartAll();
+  Job job("replstop", 2);  // both ranks on node 0
+  job.Launch(c);
+  job.Save(1);
+  c.Lose(1);  // node 0's only peer: version 2 cannot be replicated
+  for (auto& r : job.ranks) {
+    r->state.Fill(2);
+    r->client->snapshot(2);
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kPersisted);
+  const std::string v2 = c.root() + "/replstop/v0000000002";
+  CHECK_FALSE(fs::exists(v2 + "/COMMITTED"));  // waits for replicas (30 s by default)
+  // Status says what it waits for, once it has waited a few seconds.
+  std::string status;
+  CHECK(Eventually(
+      [&] {
+        status = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "status"}).output;
+        return status.find("rank(s) 0,1: not yet held by 1 peer(s); the commit waits for them at most 30 s") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(20)));
+  INFO(status);
+  CHECK_THAT(status, Catch::Contains("every rank's shard is durable"));
+  job.ranks.clear();
+  CHECK(c[0].Stop() == 0);  // SIGTERM, as an epilog or a restart does
+  CHECK(fs::exists(v2 + "/COMMITTED"));
+  std::string marker;
+  {
+    std::ifstream in(v2 + "/UNDER_REPLICATED");
+    marker.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK_THAT(marker, Catch::StartsWith("ranks 0,1: shutdown: this daemon stopped replicating"));
 }
 
 namespace {
@@ -813,9 +885,10 @@ std::string Metric(const std::string& socket, const std::string& prefix) {
 
 }  // namespace
 
-TEST_CASE("with replicas a version commits only once every shard is held by a peer, or after the timeout, "
-          "recorded as under-replicated",
-          "[replication]") {
+TEST_CASE(
+    "with replicas a version commits only once every shard is held by a peer, or after the timeout, "
+    "recorded as under-replicated",
+    "[replication]") {
   TempDir dir("replgate");
   Cluster c(dir, 2, 1);
   c.extra_args = {"--replica-commit-timeout-s", "3"};
@@ -846,13 +919,16 @@ TEST_CASE("with replicas a version commits only once every shard is held by a pe
     std::ifstream in(root + "/v0000000002/UNDER_REPLICATED");
     marker.assign(std::istreambuf_iterator<char>(in), {});
   }
-  CHECK_THAT(marker, Catch::StartsWith("ranks 0,1: timeout: not held by 1 peer(s) 3 s after every rank persisted"));
+  CHECK_THAT(marker,
+             Catch::StartsWith("ranks 0,1: timeout: not held by 1 peer(s) 3 s after every rank persisted"));
   // Visible: ls, the error log and the metric.
   ProcessResult ls = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(0), "ls", "--job", "replgate"});
   INFO(ls.output);
   CHECK_THAT(ls.output, Catch::Contains("under-replicated"));
-  CHECK_THAT(ErrorsOf(c[0].Status()), Catch::Contains("job replgate version 2 committed under-replicated (ranks 0,1"));
-  CHECK(Metric(c.socket(0), "ckptd_versions_under_replicated_total{job=\"replgate\",reason=\"timeout\"}") == "1");
+  CHECK_THAT(ErrorsOf(c[0].Status()),
+             Catch::Contains("job replgate version 2 committed under-replicated (ranks 0,1"));
+  CHECK(Metric(c.socket(0), "ckptd_versions_under_replicated_total{job=\"replgate\",reason=\"timeout\"}") ==
+        "1");
 
   // The peer is back: versions commit replicated again, with no marker (the first ones may
   // still find its address refused, for the sender's back-off after a failure).
@@ -875,9 +951,10 @@ TEST_CASE("with replicas a version commits only once every shard is held by a pe
 // commit (before its capture ends, once it is persisted, right after it commits: the window
 // in which a replica used to arrive only after the commit, or a random delay). Every trial
 // restores every rank byte-exact, the lost node's from its peer's memory, nothing from a file.
-TEST_CASE("a node lost at any point around a commit restores its ranks from peers' memory, nothing from files "
-          "(20 trials)",
-          "[replication]") {
+TEST_CASE(
+    "a node lost at any point around a commit restores its ranks from peers' memory, nothing from files "
+    "(20 trials)",
+    "[replication]") {
   TempDir dir("repltrials");
   Cluster c(dir, 3, 1);
   c.StartAll();
@@ -911,7 +988,8 @@ TEST_CASE("a node lost at any point around a commit restores its ranks from peer
         job.ranks[0]->client->wait_durable(v, Level::kCommitted);
         break;
       default:  // anywhere in the first half second
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 500)(rng)));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 500)(rng)));
     }
     c.Lose(lost);
     c.Start(lost);

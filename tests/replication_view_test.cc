@@ -329,8 +329,9 @@ TEST_CASE("a restore that meets the same unreachable holder for each rank lists 
   CHECK_THAT(status.output, Catch::Contains(" times, last "));
 }
 
-TEST_CASE("the bytes a node holds for another and the bytes that node says are held agree after a job is finished",
-          "[replication][view]") {
+TEST_CASE(
+    "the bytes a node holds for another and the bytes that node says are held agree after a job is finished",
+    "[replication][view]") {
   TempDir dir("rview-held");
   Cluster c(dir, 2, 1);
   c.StartAll();

@@ -91,10 +91,10 @@ int main(int argc, char** argv) {
   prefetch->add_flag("--wait", wait_prefetch, "With --from-peers: follow it until done (0) or failed (1)")
       ->needs(from_peers_flag);
 
-  auto* finish = app.add_subcommand(
-      "finish",
-      "The job is over and will not restart: drop its memory images on this daemon and its replicas at the peers "
-      "(files stay). Refused while a trainer of the job is registered here");
+  auto* finish = app.add_subcommand("finish",
+                                    "The job is over and will not restart: drop its memory images on this "
+                                    "daemon and its replicas at the peers "
+                                    "(files stay). Refused while a trainer of the job is registered here");
   finish->add_option("--job", job, "Job id")->required();
   json_flag(finish);
 

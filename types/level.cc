@@ -1,7 +1,8 @@
 // The names of levels (ckpt/level.h). Part of libckpt's public API, hence CKPT_API: every
 // library that includes the types layer links this object.
-#include "ckpt/export.h"
 #include "ckpt/level.h"
+
+#include "ckpt/export.h"
 
 namespace ckpt {
 

@@ -253,9 +253,10 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                  "then reads the next source)")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  app.add_option("--replica-commit-timeout-s", c.replica_commit_timeout_s,
-                 "Seconds a persisted version waits for every rank's shard to be held by --replicas peers before "
-                 "it commits anyway, recorded as under-replicated (0: commits do not wait for replicas)")
+  app.add_option(
+         "--replica-commit-timeout-s", c.replica_commit_timeout_s,
+         "Seconds a persisted version waits for every rank's shard to be held by --replicas peers before "
+         "it commits anyway, recorded as under-replicated (0: commits do not wait for replicas)")
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   app.add_flag("--warm-start", c.warm_start,

@@ -123,6 +123,9 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
         return s.With("write the UNDER_REPLICATED marker");
       }
       gate->under_replicated = true;
+    } else if (storage_->Exists(tree_.UnderReplicatedMarker(job, version))) {
+      // Left by an earlier attempt whose COMMITTED failed: this commit is fully replicated.
+      (void)storage_->Remove(tree_.UnderReplicatedMarker(job, version));
     }
   }
   if (index_writer_) {
@@ -134,7 +137,13 @@ Status Catalog::CommitIfComplete(const std::string& job, std::uint64_t version, 
   if (Status s = storage_->WriteFileAtomic(marker, content); !s.ok()) {
     // The marker may have its name without being known durable (its directory's fsync
     // failed): it is taken back, so that no reader counts a version its ranks are told failed.
-    if (!storage_->Exists(marker)) return s;
+    if (!storage_->Exists(marker)) {
+      if (gate != nullptr && gate->under_replicated) {
+        (void)storage_->Remove(tree_.UnderReplicatedMarker(job, version));  // the next try decides again
+        gate->under_replicated = false;
+      }
+      return s;
+    }
     Status removed = storage_->Remove(marker);
     if (removed.ok()) return s;
     // It stays, so readers see the version committed: so is it, and the trouble is reported.

@@ -173,10 +173,12 @@ class Catalog {
   bool IsCommitted(const std::string& job, std::uint64_t version);
   // Versions of the job on storage, oldest first.
   Result<std::vector<VersionEntry>> List(const std::string& job);
-  // The ranks the done markers of the version claim, each with the owner of the marker that
-  // claims it (the writing daemon's --node-id and its start's random part: see MarkerOwnerNode);
-  // read only, for reports. An error if the version directory cannot be listed.
-  Result<std::map<std::uint32_t, std::string>> MarkerClaims(const std::string& job, std::uint64_t version);
+  // The ranks the done markers (`kind`: or the `.repl` markers) of the version claim, each
+  // with the owner of the marker that claims it (the writing daemon's --node-id and its
+  // start's random part: see MarkerOwnerNode); read only, for reports. An error if the
+  // version directory cannot be listed.
+  Result<std::map<std::uint32_t, std::string>> MarkerClaims(const std::string& job, std::uint64_t version,
+                                                            NodeMarkerKind kind = NodeMarkerKind::kDone);
   // The --node-id part of a marker's owner ("host3-1a2b3c4d" -> "host3").
   static std::string MarkerOwnerNode(const std::string& owner);
   // Records that `rank` aborted the version, and why (VERSION/ABORTED.rank-R): it never

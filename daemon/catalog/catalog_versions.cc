@@ -16,14 +16,14 @@ bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
   return storage_->Exists(tree_.CommittedMarker(job, version));
 }
 
-Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job,
-                                                                   std::uint64_t version) {
+Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job, std::uint64_t version,
+                                                                   NodeMarkerKind kind) {
   const std::string dir = VersionDir(job, version);
   auto names = storage_->List(dir);
   if (!names.ok()) return names.status();
   std::map<std::uint32_t, std::string> out;
   for (const auto& n : names.value()) {
-    auto id = ParseNodeMarkerName(n);
+    auto id = ParseNodeMarkerName(n, kind);
     if (!id) continue;
     auto text = storage_->ReadSmallFile(JoinPath(dir, n));
     if (!text.ok()) continue;  // replaced by a marker of more ranks meanwhile

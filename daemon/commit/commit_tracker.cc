@@ -20,6 +20,20 @@ void CommitTracker::Start() {
 }
 
 void CommitTracker::Stop() {
+  if (replication_stopped_) {
+    // The versions that waited only for replicas commit now, on persistence alone, rather
+    // than be left for a restart that may never come (a job's daemon stopped by its epilog).
+    std::vector<std::pair<Key, std::uint32_t>> waiting;
+    {
+      MutexLock lock(mu_);
+      if (!stop_) {
+        for (const auto& [key, a] : deciding_) {
+          if (!UnsettledLocked(key)) waiting.emplace_back(key, a.world_size);
+        }
+      }
+    }
+    for (const auto& [key, world_size] : waiting) TryCommit(key.first, key.second, world_size, nullptr);
+  }
   {
     MutexLock lock(mu_);
     stop_ = true;
@@ -260,6 +274,13 @@ Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGat
                               std::to_string(replica_wait_.copies) + " peer(s)";
     return gate;
   }
+  if (replication_stopped_) {
+    gate->commit_anyway = true;
+    gate->commit_anyway_why =
+        "shutdown: this daemon stopped replicating before these ranks' shards were held by " +
+        std::to_string(replica_wait_.copies) + " peer(s)";
+    return gate;
+  }
   MutexLock lock(mu_);
   auto it = deciding_.find(key);
   if (it != deciding_.end() && it->second.unreplicated_since != Clock::time_point{} &&
@@ -284,9 +305,10 @@ void CommitTracker::NoteUnreplicated(const Key& key, const Catalog::ReplicaGate&
     if (a.unreplicated_logged) return;
     a.unreplicated_logged = true;
   }
-  spdlog::info("job {} version {}: persisted by every rank; waiting for rank(s) {} to be held by {} peer(s) before "
-               "it commits (at most {} s)",
-               key.first, key.second, ranks, replica_wait_.copies, replica_wait_.timeout.count());
+  spdlog::info(
+      "job {} version {}: persisted by every rank; waiting for rank(s) {} to be held by {} peer(s) before "
+      "it commits (at most {} s)",
+      key.first, key.second, ranks, replica_wait_.copies, replica_wait_.timeout.count());
 }
 
 void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std::uint32_t world_size,
@@ -307,16 +329,17 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
   if (committed) {
     if (gate != nullptr && gate->under_replicated) {
       const std::string text = catalog_.UnderReplicated(job, version);
-      const bool superseded = gate->commit_anyway_why.rfind("superseded", 0) == 0;
-      const std::string message = "job " + job + " version " + std::to_string(version) +
-                                  " committed under-replicated (" + text + ")" +
-                                  (superseded ? "" : "; a node lost now restores those ranks from the persistent tier");
+      const std::string reason = gate->commit_anyway_why.substr(0, gate->commit_anyway_why.find(':'));
+      const bool superseded = reason == "superseded";
+      const std::string message =
+          "job " + job + " version " + std::to_string(version) + " committed under-replicated (" + text +
+          ")" + (superseded ? "" : "; a node lost now restores those ranks from the persistent tier");
       if (superseded) {
         spdlog::info("{}", message);
       } else {
         spdlog::warn("{}", message);
       }
-      if (hooks_.on_under_replicated) hooks_.on_under_replicated(job, superseded ? "superseded" : "timeout", message);
+      if (hooks_.on_under_replicated) hooks_.on_under_replicated(job, reason, message);
     }
     Finish(job, version, shard, /*ours=*/true);
     return;

@@ -97,6 +97,11 @@ class CommitTracker {
   // it are let go without an error to report (a marker that comes late is ignored).
   void Forget(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
 
+  // The daemon is stopping and its replication stopped first: a version completes on
+  // persistence alone from now on (recorded as under-replicated), since no claim of this
+  // daemon's shards will come and the versions finishing during the stop must still commit.
+  void ReplicationStopped() { replication_stopped_ = true; }
+
   // Versions this daemon committed since it started.
   std::uint64_t committed_total() const { return committed_total_; }
 
@@ -173,6 +178,7 @@ class CommitTracker {
   std::map<std::string, std::set<std::uint64_t>> finished_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<std::uint64_t> committed_total_{0};
+  std::atomic<bool> replication_stopped_{false};
   std::thread watcher_;
 };
 

@@ -78,7 +78,7 @@ class DaemonMetrics {
   void Committed(const std::string& job) { committed_.With({{"job", job}}).Add(); }
   void ShardAborted(const std::string& job) { aborted_.With({{"job", job}}).Add(); }
   // A version this daemon committed without every rank's shard replicated; `reason`:
-  // "timeout" or "superseded".
+  // "timeout", "superseded" or "shutdown".
   void UnderReplicated(const std::string& job, const std::string& reason) {
     under_replicated_.With({{"job", job}, {"reason", reason}}).Add();
   }
@@ -124,7 +124,9 @@ class DaemonMetrics {
   Family<Counter> under_replicated_{
       "ckptd_versions_under_replicated_total",
       "Versions this daemon committed without every rank's shard held by --replicas peers, by job and reason "
-      "(timeout: --replica-commit-timeout-s ran out; superseded: a newer version had committed first)."};
+      "(timeout: --replica-commit-timeout-s ran out; superseded: a newer version had committed first; "
+      "shutdown: "
+      "the daemon stopped replicating as it stopped)."};
   Family<Counter> errors_family_{
       "ckptd_errors_total", "Errors of background work and restores, by kind (see docs/ops/metrics.md)."};
   std::array<Counter*, kErrorKinds> errors_{};

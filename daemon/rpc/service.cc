@@ -301,7 +301,18 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   // trainer of a job too, and its restart restores from the memory images and the peers'
   // replicas. Only a trainer that says the job is finished lets them go, once it is the last
   // one of the job here.
-  if (req->finished() && !HasSessionOf(job)) {
+  // Any trainer of the job may say so (often rank 0 alone does): it is acted on when the
+  // job's last trainer here is gone.
+  bool finish = false;
+  {
+    MutexLock lock(finishing_mu_);
+    if (req->finished()) finishing_.insert(job);
+    if (finishing_.count(job) != 0 && !HasSessionOf(job)) {
+      finishing_.erase(job);
+      finish = true;
+    }
+  }
+  if (finish) {
     v1::FinishJobReply dropped;
     FinishJobHere(job, &dropped);
   }
@@ -315,7 +326,7 @@ bool CheckpointService::HasSessionOf(const std::string& job) {
 
 void CheckpointService::FinishJobHere(const std::string& job, v1::FinishJobReply* reply) {
   std::uint64_t bytes = 0;
-  const std::uint32_t images = daemon_.memory().DropJob(job, &bytes);
+  const std::uint32_t images = daemon_.memory().DropJob(job, daemon_.catalog().RefreshLatest(job), &bytes);
   reply->set_memory_images_dropped(images);
   reply->set_memory_bytes_dropped(bytes);
   if (Replicator* r = daemon_.replicator()) {
@@ -323,9 +334,10 @@ void CheckpointService::FinishJobHere(const std::string& job, v1::FinishJobReply
     reply->set_peers_told(told.told);
     reply->set_peers_dropped(told.dropped);
   }
-  spdlog::info("job {} finished: dropped {} memory image(s) ({} bytes); {} of {} peer(s) dropped the replicas sent "
-               "them",
-               job, images, bytes, reply->peers_dropped(), reply->peers_told());
+  spdlog::info(
+      "job {} finished: dropped {} memory image(s) ({} bytes); {} of {} peer(s) dropped the replicas sent "
+      "them",
+      job, images, bytes, reply->peers_dropped(), reply->peers_told());
 }
 
 grpc::Status CheckpointService::FinishJob(grpc::ServerContext* ctx, const v1::FinishJobRequest* req,
@@ -339,9 +351,10 @@ grpc::Status CheckpointService::FinishJob(grpc::ServerContext* ctx, const v1::Fi
     return ToGrpc(st);
   }
   if (HasSessionOf(req->job())) {
-    return ToGrpc(FailedPrecondition("job '" + req->job() +
-                                     "' still has a registered trainer on this daemon; finish it once its trainers "
-                                     "have exited (its memory images and replicas are what a restart restores from)"));
+    return ToGrpc(
+        FailedPrecondition("job '" + req->job() +
+                           "' still has a registered trainer on this daemon; finish it once its trainers "
+                           "have exited (its memory images and replicas are what a restart restores from)"));
   }
   FinishJobHere(req->job(), reply);
   return grpc::Status::OK;

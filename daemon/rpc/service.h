@@ -10,9 +10,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
 #include <string>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
+#include "common/mutex.h"
 #include "daemon/daemon.h"
 #include "daemon/rpc/call_gate.h"
 #include "daemon/rpc/peer_auth.h"
@@ -55,6 +57,10 @@ class CheckpointService final : public v1::Checkpoint::Service {
   ckpt::Status SealAtWait(grpc::ServerContext* ctx, const std::shared_ptr<ShardJob>& shard, bool ordered,
                           std::chrono::steady_clock::time_point deadline);
 
+  // Jobs a trainer unregistered from as finished while others of them were still registered
+  // here: finished once the last one unregisters.
+  Mutex finishing_mu_;
+  std::set<std::string> finishing_ GUARDED_BY(finishing_mu_);
   // Whether a session of `job` is registered on this daemon.
   bool HasSessionOf(const std::string& job);
   // Drops the job's memory images here and tells the peers to drop the replicas sent them.

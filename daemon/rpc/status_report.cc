@@ -270,6 +270,23 @@ void AddStalledVersions(Daemon& daemon, Visibility& visible, v1::StatusReply* re
     for (std::uint32_t r : missing) out->add_missing_ranks(r);
     for (auto& line : MissingNodes(daemon.catalog(), job, version, missing))
       out->add_missing_nodes(std::move(line));
+    // Every rank durable: with replicas, the commit also waits for each rank's shard to be
+    // held by R peers (their `.repl` claims), at most --replica-commit-timeout-s.
+    if (missing.empty() && daemon.replicator() != nullptr && daemon.config().replica_commit_timeout_s > 0) {
+      auto replicated = daemon.catalog().MarkerClaims(job, version, NodeMarkerKind::kReplicated);
+      if (!replicated.ok()) continue;
+      std::string ranks;
+      for (std::uint32_t r = 0; r < it->second.world_size; ++r) {
+        if (!replicated->count(r)) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      }
+      if (!ranks.empty()) {
+        out->add_missing_nodes("rank(s) " + ranks + ": not yet held by " +
+                               std::to_string(daemon.replicator()->replicas()) +
+                               " peer(s); the commit waits for them at most " +
+                               std::to_string(daemon.config().replica_commit_timeout_s) +
+                               " s (--replica-commit-timeout-s), then commits under-replicated");
+      }
+    }
   }
 }
 

@@ -244,7 +244,8 @@ std::uint32_t MemoryTier::DropReplicas(const std::string& job, const std::string
   return dropped;
 }
 
-std::uint32_t MemoryTier::DropJob(const std::string& job, std::uint64_t* bytes) {
+std::uint32_t MemoryTier::DropJob(const std::string& job, std::uint64_t newest_committed,
+                                  std::uint64_t* bytes) {
   std::uint32_t dropped = 0;
   *bytes = 0;
   MutexLock lock(mu_);
@@ -255,7 +256,10 @@ std::uint32_t MemoryTier::DropJob(const std::string& job, std::uint64_t* bytes) 
     }
     auto& versions = it->second;
     for (auto v = versions.begin(); v != versions.end();) {
-      if (v->second.image->complete) {
+      // A version newer than the newest committed one is still on its way (its commit may
+      // wait for its replicas, which its image is sent from): it stays, and goes by the
+      // tier's usual rules once committed or failed.
+      if (v->second.image->complete && v->first <= newest_committed) {
         *bytes += v->second.image->capacity();
         v = versions.erase(v);
         ++dropped;

@@ -80,10 +80,13 @@ class MemoryTier {
                                               const std::string& origin, bool* own_shard = nullptr) EXCLUDES(mu_);
   // Drops the replicas of `job` that `origin` sent (every origin if empty); how many.
   std::uint32_t DropReplicas(const std::string& job, const std::string& origin) EXCLUDES(mu_);
-  // The job is finished: drops every complete image of it, this daemon's own shards and the
-  // replicas it holds for peers (an image still being filled is left to its writer, and goes
-  // with the tier's usual rules). How many, and their bytes in *bytes.
-  std::uint32_t DropJob(const std::string& job, std::uint64_t* bytes) EXCLUDES(mu_);
+  // The job is finished: drops its complete images of versions up to `newest_committed`
+  // (the job's newest committed version), this daemon's own shards and the replicas it holds
+  // for peers. A newer version is still on its way (being filled, replicated, or waiting for
+  // its commit): it stays, and goes by the tier's usual rules. How many, and their bytes in
+  // *bytes.
+  std::uint32_t DropJob(const std::string& job, std::uint64_t newest_committed, std::uint64_t* bytes)
+      EXCLUDES(mu_);
   // Bytes of replicas held, per origin.
   std::map<std::string, std::uint64_t> ReplicaBytes() EXCLUDES(mu_);
   // The image is complete (its shard is published).

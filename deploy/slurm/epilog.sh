@@ -20,19 +20,35 @@ left_tmp=0
 # memory images and replicas go. Any other end (failure, cancel, requeue, node failure) keeps
 # them for the restart, as a trainer crash does.
 if [ "$CKPTD_SLURM_MODE" = node ] && [ -n "${CKPTD_FINISH_JOBS:-}" ]; then
-  if [ "${SLURM_JOB_EXIT_CODE:-1}" = 0 ]; then
+  # The batch script's status and the highest of the job's steps' must both be 0 (a variable
+  # an older slurmd does not set counts as a failure: nothing is dropped).
+  derived="${SLURM_JOB_DERIVED_EC:-0}"
+  if [ "${SLURM_JOB_EXIT_CODE:-1}" = 0 ] && [ "${derived%%:*}" = 0 ]; then
     ctl="$(dirname "$CKPTD_BIN")/ckptctl"
-    for pattern in $CKPTD_FINISH_JOBS; do
+    read -r -a patterns <<<"$CKPTD_FINISH_JOBS"  # split on blanks, no glob expansion
+    for pattern in "${patterns[@]}"; do
+      if [[ "$pattern" == *%u* && -z "$user" ]]; then
+        ckptd_log "CKPTD_FINISH_JOBS entry '$pattern' needs %u and SLURM_JOB_USER is not set; skipped"
+        continue
+      fi
       ckpt_job="${pattern//%j/$job_id}"
       ckpt_job="${ckpt_job//%u/$user}"
-      if out="$(timeout 60 "$ctl" --socket "$CKPTD_NODE_SOCKET" finish --job "$ckpt_job" 2>&1)"; then
-        ckptd_log "$out"
-      else
-        ckptd_log "ckptctl finish --job $ckpt_job: $out"
-      fi
+      # A trainer killed without unregistering is let go by the daemon within a second (its
+      # reaper): a refusal for a trainer still registered is retried that long.
+      for attempt in 1 2 3 4 5 6 7 8 9 10; do
+        if out="$(timeout 60 "$ctl" --socket "$CKPTD_NODE_SOCKET" finish --job "$ckpt_job" 2>&1)"; then
+          ckptd_log "$out"
+          break
+        fi
+        if [[ "$out" != *"still has a registered trainer"* ]] || [ "$attempt" = 10 ]; then
+          ckptd_log "ckptctl finish --job $ckpt_job: $out"
+          break
+        fi
+        sleep 0.2
+      done
     done
   else
-    ckptd_log "exit code ${SLURM_JOB_EXIT_CODE:-unknown}: checkpoint jobs kept in memory for a restart"
+    ckptd_log "exit code ${SLURM_JOB_EXIT_CODE:-unknown} (steps: ${SLURM_JOB_DERIVED_EC:-unknown}): checkpoint jobs kept in memory for a restart"
   fi
 fi
 

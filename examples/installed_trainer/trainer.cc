@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
     client.snapshot(1, {{"step", "1"}});
     client.wait_snapshot(1);  // the buffer may change again from here on
     client.wait_durable(1, ckpt::Level::kCommitted);
-    std::printf("version 1 %s on %s\n", ckpt::LevelName(ckpt::Level::kCommitted), client.socket_path().c_str());
+    std::printf("version 1 %s on %s\n", ckpt::LevelName(ckpt::Level::kCommitted),
+                client.socket_path().c_str());
 
     std::memset(words, 0, bytes);
     ckpt::RestoreResult restored = client.restore();
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
     }
     for (std::size_t i = 0; i < n; ++i) {
       if (words[i] != Expected(i)) {
-        std::fprintf(stderr, "installed-trainer: restored word %zu is %u, expected %u\n", i, words[i], Expected(i));
+        std::fprintf(stderr, "installed-trainer: restored word %zu is %u, expected %u\n", i, words[i],
+                     Expected(i));
         return 1;
       }
     }

@@ -34,6 +34,17 @@ def content(region):
     return list(struct.unpack("16f", bytes(memoryview(region).cast("B")[0:64])))
 
 
+def launch(nodes, job):
+    """A rank on each node, registered: (client, region) per rank."""
+    ranks = []
+    for rank in range(2):
+        region = ckpt.SharedRegion.create(64)
+        c = nodes[rank].client()
+        c.register_items(job, rank, 2, [("w", "F32", [16], region, 0)])
+        ranks.append((c, region))
+    return ranks
+
+
 def test_a_replicated_version_not_committed_restores_after_a_node_loss(start_daemon, temp_dir):
     root = temp_dir / "persistent"
     peers = [f"127.0.0.1:{p}" for p in free_ports(2)]
@@ -55,16 +66,7 @@ def test_a_replicated_version_not_committed_restores_after_a_node_loss(start_dae
 
     nodes = [node(0), node(1, slow=True)]
 
-    def launch():
-        ranks = []
-        for rank in range(2):
-            region = ckpt.SharedRegion.create(64)
-            c = nodes[rank].client()
-            c.register_items("pyrepl", rank, 2, [("w", "F32", [16], region, 0)])
-            ranks.append((c, region))
-        return ranks
-
-    ranks = launch()
+    ranks = launch(nodes, "pyrepl")
     for v in (1, 2):
         if v == 2:
             gate.write_text("x")
@@ -82,7 +84,7 @@ def test_a_replicated_version_not_committed_restores_after_a_node_loss(start_dae
     nodes[1].kill()
     shutil.rmtree(temp_dir / "node1" / "local")
     nodes[1] = node(1)
-    for rank, (c, region) in enumerate(launch()):
+    for rank, (c, region) in enumerate(launch(nodes, "pyrepl")):
         r = c.restore(result=True)
         assert r.version == 2
         assert r.uncommitted is True
@@ -113,16 +115,7 @@ def test_replicas_stay_when_trainers_end_and_go_when_the_job_is_finished(start_d
         status = json.loads(nodes[i].ctl("status", "--json").stdout)
         return sum(int(p.get("held_bytes", 0)) for p in status.get("peers", []))
 
-    def launch():
-        ranks = []
-        for rank in range(2):
-            region = ckpt.SharedRegion.create(64)
-            c = nodes[rank].client()
-            c.register_items("pyfinish", rank, 2, [("w", "F32", [16], region, 0)])
-            ranks.append((c, region))
-        return ranks
-
-    ranks = launch()
+    ranks = launch(nodes, "pyfinish")
     for rank, (c, region) in enumerate(ranks):
         fill(region, 1, rank)
         c.snapshot(1)
@@ -132,7 +125,7 @@ def test_replicas_stay_when_trainers_end_and_go_when_the_job_is_finished(start_d
         c.unregister()  # ended, not finished
     assert held(0) > 0 and held(1) > 0
     # The restart restores from memory (own images, not files), then the run completes.
-    for rank, (c, region) in enumerate(launch()):
+    for rank, (c, region) in enumerate(launch(nodes, "pyfinish")):
         assert c.restore(result=True).tier == "memory"
         c.unregister(finished=True)
     assert held(0) == 0 and held(1) == 0

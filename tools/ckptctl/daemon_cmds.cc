@@ -148,10 +148,11 @@ int Ls(const std::string& socket, const std::string& job, bool ask_peers, bool j
                 : v.aborted()    ? "aborted"
                 : v.restorable() ? "replicated"
                                  : "incomplete",
-                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(), join(v.memory_ranks()).c_str(),
-                replication ? (held.empty() ? "-" : held.c_str()) : "");
+                join(v.durable_ranks()).c_str(), join(v.local_ranks()).c_str(),
+                join(v.memory_ranks()).c_str(), replication ? (held.empty() ? "-" : held.c_str()) : "");
     if (v.aborted()) std::printf("      aborted: %s\n", v.abort_reason().c_str());
-    if (v.under_replicated()) std::printf("      under-replicated: %s\n", v.under_replicated_reason().c_str());
+    if (v.under_replicated())
+      std::printf("      under-replicated: %s\n", v.under_replicated_reason().c_str());
     for (const auto& h : v.replica_holders()) {
       std::string peers;
       for (const auto& p : h.peers()) peers += (peers.empty() ? "" : ", ") + p;
@@ -240,10 +241,11 @@ int Finish(const std::string& socket, const std::string& job, bool json) {
     PrintJson(doc);
     return kOk;
   }
-  std::printf("job %s finished on this node: %u memory image(s) dropped (%s); %u of %u peer(s) dropped the "
-              "replicas sent them\n",
-              job.c_str(), r.memory_images_dropped(), Human(r.memory_bytes_dropped()).c_str(), r.peers_dropped(),
-              r.peers_told());
+  std::printf(
+      "job %s finished on this node: %u memory image(s) dropped (%s); %u of %u peer(s) dropped the "
+      "replicas sent them\n",
+      job.c_str(), r.memory_images_dropped(), Human(r.memory_bytes_dropped()).c_str(), r.peers_dropped(),
+      r.peers_told());
   return kOk;
 }
 

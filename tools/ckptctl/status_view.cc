@@ -180,7 +180,7 @@ std::string StalledVersionLines(const ckpt::v1::StatusReply& r) {
     out += Format("  job %-16s v%-8" PRIu64 " persisted here %" PRIu64 " s ago, not committed: ",
                   v.job().c_str(), v.version(), v.waiting_s());
     out += v.missing_ranks().empty()
-               ? std::string("every rank is claimed; the daemon of rank 0 decides the commit")
+               ? std::string("every rank's shard is durable; the daemon of rank 0 decides the commit")
                : "no shard of rank(s) " + Ranks(v.missing_ranks()) + " of " + std::to_string(v.world_size()) +
                      " is durable (their node may be gone)";
     out += "\n";

@@ -285,11 +285,14 @@ class CKPT_API Client {
   DaemonStatus status();
   // Ends the registration (in-flight versions still complete). With GPU tensors it first
   // waits until the newest version is copied out: free GPU tensors only after this (or a
-  // wait_snapshot of the newest version) returned. `job_finished`: the job is over and will
-  // not restart, so once no trainer of it is left on the daemon, the daemon drops its memory
-  // images and the replicas at its peers (files stay). Without it (and always when a trainer
-  // crashes) they stay for the job's restart; `ckptctl finish --job J` lets them go later.
-  void unregister(bool job_finished = false);
+  // wait_snapshot of the newest version) returned.
+  void unregister();
+  // unregister(), saying whether the job is over and will not restart (`job_finished`):
+  // once no trainer of it is left on the daemon (any one of them may say it), the daemon
+  // drops its memory images of the job's committed versions and the replicas at its peers
+  // (files stay). Without it (and always when a trainer crashes) they stay for the job's
+  // restart; `ckptctl finish --job J` lets them go later.
+  void unregister(bool job_finished);
 
   const std::string& socket_path() const;
   // The reconnection budget in force (options, environment or default).
