@@ -46,7 +46,8 @@ struct Node {
         tracker(catalog, shards,
                 CommitTracker::Hooks{[this](const std::string&, std::uint64_t) { ++commits_seen; },
                                      [this](const std::shared_ptr<ShardJob>&) { ++shards_failed; },
-                                     [](const std::string&) {}}) {
+                                     [](const std::string&) {},
+                                     nullptr}) {
     tracker.Start();
   }
   // A shard admitted at snapshot time (its file is the flush engine's business, not here).
