@@ -261,7 +261,7 @@ void CommitTracker::GiveUp(const Key& key, const Awaited& awaited) {
   }
 }
 
-Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGate* gate) {
+Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGate* gate, std::string* reason) {
   if (!replica_wait_.replicas) return nullptr;
   gate->replicas = true;
   const std::uint64_t latest = catalog_.Latest(key.first);
@@ -269,6 +269,7 @@ Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGat
     // A newer version is committed: that one is what a lost node restores, so this one's
     // replicas are not worth a wait.
     gate->commit_anyway = true;
+    *reason = "superseded";
     gate->commit_anyway_why = "superseded: version " + std::to_string(latest) +
                               " had committed before these ranks' shards were held by " +
                               std::to_string(replica_wait_.copies) + " peer(s)";
@@ -276,6 +277,7 @@ Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGat
   }
   if (replication_stopped_) {
     gate->commit_anyway = true;
+    *reason = "shutdown";
     gate->commit_anyway_why =
         "shutdown: this daemon stopped replicating before these ranks' shards were held by " +
         std::to_string(replica_wait_.copies) + " peer(s)";
@@ -286,6 +288,7 @@ Catalog::ReplicaGate* CommitTracker::GateFor(const Key& key, Catalog::ReplicaGat
   if (it != deciding_.end() && it->second.unreplicated_since != Clock::time_point{} &&
       Clock::now() - it->second.unreplicated_since >= replica_wait_.timeout) {
     gate->commit_anyway = true;
+    *reason = "timeout";
     gate->commit_anyway_why = "timeout: not held by " + std::to_string(replica_wait_.copies) + " peer(s) " +
                               std::to_string(replica_wait_.timeout.count()) +
                               " s after every rank persisted the version (--replica-commit-timeout-s)";
@@ -316,7 +319,8 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
   bool committed = false;
   Status st;
   Catalog::ReplicaGate gate_storage;
-  Catalog::ReplicaGate* gate = GateFor({job, version}, &gate_storage);
+  std::string reason;  // why it may commit without every replica: the metric's label
+  Catalog::ReplicaGate* gate = GateFor({job, version}, &gate_storage, &reason);
   {
     MutexLock decide(decide_mu_);
     if (given_up_.count({job, version}) != 0) {
@@ -329,7 +333,6 @@ void CommitTracker::TryCommit(const std::string& job, std::uint64_t version, std
   if (committed) {
     if (gate != nullptr && gate->under_replicated) {
       const std::string text = catalog_.UnderReplicated(job, version);
-      const std::string reason = gate->commit_anyway_why.substr(0, gate->commit_anyway_why.find(':'));
       const bool superseded = reason == "superseded";
       const std::string message =
           "job " + job + " version " + std::to_string(version) + " committed under-replicated (" + text +

@@ -154,7 +154,9 @@ class CommitTracker {
   void WatchLoop() EXCLUDES(mu_);
 
   // The replication gate of one decision of (job, version): none (null) without replicas.
-  Catalog::ReplicaGate* GateFor(const Key& key, Catalog::ReplicaGate* gate) EXCLUDES(mu_);
+  // With it, *reason names why it may commit without every replica ("superseded",
+  // "shutdown", "timeout"), the label of the metric.
+  Catalog::ReplicaGate* GateFor(const Key& key, Catalog::ReplicaGate* gate, std::string* reason) EXCLUDES(mu_);
   // After a decision that waits for replicas: when it started, logged once.
   void NoteUnreplicated(const Key& key, const Catalog::ReplicaGate& gate) EXCLUDES(mu_);
 

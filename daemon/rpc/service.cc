@@ -246,11 +246,7 @@ grpc::Status CheckpointService::List(grpc::ServerContext* ctx, const v1::ListReq
                                      v1::ListReply* reply) {
   auto pass = gate_.Enter();
   if (!pass) return CallGate::Refusal();
-  auto peer = auth_.Check(ctx->peer());
-  if (!peer.ok()) return ToGrpc(peer.status());
-  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
-  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "list"); !st.ok())
-    return ToGrpc(st);
+  if (ckpt::Status st = AuthorizeJob(ctx, req->job(), "list"); !st.ok()) return ToGrpc(st);
   auto versions = daemon_.tiers().List(req->job());
   if (!versions.ok()) return ToGrpc(versions.status());
   Replicator::ReplicaMap replicas;
@@ -319,6 +315,14 @@ grpc::Status CheckpointService::Unregister(grpc::ServerContext* ctx, const v1::U
   return grpc::Status::OK;
 }
 
+ckpt::Status CheckpointService::AuthorizeJob(grpc::ServerContext* ctx, const std::string& job,
+                                             std::string_view action) {
+  auto peer = auth_.Check(ctx->peer());
+  if (!peer.ok()) return peer.status();
+  if (std::string err = CheckJobId(job); !err.empty()) return InvalidArgument(err);
+  return daemon_.owners().CheckAccess(job, peer.value(), action);
+}
+
 bool CheckpointService::HasSessionOf(const std::string& job) {
   const auto all = daemon_.sessions().All();
   return std::any_of(all.begin(), all.end(), [&](const auto& other) { return other->job == job; });
@@ -344,12 +348,7 @@ grpc::Status CheckpointService::FinishJob(grpc::ServerContext* ctx, const v1::Fi
                                           v1::FinishJobReply* reply) {
   auto pass = gate_.Enter();
   if (!pass) return CallGate::Refusal();
-  auto peer = auth_.Check(ctx->peer());
-  if (!peer.ok()) return ToGrpc(peer.status());
-  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
-  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "finish"); !st.ok()) {
-    return ToGrpc(st);
-  }
+  if (ckpt::Status st = AuthorizeJob(ctx, req->job(), "finish"); !st.ok()) return ToGrpc(st);
   if (HasSessionOf(req->job())) {
     return ToGrpc(
         FailedPrecondition("job '" + req->job() +
@@ -364,12 +363,7 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
                                          v1::PrefetchReply* reply) {
   auto pass = gate_.Enter();
   if (!pass) return CallGate::Refusal();
-  auto peer = auth_.Check(ctx->peer());
-  if (!peer.ok()) return ToGrpc(peer.status());
-  if (std::string err = CheckJobId(req->job()); !err.empty()) return ToGrpc(InvalidArgument(err));
-  if (ckpt::Status st = daemon_.owners().CheckAccess(req->job(), peer.value(), "prefetch"); !st.ok()) {
-    return ToGrpc(st);
-  }
+  if (ckpt::Status st = AuthorizeJob(ctx, req->job(), "prefetch"); !st.ok()) return ToGrpc(st);
   std::vector<std::uint32_t> ranks(req->ranks().begin(), req->ranks().end());
   auto done = daemon_.tiers().Prefetch(req->job(), req->version(), std::move(ranks));
   if (!done.ok()) return ToGrpc(done.status());

@@ -12,6 +12,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "ckpt/v1/ckpt.grpc.pb.h"
 #include "common/mutex.h"
@@ -61,6 +62,9 @@ class CheckpointService final : public v1::Checkpoint::Service {
   // here: finished once the last one unregisters.
   Mutex finishing_mu_;
   std::set<std::string> finishing_ GUARDED_BY(finishing_mu_);
+  // A job-scoped call: the caller is allowed on this socket, `job` is a valid id, and the
+  // caller may do `action` to it (its owner, its group, root). The refusal otherwise.
+  ckpt::Status AuthorizeJob(grpc::ServerContext* ctx, const std::string& job, std::string_view action);
   // Whether a session of `job` is registered on this daemon.
   bool HasSessionOf(const std::string& job);
   // Drops the job's memory images here and tells the peers to drop the replicas sent them.
