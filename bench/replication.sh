@@ -52,9 +52,13 @@ df -h /dev/shm "$(dirname "$dir")" | cat
 free -m | cat
 echo "== build ($build)"
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer >/dev/null
+# The default directory is removed at the end if this run made it and left it empty.
+made_dir=0
+[ -d "$dir" ] || made_dir=1
 mkdir -p "$dir" "$(dirname "$out")"
 . "$here/bench/cleanup.sh"
 bench_cleanup_init
+[ "$made_dir" = 0 ] || bench_cleanup_hook "rmdir '$dir' 2>/dev/null"
 work="$(mktemp -d "$dir/run-XXXXXX")"
 bench_cleanup_add "$work"
 pids=()
@@ -113,18 +117,19 @@ if [ "$do_restore" = 1 ]; then
   node 1 1
   echo "== node loss: $iters checkpoints of $mib MiB per rank on 2 nodes, R=1"
   # The trainers die with their last snapshot (SIGKILL, as when the job goes down with a
-  # node): they do not unregister, which would end the job and drop its replicas.
+  # node).
   { trainer n0 loss 0 2 loss-r0 --iters "$iters" --compute-ms 1500 --crash-at "$iters" || true; } 2>/dev/null &
   t0=$!
   { trainer n1 loss 1 2 loss-r1 --iters "$iters" --compute-ms 1500 --crash-at "$iters" || true; } 2>/dev/null
   wait "$t0" || true
-  # The last version committed and held by the other node (replication trails the commit;
-  # older versions still queued were superseded by newer ones, as designed).
-  held_by() {  # NODE RANK: whether NODE's memory holds RANK's shard of the last version
+  # The last version committed and held by the other node (the commit waits for its
+  # replicas; older versions still queued were superseded by newer ones, as designed).
+  held_by() {  # NODE RANK: whether NODE's memory holds RANK's shard of the last version (own image or replica)
     "$build/ckptctl" --socket "$work/$1.sock" ls --job loss --json | python3 -c "
 import json, sys
 vs = [v for v in json.load(sys.stdin).get('versions', []) if int(v['version']) == $iters]
-print(1 if vs and $2 in [int(r) for r in vs[0].get('memory_ranks', [])] else 0)"
+held = vs[0].get('memory_ranks', []) + [h['rank'] for h in vs[0].get('replicas_held', [])] if vs else []
+print(1 if $2 in [int(r) for r in held] else 0)"
   }
   for _ in $(seq 1 300); do
     [ "$(cat "$work/persistent/loss/latest" 2>/dev/null || echo 0)" -ge "$iters" ] &&

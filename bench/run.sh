@@ -67,9 +67,13 @@ start_s=$(date +%s)
 echo "== build ($build)"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_TESTS=OFF >/dev/null
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer ckpt-memcpy-bw >/dev/null
+# The default directory is removed at the end if this run made it and left it empty.
+made_dir=0
+[ -d "$dir" ] || made_dir=1
 mkdir -p "$dir" "$(dirname "$out")"
 . "$here/bench/cleanup.sh"
 bench_cleanup_init
+[ "$made_dir" = 0 ] || bench_cleanup_hook "rmdir '$dir' 2>/dev/null"
 work="$(mktemp -d "$dir/run-XXXXXX")"
 bench_cleanup_add "$work"
 daemon=""

@@ -49,9 +49,13 @@ fi
 ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer >/dev/null
 . "$here/bench/cleanup.sh"
 bench_cleanup_init
+[ "$made_dir" = 0 ] || bench_cleanup_hook "rmdir '$dir' 2>/dev/null"
 # The directories this run creates go with it; the parent of the local tier too, once empty
 # (it is in memory, and other runs may share it).
 bench_cleanup_hook "rmdir '$local_dir' 2>/dev/null"
+# The default directory is removed at the end if this run made it and left it empty.
+made_dir=0
+[ -d "$dir" ] || made_dir=1
 mkdir -p "$dir" "$(dirname "$out")"
 work="$(mktemp -d "$dir/tiers-XXXXXX")"
 local_tier="$local_dir/$(basename "$work")"

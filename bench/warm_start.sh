@@ -119,11 +119,12 @@ echo "== $iters checkpoints of $mib MiB per rank on 2 nodes, R=1"
 t0=$!
 { trainer n1 loss 1 2 loss-r1 --iters "$iters" --compute-ms 1500 --crash-at "$iters" || true; } 2>/dev/null
 wait "$t0" || true
-held_by() {  # NODE RANK: whether NODE's memory holds RANK's shard of the last version
+held_by() {  # NODE RANK: whether NODE's memory holds RANK's shard of the last version (own image or replica)
   "$build/ckptctl" --socket "$work/$1.sock" ls --job loss --json | python3 -c "
 import json, sys
 vs = [v for v in json.load(sys.stdin).get('versions', []) if int(v['version']) == $iters]
-print(1 if vs and $2 in [int(r) for r in vs[0].get('memory_ranks', [])] else 0)"
+held = vs[0].get('memory_ranks', []) + [h['rank'] for h in vs[0].get('replicas_held', [])] if vs else []
+print(1 if $2 in [int(r) for r in held] else 0)"
 }
 for _ in $(seq 1 300); do
   [ "$(cat "$work/persistent/loss/latest" 2>/dev/null || echo 0)" -ge "$iters" ] && [ "$(held_by n0 1)" = 1 ] && break
