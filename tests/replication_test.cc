@@ -812,10 +812,7 @@ TEST_CASE("a job finished right after its last save still commits that version, 
   job.Save(1);
   // The last save, and every trainer closes at once saying the job is over (rank 0 first:
   // any trainer of the job may say it, the last one to leave a node acts on it).
-  for (auto& r : job.ranks) {
-    r->state.Fill(2);
-    r->client->snapshot(2);
-  }
+  job.Snapshot(2);
   for (auto& r : job.ranks) r->client->wait_snapshot(2);
   job.ranks[0]->client->unregister(/*job_finished=*/true);
   job.ranks[2]->client->unregister(/*job_finished=*/true);
@@ -843,10 +840,7 @@ TEST_CASE("a daemon stopped while a version waits for its replicas commits it on
   job.Launch(c);
   job.Save(1);
   c.Lose(1);  // node 0's only peer: version 2 cannot be replicated
-  for (auto& r : job.ranks) {
-    r->state.Fill(2);
-    r->client->snapshot(2);
-  }
+  job.Snapshot(2);
   for (auto& r : job.ranks) r->client->wait_durable(2, Level::kPersisted);
   const std::string v2 = c.root() + "/replstop/v0000000002";
   CHECK_FALSE(fs::exists(v2 + "/COMMITTED"));  // waits for replicas (30 s by default)
@@ -903,10 +897,7 @@ TEST_CASE(
   // Node 1 is lost: version 2 is persisted, and no peer can hold it.
   c.Lose(1);
   const auto asked = std::chrono::steady_clock::now();
-  for (auto& r : job.ranks) {
-    r->state.Fill(2);
-    r->client->snapshot(2);
-  }
+  job.Snapshot(2);
   for (auto& r : job.ranks) r->client->wait_durable(2, Level::kPersisted);
   // Not committed before the timeout has run from the moment every rank persisted it.
   if (std::chrono::steady_clock::now() - asked < std::chrono::seconds(3)) {
@@ -935,10 +926,7 @@ TEST_CASE(
   c.Start(1);
   bool replicated = false;
   for (std::uint64_t v = 3; v < 20 && !replicated; ++v) {
-    for (auto& r : job.ranks) {
-      r->state.Fill(v);
-      r->client->snapshot(v);
-    }
+    job.Snapshot(v);
     for (auto& r : job.ranks) r->client->wait_durable(v, Level::kCommitted);
     char name[32];
     std::snprintf(name, sizeof name, "/v%010llu", static_cast<unsigned long long>(v));
@@ -969,10 +957,7 @@ TEST_CASE(
     INFO("trial " << trial << ", node " << lost << " lost at point " << when);
     job.Save(next++);
     const std::uint64_t v = next++;
-    for (auto& r : job.ranks) {
-      r->state.Fill(v);
-      r->client->snapshot(v);
-    }
+    job.Snapshot(v);
     auto& first = *job.ranks[2 * lost];
     switch (when) {
       case 0:  // capture in flight

@@ -104,12 +104,16 @@ struct Job {
       ranks.back()->Connect(c.socket(NodeOf(r)), name, world);
     }
   }
-  // Saves `v` on every rank and waits until it is committed and replicated.
-  void Save(std::uint64_t v) {
+  // Fills every rank's state with `v` and asks for its snapshot (waits for nothing).
+  void Snapshot(std::uint64_t v) {
     for (auto& r : ranks) {
       r->state.Fill(v);
       r->client->snapshot(v);
     }
+  }
+  // Saves `v` on every rank and waits until it is committed and replicated.
+  void Save(std::uint64_t v) {
+    Snapshot(v);
     for (auto& r : ranks) r->client->wait_durable(v, Level::kCommitted);
     for (auto& r : ranks) r->client->wait_durable(v, Level::kReplicated);
   }
