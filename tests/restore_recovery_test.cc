@@ -138,6 +138,14 @@ TEST_CASE("a restart that waits for its newest version allocates its regions mea
   CHECK(output.find("restored version 2 from memory") != std::string::npos);
   CHECK(output.find("every byte verified") != std::string::npos);
   CHECK(Committed(o.root, job, 3));
-  CHECK(std::regex_search(daemon.Log(), std::regex("job " + job + " rank 0: restart waited [0-9.]+ ms for version 2 "
-                                                   "of its earlier registration \\(in flight when it registered\\)")));
+  const std::string log = daemon.Log();
+  CHECK(std::regex_search(log, std::regex("job " + job + " rank 0: restart waited [0-9.]+ ms for version 2 "
+                                          "of its earlier registration \\(in flight when it registered\\)")));
+  // The pages were faulted in once version 2 was out of the dead trainer's memory, before
+  // the wait ended; the restore then had nothing left to allocate.
+  const auto faulted = log.find("job " + job + " rank 0: regions faulted in for the restore in ");
+  CHECK(faulted != std::string::npos);
+  CHECK(faulted < log.find("job " + job + " rank 0: restart waited "));
+  CHECK(std::regex_search(log, std::regex("job " + job + " rank 0: restore of version 2 from memory: .*"
+                                          "\\(preallocation beside it 0\\.0 ms\\)")));
 }

@@ -522,6 +522,45 @@ TEST_CASE("the daemon maps a trainer's release words only if the trainer's uid o
   CHECK(MapShmObject("bad/name", ::getuid(), 4096).status().code() == StatusCode::kInvalidArgument);
 }
 
+// A restart's wait faults a fresh region's pages in before the restore writes them: the
+// trainer's bytes (on pages it wrote, and on a page it wrote part of), the object's size and
+// everything outside the range stay as they were; the range's pages are then in memory.
+TEST_CASE("Prefault backs a range of a trainer's object with pages and changes no byte", "[shm]") {
+  constexpr std::size_t kPage = 4096, kBytes = 64 * kPage;
+  auto region = ShmRegion::Create(UniqueName("prefault"), kBytes);
+  REQUIRE(region.ok());
+  auto* bytes = static_cast<unsigned char*>(region->data());
+  for (std::size_t i = 0; i < kPage; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (std::size_t i = 0; i < 100; ++i) bytes[30 * kPage + 50 + i] = static_cast<unsigned char>(i + 3);
+  auto imported = ShmImporter().Import(region->name(), ::getuid(), kBytes);
+  REQUIRE(imported.ok());
+  struct stat before {};
+  REQUIRE(::fstat(region->fd(), &before) == 0);
+  CHECK(before.st_blocks * 512 == static_cast<blkcnt_t>(2 * kPage));
+
+  // An offset inside a page, a range past the end (clamped: the object does not grow),
+  // and one wholly past it.
+  imported.value()->Prefault(100, 40 * kPage - 100);
+  imported.value()->Prefault(60 * kPage, 100 * kPage);
+  imported.value()->Prefault(kBytes + kPage, kPage);
+  struct stat after {};
+  REQUIRE(::fstat(region->fd(), &after) == 0);
+  CHECK(after.st_size == static_cast<off_t>(kBytes));
+  CHECK(after.st_blocks * 512 == static_cast<blkcnt_t>(44 * kPage));
+  for (std::size_t i = 0; i < kPage; ++i) REQUIRE(bytes[i] == static_cast<unsigned char>(i * 7 + 1));
+  for (std::size_t i = 0; i < 100; ++i) REQUIRE(bytes[30 * kPage + 50 + i] == static_cast<unsigned char>(i + 3));
+  for (std::size_t i = kPage; i < kBytes; ++i) {
+    if (i >= 30 * kPage + 50 && i < 30 * kPage + 150) continue;
+    REQUIRE(bytes[i] == 0);
+  }
+  // Faulted in, not only allocated: the pages read as data (Preallocate's allocated pages
+  // are holes until written).
+  CHECK(::lseek(region->fd(), 5 * kPage, SEEK_DATA) == static_cast<off_t>(5 * kPage));
+  const std::string text = "restored";
+  REQUIRE(imported.value()->WriteAt(20 * kPage, text.data(), text.size()).ok());
+  CHECK(std::memcmp(bytes + 20 * kPage, text.data(), text.size()) == 0);
+}
+
 // A restore preallocates a fresh region's pages before it writes them: the trainer's
 // bytes, the object's size and everything outside the range stay as they were.
 TEST_CASE("Preallocate backs a range of a trainer's object with pages and changes no byte", "[shm]") {
@@ -545,6 +584,7 @@ TEST_CASE("Preallocate backs a range of a trainer's object with pages and change
   REQUIRE(::fstat(region->fd(), &after) == 0);
   CHECK(after.st_size == static_cast<off_t>(kBytes));
   CHECK(after.st_blocks * 512 == static_cast<blkcnt_t>(44 * kPage));
+  CHECK(::lseek(region->fd(), 5 * kPage, SEEK_DATA) != static_cast<off_t>(5 * kPage));
   for (std::size_t i = 0; i < kPage; ++i) REQUIRE(bytes[i] == static_cast<unsigned char>(i * 7 + 1));
   for (std::size_t i = kPage; i < kBytes; ++i) REQUIRE(bytes[i] == 0);
   // The pages it allocated take writes as any other.

@@ -530,7 +530,10 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
   std::vector<Status> piece_status(pieces.size());
   std::atomic<std::size_t> next_piece{0};
   std::atomic<bool> failed{false};
-  RunParallel(threads, [&] {
+  // One writer per region at most: the kernel serialises the writes into one object, and a
+  // second writer into it only spins on the object's lock, taking a core from the first.
+  const unsigned writers = static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(threads, per_region.size())));
+  RunParallel(writers, [&] {
     while (!failed.load()) {
       const std::size_t k = next_piece.fetch_add(1);
       if (k >= pieces.size()) break;

@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -22,15 +23,35 @@ std::string NewSessionId() {
   return buf;
 }
 
-// Allocates the pages of the session's host regions where its items lie (no byte changes).
-void PreallocateRegions(Session& s) {
+// Faults in the pages of the session's host regions where its items lie (no byte changes;
+// ImportedRegion::Prefault), in pieces spread over two threads: page faults into one
+// object, unlike writes, run side by side.
+void PrefaultRegions(Session& s) {
+  struct Piece {
+    const ImportedRegion* region;
+    std::uint64_t offset, length;
+  };
+  constexpr std::uint64_t kPiece = 64ull << 20;
   MutexLock lock(s.mu);
+  std::vector<Piece> pieces;
   for (std::size_t i = 0; i < s.items.size() && i < s.item_regions.size(); ++i) {
     const auto& region = s.item_regions[i];
     if (!region || region->device() >= 0) continue;
-    region->Preallocate(s.items[i].offset, s.items[i].length);
+    for (std::uint64_t at = 0; at < s.items[i].length; at += kPiece) {
+      pieces.push_back({region.get(), s.items[i].offset + at, std::min(kPiece, s.items[i].length - at)});
+    }
     s.preallocated.push_back({region, s.items[i].offset, s.items[i].length});
   }
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t k = next.fetch_add(1); k < pieces.size(); k = next.fetch_add(1)) {
+      pieces[k].region->Prefault(pieces[k].offset, pieces[k].length);
+    }
+  };
+  std::thread helper;
+  if (pieces.size() > 1 && std::thread::hardware_concurrency() > 1) helper = std::thread(work);
+  work();
+  if (helper.joinable()) helper.join();
 }
 
 }  // namespace
@@ -140,19 +161,39 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
     // allocated (ImportedRegion::Preallocate: no byte changes), as the restore that
     // typically follows would do first: that part of the restore is then off the path.
     std::thread preallocate;
+    std::atomic<bool> wait_over{false};
     auto waiting_for = [&](const ShardMeta& m) {
       older_go(m);
       waited_for = m.version;
       if (preallocate.joinable() || !rank_free) return;
+      std::shared_ptr<ShardJob> waited;
       for (const auto& shard : shards_.Version(m.job, m.version)) {
-        if (shard->meta().rank == m.rank && shard->level() < Level::kPersisted && !shard->failed()) in_flight = true;
+        if (shard->meta().rank == m.rank && shard->level() < Level::kPersisted && !shard->failed()) waited = shard;
       }
-      if (!in_flight) return;
-      spdlog::info("job {} rank {}: restart waits for version {}, still on its way; its regions are allocated meanwhile",
+      if (!waited) return;
+      in_flight = true;
+      spdlog::info("job {} rank {}: restart waits for version {}, still on its way; its regions are faulted in meanwhile",
                    m.job, m.rank, m.version);
-      preallocate = std::thread([&session] { PreallocateRegions(*session); });
+      // The allocation starts once that version is out of the dead trainer's memory: its
+      // shared memory is then let go, and the new regions take the pages it gave back,
+      // pages in use a moment ago rather than ones the kernel (or, in a virtual machine,
+      // the host) has to find or zero first. The capture precedes the persist the wait
+      // ends on, so this wait ends within it.
+      preallocate = std::thread([&session, &wait_over, waited] {
+        // In slices, so that a wait that ends first (cancelled, or the shard failed) is not
+        // held up by this one.
+        while (!wait_over.load() && waited->level() < Level::kCaptured && !waited->failed()) {
+          (void)waited->WaitFor(Level::kCaptured, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+        }
+        if (wait_over.load()) return;
+        const auto started = std::chrono::steady_clock::now();
+        PrefaultRegions(*session);
+        spdlog::info("job {} rank {}: regions faulted in for the restore in {:.1f} ms", session->job, session->rank,
+                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+      });
     };
     Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, waiting_for);
+    wait_over.store(true);
     if (preallocate.joinable()) preallocate.join();
     if (!st.ok()) return st;
     if (waited_for != 0) {
