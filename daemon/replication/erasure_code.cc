@@ -35,6 +35,11 @@ void EncodeInPieces(unsigned k, unsigned rows, const unsigned char* tables, cons
   }
 }
 
+// EncodeStripe's piece of each fragment: the k + m pieces of the largest code stay within
+// a core's share of the last-level cache. A multiple of kFragmentAlignment.
+constexpr std::uint64_t kStripePieceBytes = 64 << 10;
+static_assert(kStripePieceBytes % kFragmentAlignment == 0);
+
 std::string NameList(const std::vector<unsigned>& fragments, unsigned k) {
   std::string text;
   for (unsigned i : fragments) {
@@ -180,11 +185,20 @@ Result<EncodedStripe> EncodeStripe(const ErasureCode& code, const void* data, st
     parity[p] = e.parity_.data() + p * f;
     e.fragments_[k + p] = parity[p];
   }
-  if (f != 0) {
-    Status st = code.Encode(std::span(e.fragments_).first(k), parity, f);
+  // Encoded and hashed a piece of every fragment at a time, so that the hash reads the
+  // parity (and the data) while it is still in cache instead of in a second pass over memory.
+  std::vector<Checksum> sums(k + m);
+  std::vector<const std::uint8_t*> data_at(k);
+  std::vector<std::uint8_t*> parity_at(m);
+  for (std::uint64_t done = 0; done < f; done += kStripePieceBytes) {
+    const std::uint64_t piece = std::min(kStripePieceBytes, f - done);
+    for (unsigned i = 0; i < k; ++i) data_at[i] = e.fragments_[i] + done;
+    for (unsigned p = 0; p < m; ++p) parity_at[p] = parity[p] + done;
+    Status st = code.Encode(data_at, parity_at, piece);
     if (!st.ok()) return st;
+    for (unsigned i = 0; i < k + m; ++i) sums[i].Update(e.fragments_[i] + done, piece);
   }
-  for (unsigned i = 0; i < k + m; ++i) e.stripe_.checksums[i] = Checksum::Of(e.fragments_[i], f);
+  for (unsigned i = 0; i < k + m; ++i) e.stripe_.checksums[i] = sums[i].Digest();
   return e;
 }
 
