@@ -11,6 +11,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # HMAC-SHA256 of the peer secret (tokens, proofs, image MACs): OpenSSL's libcrypto.
   libssl-dev
+  # ISA-L's Reed-Solomon kernels: the erasure code of peer redundancy.
+  libisal-dev
   libspdlog-dev libfmt-dev catch2
   libxxhash-dev libcli11-dev nlohmann-json3-dev
   # Boost.Interprocess (header-only): the client's shared-memory regions.
