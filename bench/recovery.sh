@@ -27,7 +27,8 @@
 # crashed process's exit to the end of the restore call (process start and registration
 # included). The breakdown comes from the daemon's log (timestamps to the millisecond):
 # death noticed (the session of the dead trainer closed), registered (the new process's
-# registration, its wait for the newest version in flight included), and the restore's own
+# registration, its wait for the newest version in flight included, and the faulting in of
+# its regions' pages where that outlasts the wait), and the restore's own
 # phases (wait, plan: the choice of version and tier, verify, copy, registration). In the
 # same run: single-thread memcpy of the same bytes (ckpt-memcpy-bw), and the ratio of each
 # phase to it. Everything the run starts is stopped, and everything it creates removed, on
@@ -190,15 +191,19 @@ def log_lines(i):
 def breakdown(i, killed_ms, restore_end_ms):
     job = f"recovery-{i}"
     died = registered = None
-    waited = restore = None
+    waited = restore = fault_tail = faulted = None
     for t, msg in log_lines(i):
         if died is None and msg.startswith(f"job {job} rank 0: trainer pid") and "exited" in msg:
             died = t
         elif msg.startswith(f"registered job {job} rank 0/"):
             registered = t  # the last one: the restarted trainer's
-        m = re.match(rf"job {re.escape(job)} rank 0: restart waited ([\d.]+) ms for", msg)
+        m = re.match(rf"job {re.escape(job)} rank 0: restart waited ([\d.]+) ms for .*, then ([\d.]+) ms for its "
+                     r"regions to be faulted in", msg)
         if m:
-            waited = float(m.group(1))
+            waited, fault_tail = float(m.group(1)), float(m.group(2))
+        m = re.match(rf"job {re.escape(job)} rank 0: regions faulted in for the restore in ([\d.]+) ms", msg)
+        if m:
+            faulted = float(m.group(1))
         m = re.match(rf"job {re.escape(job)} rank 0: restore of version (\d+) from (\w+): wait ([\d.]+) ms, "
                      r"plan ([\d.]+) ms, verify ([\d.]+) ms \(preallocation beside it ([\d.]+) ms\), "
                      r"copy ([\d.]+) ms, registration ([\d.]+) ms, total ([\d.]+) ms", msg)
@@ -214,6 +219,10 @@ def breakdown(i, killed_ms, restore_end_ms):
         # the registration's wait for the newest version in flight
         "reregister_ms": rel(registered),
         "register_wait_ms": waited,
+        # the new regions' pages faulted in (from the capture of the newest version on,
+        # beside the wait), and the part of it that outlasted the wait
+        "prefault_ms": faulted,
+        "prefault_after_wait_ms": fault_tail,
     }
     if restore:
         b.update({"restore_wait_ms": restore["wait"], "plan_ms": restore["plan"], "verify_ms": restore["verify"],
@@ -304,7 +313,7 @@ json.dump(result, open(out, "w"), indent=2)
 for mib, s in by_size.items():
     print(f"== kill -9 of a trainer with {int(mib) / 1024:.1f} GiB to the end of its restarted process's restore "
           f"(memcpy of the same bytes: {s['memcpy_ms']:.0f} ms)")
-    print("| round | restart waits | total | death noticed | registered (its wait) | restore: wait / plan / "
+    print("| round | restart waits | total | death noticed | registered (its wait + faulting after it) | restore: wait / plan / "
           "verify / copy / registration | newest captured / committed | restored / newest | tier |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rounds:
@@ -313,7 +322,7 @@ for mib, s in by_size.items():
         b, n = r["breakdown"], r["newest_after_its_snapshot"] or {}
         f = lambda v: "-" if v is None else f"{v:.0f}"
         print(f"| {r['round']} | {r['restart_waits']} | {f(b['total_ms'])} ms | {f(b['detect_death_ms'])} ms "
-              f"| {f(b['reregister_ms'])} ({f(b['register_wait_ms'])}) ms | {f(b.get('restore_wait_ms'))} / "
+              f"| {f(b['reregister_ms'])} ({f(b['register_wait_ms'])} + {f(b.get('prefault_after_wait_ms'))}) ms | {f(b.get('restore_wait_ms'))} / "
               f"{f(b.get('plan_ms'))} / {f(b.get('verify_ms'))} / {f(b.get('copy_ms'))} / "
               f"{f(b.get('registration_ms'))} ms | {f(n.get('captured_ms'))} / {f(n.get('committed_ms'))} ms "
               f"| {r['restored_version']} / {r['newest_snapshotted_version']} | {r['restore_tier']} |")

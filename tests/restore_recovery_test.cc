@@ -101,8 +101,8 @@ TEST_CASE("a restart that waits for its newest version allocates its regions mea
   DaemonOptions o;
   o.root = dir.path() + "/persistent";
   o.socket = dir.path() + "/sock/ckptd.sock";
-  // The newest version (2) stops before it is published until the restart waits for it.
-  o.env = {"CKPTD_TEST_PAUSE=publish:2:" + pause};
+  // The newest version (2) stops before it is captured until the restart waits for it.
+  o.env = {"CKPTD_TEST_PAUSE=capture:2:" + pause};
   DaemonProcess daemon(o);
   struct Unpause {
     std::string path;
@@ -126,7 +126,9 @@ TEST_CASE("a restart that waits for its newest version allocates its regions mea
     return daemon.Log().find("job " + job + " rank 0: restart waits for version 2, still on its way") !=
            std::string::npos;
   }));
-  fs::remove(pause);  // version 2 is published and commits: the restart goes on
+  // Nothing is faulted in before the version is out of the dead trainer's memory.
+  CHECK(daemon.Log().find("job " + job + " rank 0: regions faulted in") == std::string::npos);
+  fs::remove(pause);  // version 2 is captured, persisted and committed: the restart goes on
   int status = 0;
   REQUIRE(::waitpid(resumed, &status, 0) == resumed);
   const std::string output = ReadFile(out);
@@ -140,12 +142,15 @@ TEST_CASE("a restart that waits for its newest version allocates its regions mea
   CHECK(Committed(o.root, job, 3));
   const std::string log = daemon.Log();
   CHECK(std::regex_search(log, std::regex("job " + job + " rank 0: restart waited [0-9.]+ ms for version 2 "
-                                          "of its earlier registration \\(in flight when it registered\\)")));
+                                          "of its earlier registration \\(in flight when it registered\\), then "
+                                          "[0-9.]+ ms for its regions to be faulted in")));
   // The pages were faulted in once version 2 was out of the dead trainer's memory, before
-  // the wait ended; the restore then had nothing left to allocate.
+  // the registration ended; the restore then had nothing left to allocate.
   const auto faulted = log.find("job " + job + " rank 0: regions faulted in for the restore in ");
-  CHECK(faulted != std::string::npos);
-  CHECK(faulted < log.find("job " + job + " rank 0: restart waited "));
+  const auto waited = log.find("job " + job + " rank 0: restart waited ");
+  REQUIRE(faulted != std::string::npos);
+  REQUIRE(waited != std::string::npos);
+  CHECK(faulted < waited);
   CHECK(std::regex_search(log, std::regex("job " + job + " rank 0: restore of version 2 from memory: .*"
                                           "\\(preallocation beside it 0\\.0 ms\\)")));
 }

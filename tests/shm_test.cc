@@ -547,15 +547,16 @@ TEST_CASE("Prefault backs a range of a trainer's object with pages and changes n
   REQUIRE(::fstat(region->fd(), &after) == 0);
   CHECK(after.st_size == static_cast<off_t>(kBytes));
   CHECK(after.st_blocks * 512 == static_cast<blkcnt_t>(44 * kPage));
+  // Faulted in, not only allocated: the pages read as data, where Preallocate's allocated
+  // pages are holes until written. Checked before this test's own reads below, which fault
+  // the pages in through its mapping.
+  CHECK(::lseek(region->fd(), 5 * kPage, SEEK_DATA) == static_cast<off_t>(5 * kPage));
   for (std::size_t i = 0; i < kPage; ++i) REQUIRE(bytes[i] == static_cast<unsigned char>(i * 7 + 1));
   for (std::size_t i = 0; i < 100; ++i) REQUIRE(bytes[30 * kPage + 50 + i] == static_cast<unsigned char>(i + 3));
   for (std::size_t i = kPage; i < kBytes; ++i) {
     if (i >= 30 * kPage + 50 && i < 30 * kPage + 150) continue;
     REQUIRE(bytes[i] == 0);
   }
-  // Faulted in, not only allocated: the pages read as data (Preallocate's allocated pages
-  // are holes until written).
-  CHECK(::lseek(region->fd(), 5 * kPage, SEEK_DATA) == static_cast<off_t>(5 * kPage));
   const std::string text = "restored";
   REQUIRE(imported.value()->WriteAt(20 * kPage, text.data(), text.size()).ok());
   CHECK(std::memcmp(bytes + 20 * kPage, text.data(), text.size()) == 0);

@@ -500,7 +500,10 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
 
   out.verify_ms = MsSince(started);
   const auto copy_started = std::chrono::steady_clock::now();
-  // Phase 2: write. Pieces of one region follow each other; regions take turns.
+  // Phase 2: write, one writer per region at a time: the kernel serialises the writes into
+  // one object, and a second writer into it only spins on the object's lock, taking a core
+  // from the first. Writers claim whole regions, the largest first; within a region the
+  // pieces go in file order.
   struct Piece {
     const RestoreTarget* target;
     const ShardItem* item;
@@ -508,45 +511,41 @@ Result<RestoredShard> RestoreEngine::RestoreImageToHost(const std::string& what,
     std::size_t len;
   };
   std::map<const ImportedRegion*, std::vector<Piece>> per_region;
+  std::map<const ImportedRegion*, std::uint64_t> region_bytes;
   const std::uint64_t piece = pool_.chunk_bytes();
   for (const auto& it : info.items) {
     if (it.kind != ItemKind::kTensor) continue;
     const RestoreTarget* t = by_name.at(it.name);
+    region_bytes[t->region.get()] += it.length;
     for (std::uint64_t at = 0; at < it.length; at += piece) {
       per_region[t->region.get()].push_back(
           {t, &it, at, static_cast<std::size_t>(std::min(piece, it.length - at))});
     }
   }
-  std::vector<Piece> pieces;
-  for (std::size_t k = 0, added = 1; added > 0; ++k) {
-    added = 0;
-    for (const auto& [region, list] : per_region) {
-      if (k < list.size()) {
-        pieces.push_back(list[k]);
-        ++added;
-      }
-    }
-  }
-  std::vector<Status> piece_status(pieces.size());
-  std::atomic<std::size_t> next_piece{0};
+  std::vector<const std::vector<Piece>*> lists;
+  for (const auto& [region, list] : per_region) lists.push_back(&list);
+  std::stable_sort(lists.begin(), lists.end(), [&](const auto* a, const auto* b) {
+    return region_bytes[a->front().target->region.get()] > region_bytes[b->front().target->region.get()];
+  });
+  std::vector<Status> region_status(lists.size());
+  std::atomic<std::size_t> next_region{0};
   std::atomic<bool> failed{false};
-  // One writer per region at most: the kernel serialises the writes into one object, and a
-  // second writer into it only spins on the object's lock, taking a core from the first.
-  const unsigned writers = static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(threads, per_region.size())));
+  const unsigned writers = static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(threads, lists.size())));
   RunParallel(writers, [&] {
-    while (!failed.load()) {
-      const std::size_t k = next_piece.fetch_add(1);
-      if (k >= pieces.size()) break;
-      const Piece& p = pieces[k];
-      Status s =
-          p.target->region->WriteAt(p.target->region_offset + p.at, data + p.item->offset + p.at, p.len);
-      if (!s.ok()) {
-        piece_status[k] = s.With("restore item " + QuoteName(p.item->name));
-        failed.store(true);
+    for (std::size_t r = next_region.fetch_add(1); r < lists.size() && !failed.load(); r = next_region.fetch_add(1)) {
+      for (const Piece& p : *lists[r]) {
+        Status s =
+            p.target->region->WriteAt(p.target->region_offset + p.at, data + p.item->offset + p.at, p.len);
+        if (!s.ok()) {
+          region_status[r] = s.With("restore item " + QuoteName(p.item->name));
+          failed.store(true);
+          break;
+        }
+        if (failed.load()) break;
       }
     }
   });
-  for (const Status& s : piece_status) {
+  for (const Status& s : region_status) {
     if (!s.ok()) return Noted(s, "the registered regions are partly written: do not train on them");
   }
   out.copy_ms = MsSince(copy_started);

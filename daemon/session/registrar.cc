@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <system_error>
 #include <thread>
 
 namespace ckpt {
@@ -24,10 +25,13 @@ std::string NewSessionId() {
 }
 
 // Faults in the pages of the session's host regions where its items lie (no byte changes;
-// ImportedRegion::Prefault), in pieces spread over two threads: page faults into one
-// object, unlike writes, run side by side.
-void PrefaultRegions(Session& s) {
+// ImportedRegion::Prefault), in 64 MiB pieces spread over two threads: page faults into one
+// object, unlike writes, run side by side. Stops between pieces once `stop` is set; only
+// items whose every piece was done are recorded as preallocated (the restore allocates the
+// others itself).
+void PrefaultRegions(Session& s, const std::atomic<bool>& stop) {
   struct Piece {
+    std::size_t item;
     const ImportedRegion* region;
     std::uint64_t offset, length;
   };
@@ -38,20 +42,36 @@ void PrefaultRegions(Session& s) {
     const auto& region = s.item_regions[i];
     if (!region || region->device() >= 0) continue;
     for (std::uint64_t at = 0; at < s.items[i].length; at += kPiece) {
-      pieces.push_back({region.get(), s.items[i].offset + at, std::min(kPiece, s.items[i].length - at)});
+      pieces.push_back({i, region.get(), s.items[i].offset + at, std::min(kPiece, s.items[i].length - at)});
     }
-    s.preallocated.push_back({region, s.items[i].offset, s.items[i].length});
   }
+  std::vector<std::atomic<bool>> done(pieces.size());
   std::atomic<std::size_t> next{0};
   auto work = [&] {
-    for (std::size_t k = next.fetch_add(1); k < pieces.size(); k = next.fetch_add(1)) {
+    for (std::size_t k = next.fetch_add(1); k < pieces.size() && !stop.load(); k = next.fetch_add(1)) {
       pieces[k].region->Prefault(pieces[k].offset, pieces[k].length);
+      done[k].store(true);
     }
   };
   std::thread helper;
-  if (pieces.size() > 1 && std::thread::hardware_concurrency() > 1) helper = std::thread(work);
+  if (pieces.size() > 1 && std::thread::hardware_concurrency() > 1) {
+    try {
+      helper = std::thread(work);
+    } catch (const std::system_error&) {
+      // No thread to be had (a process or cgroup limit): this one does it all.
+    }
+  }
   work();
   if (helper.joinable()) helper.join();
+  std::vector<bool> item_done(s.items.size(), true);
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    if (!done[k].load()) item_done[pieces[k].item] = false;
+  }
+  for (std::size_t i = 0; i < s.items.size() && i < s.item_regions.size(); ++i) {
+    const auto& region = s.item_regions[i];
+    if (!region || region->device() >= 0 || !item_done[i]) continue;
+    s.preallocated.push_back({region, s.items[i].offset, s.items[i].length});
+  }
 }
 
 }  // namespace
@@ -157,11 +177,13 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
     const auto wait_start = std::chrono::steady_clock::now();
     std::uint64_t waited_for = 0;  // the version whose shard the wait ended on (0: none)
     bool in_flight = false;        // whether one was still on its way when the wait began
-    // While the restart waits for its newest version, the pages of its regions are
-    // allocated (ImportedRegion::Preallocate: no byte changes), as the restore that
-    // typically follows would do first: that part of the restore is then off the path.
+    // While the restart waits for its newest version, the pages of its regions are faulted
+    // in (ImportedRegion::Prefault: no byte changes), which the restore that typically
+    // follows would otherwise pay for in its copy. A wait that ends normally lets the
+    // faulting finish (the restore then writes into memory in use); one that fails or is
+    // cancelled stops it between pieces.
     std::thread preallocate;
-    std::atomic<bool> wait_over{false};
+    std::atomic<bool> wait_over{false}, abandon{false};
     auto waiting_for = [&](const ShardMeta& m) {
       older_go(m);
       waited_for = m.version;
@@ -174,12 +196,12 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
       in_flight = true;
       spdlog::info("job {} rank {}: restart waits for version {}, still on its way; its regions are faulted in meanwhile",
                    m.job, m.rank, m.version);
-      // The allocation starts once that version is out of the dead trainer's memory: its
+      // The faulting starts once that version is out of the dead trainer's memory: its
       // shared memory is then let go, and the new regions take the pages it gave back,
       // pages in use a moment ago rather than ones the kernel (or, in a virtual machine,
       // the host) has to find or zero first. The capture precedes the persist the wait
       // ends on, so this wait ends within it.
-      preallocate = std::thread([&session, &wait_over, waited] {
+      preallocate = std::thread([&session, &wait_over, &abandon, waited] {
         // In slices, so that a wait that ends first (cancelled, or the shard failed) is not
         // held up by this one.
         while (!wait_over.load() && waited->level() < Level::kCaptured && !waited->failed()) {
@@ -187,20 +209,24 @@ Result<Registered> Registrar::Register(const RegistrationRequest& req, const Pee
         }
         if (wait_over.load()) return;
         const auto started = std::chrono::steady_clock::now();
-        PrefaultRegions(*session);
+        PrefaultRegions(*session, abandon);
         spdlog::info("job {} rank {}: regions faulted in for the restore in {:.1f} ms", session->job, session->rank,
                      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
       });
     };
     Status st = shards_.WaitRankNewestSettled(session->job, session->rank, cancelled, waiting_for);
+    const auto wait_end = std::chrono::steady_clock::now();
     wait_over.store(true);
+    if (!st.ok()) abandon.store(true);
     if (preallocate.joinable()) preallocate.join();
     if (!st.ok()) return st;
     if (waited_for != 0) {
-      spdlog::info("job {} rank {}: restart waited {:.1f} ms for version {} of its earlier registration{}",
-                   session->job, session->rank,
-                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wait_start).count(),
-                   waited_for, in_flight ? " (in flight when it registered)" : "");
+      using Ms = std::chrono::duration<double, std::milli>;
+      spdlog::info("job {} rank {}: restart waited {:.1f} ms for version {} of its earlier registration{}, then "
+                   "{:.1f} ms for its regions to be faulted in",
+                   session->job, session->rank, Ms(wait_end - wait_start).count(), waited_for,
+                   in_flight ? " (in flight when it registered)" : "",
+                   Ms(std::chrono::steady_clock::now() - wait_end).count());
     }
   }
   std::shared_ptr<Session> replaced;
