@@ -278,6 +278,44 @@ TEST_CASE("a peer that no longer holds the base gets the whole image, and it res
   for (auto& r : job.ranks) CHECK(r->Restore(4) == "peer");
 }
 
+TEST_CASE("a restore that leaves the timeline starts it again with whole images, then deltas on it",
+          "[replication][delta]") {
+  TempDir dir("delta3");
+  Cluster c(dir, 2, 1);
+  c.StartAll();
+  FineTuneJob job;
+  job.Launch(c);
+  for (std::uint64_t v = 1; v <= 3; ++v) job.Save(v);
+  const double full_1 = Metric(c.socket(0), kFull);
+  // Back to version 2 (a new registration; the peer drops version 3), then a new version 3
+  // with other contents of the live tensors.
+  for (auto& r : job.ranks) {
+    r->frozen.Fill(999);
+    r->live.Fill(999);
+    REQUIRE(r->client->restore(2).version == 2);
+    CHECK(r->live.FirstMismatch(2) == -1);
+  }
+  for (auto& r : job.ranks) {
+    r->frozen.Fill(1);
+    r->live.Fill(33);
+    r->client->snapshot(3);
+  }
+  for (auto& r : job.ranks) r->client->wait_durable(3, Level::kCommitted);
+  for (auto& r : job.ranks) r->client->wait_durable(3, Level::kReplicated);
+  // Whole, without a delta tried on the left timeline's version 3.
+  CHECK(Metric(c.socket(0), kFull) == 2 * full_1);
+  CHECK(Metric(c.socket(1), "ckptd_replication_events_total{event=\"refused\"}") == 0);
+  const double delta_3 = Metric(c.socket(0), kDelta);
+  job.Save(4);
+  CHECK(Metric(c.socket(0), kDelta) > delta_3);
+  CHECK(Metric(c.socket(0), kFull) == 2 * full_1);
+
+  c.Lose(0);
+  c.Start(0);
+  job.Launch(c);
+  for (auto& r : job.ranks) CHECK(r->Restore(4) == "peer");
+}
+
 TEST_CASE("ReceiveImage composes a delta from its base only when every byte is sent or the same in the base",
           "[replication][delta][wire]") {
   const PeerSecret secret("a shared secret of the test cluster");
