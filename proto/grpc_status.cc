@@ -25,6 +25,8 @@ Status FromGrpc(const grpc::Status& st, const std::string& what) {
       return DataLoss(std::move(m));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return DeadlineExceeded(std::move(m));
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return FailedPrecondition(std::move(m));
     default:
       return Status(StatusCode::kIoError, std::move(m));
   }

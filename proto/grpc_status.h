@@ -23,8 +23,9 @@ enum class GrpcService { kCheckpoint, kPeer };
 
 // `s` as the gRPC status a `service` handler returns: the same message, its code by
 // GrpcCodeNumber (kIoError is UNKNOWN), except kPermissionDenied on kPeer. (The Peer
-// handlers refuse with kInvalidArgument, kNotFound, kResourceExhausted, kDataLoss and
-// kPermissionDenied only; FromGrpc reads any code it does not keep as kIoError.)
+// handlers refuse with kInvalidArgument, kNotFound, kResourceExhausted, kDataLoss,
+// kFailedPrecondition (a delta whose base the receiver does not hold) and kPermissionDenied
+// only; FromGrpc reads any code it does not keep as kIoError.)
 grpc::Status ToGrpc(const Status& s, GrpcService service = GrpcService::kCheckpoint);
 
 // The inverse, for a caller reading a Peer call's status: `what: message` with the code the

@@ -202,12 +202,17 @@ PeerSecret::ImageMac PeerSecret::StartImage() const {
 
 std::string PeerSecret::ImageBinding(const std::string& call, const std::string& nonce, const std::string& job,
                                      std::uint64_t version, std::uint32_t rank, const std::string& registration,
-                                     const std::string& origin, std::uint64_t file_bytes) {
-  // Every string length-prefixed: no two bindings read alike.
+                                     const std::string& origin, std::uint64_t file_bytes,
+                                     std::uint64_t base_version) {
+  // Every string length-prefixed: no two bindings read alike. A whole image's binding ends
+  // in a digit, a delta's in " delta": read from its end (the bytes before it are the
+  // image's), neither is the other, and the base is the number before " delta".
   auto field = [](const std::string& s) { return std::to_string(s.size()) + ":" + s; };
-  return "\nckptd-peer/v3 image " + field(call) + " " + field(nonce) + " " + field(job) + " " +
-         std::to_string(version) + " " + std::to_string(rank) + " " + field(registration) + " " + field(origin) + " " +
-         std::to_string(file_bytes);
+  std::string binding = "\nckptd-peer/v3 image " + field(call) + " " + field(nonce) + " " + field(job) + " " +
+                        std::to_string(version) + " " + std::to_string(rank) + " " + field(registration) + " " +
+                        field(origin) + " " + std::to_string(file_bytes);
+  if (base_version != 0) binding += " base " + std::to_string(base_version) + " delta";
+  return binding;
 }
 
 std::string PeerSecret::PutAnswer(const std::string& subject, std::uint64_t bytes_held) {

@@ -22,8 +22,9 @@
 //     replicator.cc and replicator_restore.cc, which check them);
 //   - a shard image on the wire (GetShard, and PutShard the other way) ends with the
 //     HMAC-SHA256 of every byte of it followed by ImageBinding (job, version, rank,
-//     registration, sending node, file size, call and nonce): the receiver computes it as
-//     the bytes pass (ImageMac) and uses no byte of the image unless it matches.
+//     registration, sending node, file size, call and nonce; for a delta also the base
+//     version, and each piece's offset and length before its bytes): the receiver computes
+//     it as the bytes pass (ImageMac) and uses no byte of the image unless it matches.
 // A token of the release before ("v1": its replies carried no proof) is refused, and that
 // release sends no proof: daemons of the two trust nothing of each other (fail closed).
 // The threat model: docs/ops/replication-security.md.
@@ -92,10 +93,13 @@ class PeerSecret {
     std::unique_ptr<Ctx> ctx_;
   };
   ImageMac StartImage() const;
-  // What an image's MAC is bound to, after its bytes.
+  // What an image's MAC is bound to, after its bytes. `base_version` 0: a whole image; else
+  // a delta on that version (peer.proto's ShardPiece.base_version), whose binding ends
+  // differently, so that neither a whole image's MAC nor one on another base verifies it.
   static std::string ImageBinding(const std::string& call, const std::string& nonce, const std::string& job,
                                   std::uint64_t version, std::uint32_t rank, const std::string& registration,
-                                  const std::string& origin, std::uint64_t file_bytes);
+                                  const std::string& origin, std::uint64_t file_bytes,
+                                  std::uint64_t base_version = 0);
   // Whether two MACs are the same (in constant time; an empty one matches nothing).
   static bool SameMac(const std::string& a, const std::string& b);
 

@@ -9,6 +9,7 @@ constexpr const char* kTierNames[4] = {"memory", "local", "persistent", "peer"};
 constexpr const char* kReplicationEventNames[kReplicationEvents] = {"sent", "send_failed", "received", "refused",
                                                                    "peer_fallback", "unproven", "peer_stalled"};
 constexpr const char* kReplicationDirections[4] = {"sent", "received", "fetched", "served"};
+constexpr const char* kTransferKinds[3] = {"full", "delta", "skipped"};
 
 std::function<std::unique_ptr<Histogram>()> Durations() {
   return [] { return std::make_unique<Histogram>(DurationBuckets()); };
@@ -64,6 +65,7 @@ DaemonMetrics::DaemonMetrics()
   for (int d = 0; d < 4; ++d) {
     replication_bytes_[d] = &replication_bytes_family_.With({{"direction", kReplicationDirections[d]}});
   }
+  for (int k = 0; k < 3; ++k) transfer_bytes_[k] = &transfer_bytes_family_.With({{"kind", kTransferKinds[k]}});
   for (std::size_t k = 0; k < kErrorKinds; ++k) {
     errors_[k] = &errors_family_.With({{"kind", ErrorKindName(static_cast<ErrorKind>(k))}});
   }
@@ -100,6 +102,7 @@ void DaemonMetrics::Render(Exposition& out, const LabelFilter& filter) const {
   errors_family_.Render(out, nullptr);
   replication_family_.Render(out, nullptr);
   replication_bytes_family_.Render(out, nullptr);
+  transfer_bytes_family_.Render(out, nullptr);
   out.Header(
       "ckptd_snapshot_stall_seconds", "histogram",
       "Time trainers blocked in wait_snapshot, as their clients measured and reported it on their next "

@@ -57,6 +57,10 @@ enum class ReplicationEvent {
 inline constexpr std::size_t kReplicationEvents = 7;
 // Bytes by direction (the `direction` label of ckptd_replication_bytes_total).
 enum class ReplicationBytes { kSent, kReceived, kFetched, kServed };
+// Replica bytes by how a transfer sent them (the `kind` label of
+// ckptd_replication_transfer_bytes_total): in whole images, in deltas, and not sent because
+// the peer's replica of the delta's base held them.
+enum class TransferBytes { kFull, kDelta, kSkipped };
 
 class DaemonMetrics {
  public:
@@ -88,6 +92,7 @@ class DaemonMetrics {
   void SnapshotStall(double seconds) { stall_.Observe(seconds); }
   void Replication(ReplicationEvent e) { replication_[static_cast<std::size_t>(e)]->Add(); }
   void ReplicationBytesAdd(ReplicationBytes d, std::uint64_t n) { replication_bytes_[static_cast<int>(d)]->Add(n); }
+  void TransferBytesAdd(TransferBytes k, std::uint64_t n) { transfer_bytes_[static_cast<int>(k)]->Add(n); }
 
   // Appends every metric above to `out`; series with a job label only where `filter`
   // allows (null: all).
@@ -141,6 +146,12 @@ class DaemonMetrics {
       "Bytes of shard images sent to peers, received from them, fetched from them by restores, and served "
       "to their restores."};
   std::array<Counter*, 4> replication_bytes_{};
+  Family<Counter> transfer_bytes_family_{
+      "ckptd_replication_transfer_bytes_total",
+      "Bytes of shard images replicated to peers: sent in whole images (kind=full), sent in deltas on a "
+      "version the peer holds (kind=delta), and not sent because the peer's replica of that version held "
+      "them (kind=skipped). Counted once the peer acknowledged the transfer."};
+  std::array<Counter*, 3> transfer_bytes_{};
 
   // The versions counted as failed lately, so that the other shards of one do not count it
   // again (failures are rare: a lock is fine here).

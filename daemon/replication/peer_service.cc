@@ -96,10 +96,20 @@ class PeerServiceImpl final : public v1::Peer::Service {
       }
       return reserved;
     };
+    // A delta's base: a replica of an older version of the same (job, rank) from the same
+    // origin, never this daemon's own shard nor another sender's replica.
+    auto find_base = [&](std::uint64_t base_version, std::string* why) {
+      auto base = memory_.FindReplica(f.key().job(), base_version, f.key().rank(), origin);
+      if (!base) {
+        *why = "this daemon holds no replica of " + DescribeShard(f.key().job(), base_version, f.key().rank()) +
+               " from " + origin + " (dropped, or never kept)";
+      }
+      return base;
+    };
     std::uint64_t received = 0;
     auto image = ReceiveImage(
         head, [&](grpc::ByteBuffer* b) { return reader->Read(b); }, make, v1::ShardKey(), PieceSums::kChecked,
-        ImageCheck{&secret_, "PutShard", nonce, ""}, &received);
+        ImageCheck{&secret_, "PutShard", nonce, ""}, &received, find_base);
     metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kReceived, received);
     if (!image.ok()) {
       if (reserved) memory_.Drop(reserved);

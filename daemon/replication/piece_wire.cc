@@ -12,7 +12,7 @@ namespace {
 // Protobuf's wire types and the ShardPiece fields read here (peer.proto).
 constexpr std::uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
 constexpr std::uint32_t kKey = 1, kFileBytes = 2, kOrigin = 3, kOffset = 4, kData = 5, kPieceXxh3 = 6, kLast = 8,
-                        kImageMac = 9;
+                        kImageMac = 9, kBaseVersion = 10;
 // The longest `image_mac` read (an HMAC-SHA256 is 32 bytes; anything longer is refused).
 constexpr std::uint64_t kMaxImageMac = 64;
 
@@ -165,8 +165,11 @@ Result<WirePiece> WirePiece::Parse(const grpc::ByteBuffer& buffer) {
     } else if (field == kLast && type == kVarint) {
       ok = in.Varint(&v);
       p.fields_.set_last(v != 0);
+    } else if (field == kBaseVersion && type == kVarint) {
+      ok = in.Varint(&v);
+      p.fields_.set_base_version(v);
     } else if (field == kKey || field == kOrigin || field == kData || field == kFileBytes || field == kOffset ||
-               field == kPieceXxh3 || field == kLast || field == kImageMac) {
+               field == kPieceXxh3 || field == kLast || field == kImageMac || field == kBaseVersion) {
       return Malformed("field " + std::to_string(field) + " with wire type " + std::to_string(type));
     } else if (type == kVarint) {  // a field this daemon does not know (a newer peer's): skipped
       ok = in.Varint(&v);

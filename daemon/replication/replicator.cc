@@ -206,7 +206,8 @@ void Replicator::Pace() {
   if (hooks_.pool_used() > hooks_.pool_bytes / 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
 }
 
-Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& shard, std::uint64_t* held) {
+Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& shard, std::uint64_t* held,
+                          const DeltaPlan& delta) {
   const MemoryImage& image = *shard;
   auto channel = ChannelTo(peer);
   // A channel whose last attempt failed (the peer was down: a DropJob or a send found it so)
@@ -244,7 +245,8 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
   ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   SendImage(shard, peers_.self_address(), kReplicaPiece, PieceSums::kChecked, secret_.StartImage(),
             PeerSecret::ImageBinding("PutShard", nonce, image.meta.job, image.meta.version, image.meta.rank,
-                                     image.meta.session, peers_.self_address(), image.file_bytes),
+                                     image.meta.session, peers_.self_address(), image.file_bytes,
+                                     delta.base_version),
             [&](const grpc::ByteBuffer& piece, std::uint64_t n) {
               sent += n;
               const bool ok = writer->Write(piece);
@@ -254,7 +256,8 @@ Status Replicator::SendTo(const std::string& peer, const std::shared_ptr<MemoryI
             [this, &watch] {
               Pace();
               watch.Progress();  // the wait is this daemon's
-            });
+            },
+            delta);
   writer->WritesDone();
   grpc::Status st = writer->Finish();
   if (watch.fired()) {
@@ -303,6 +306,14 @@ void Replicator::SendLoop() {
              0);
       continue;
     }
+    // The header's items, parsed once for every peer's delta (none if it does not parse:
+    // the image then goes whole).
+    std::vector<ItemSpan> items;
+    std::uint64_t header_end = 0;
+    if (auto header = ImageHeader(*image); header.ok()) {
+      items = ItemSpans(header.value());
+      header_end = header->data_start;
+    }
     const std::uint32_t want = peers_.replicas;
     std::uint32_t acks = 0;
     std::string errors;
@@ -319,7 +330,7 @@ void Replicator::SendLoop() {
       }
       const std::string& peer = peers_.addresses[i];
       std::uint64_t held = 0;
-      Status st = SendTo(peer, image, &held);
+      Status st = SendShard(peer, image, items, header_end, &held);
       if (st.ok()) {
         ++acks;
         metrics::Metrics().Replication(metrics::ReplicationEvent::kSent);
@@ -384,6 +395,8 @@ Replicator::JobDropped Replicator::OnJobFinished(const std::string& job) {
     ++out.dropped;
     NoteDropped(peer, job, reply.bytes_held());
   }
+  // A peer that did not answer may still hold them, but no version of the job comes after.
+  ForgetDeltaBases("", job, kAllRanks);
   return out;
 }
 

@@ -2,15 +2,24 @@
 // PeerServer (peer_service.h), which it starts; the stream of a shard image is shard_stream.h.
 //
 // Sender (replicator.cc): each shard this daemon captured and published with a memory image
-// is sent, whole, to the peer rule's R holders (PeerList: the next R daemons of --peers), over
-// the Peer service (proto/ckpt/v1/peer.proto) in pieces with checksums, which reference the
-// image's memory rather than copy it (piece_wire.h). One thread sends, at the lowest CPU
+// is sent (whole, or as a delta: see Deltas below) to the peer rule's R holders (PeerList:
+// the next R daemons of --peers), over the Peer service (proto/ckpt/v1/peer.proto) in
+// pieces with checksums, which reference the image's memory rather than copy it
+// (piece_wire.h). One thread sends, at the lowest CPU
 // priority (nice 19), one piece in flight per stream (gRPC's flow control bounds the bytes in
 // flight to the window), and it yields to the trainer's data path: while the host pool holds
 // more than a quarter of its bytes (copies and flushes in flight) it waits 3 ms between
 // pieces of 1 MiB. A newer version of a (job, rank) supersedes one still queued. A holder
 // that refuses or cannot be reached is replaced by the next daemon of the ring that does not
 // hold the shard yet, so R copies exist whenever R peers can take them.
+//
+// Deltas (replicator_delta.cc): per (peer, job, rank), the newest version the peer
+// acknowledged, with its registration and item table. The next version of that rank goes to
+// that peer as a delta on it (shard_stream.h's DeltaPlan: the header and the items that
+// changed) when the registration is the same and at least one item is the same; the whole
+// image goes otherwise, and once more after a delta the peer refused with
+// FAILED_PRECONDITION (it no longer holds the base). The entry is forgotten when the peer
+// drops the job's replicas (DropJob, DropNewer) and on any failed send to it.
 //
 // Restore side (PeerShards, replicator_restore.cc): asks the peers which hold a shard, reads
 // an image back (GetShard), own or replica, into a buffer of its own, without piece
@@ -199,7 +208,25 @@ class Replicator : public PeerShards {
   void SendLoop() EXCLUDES(mu_);
   // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it. The
   // pieces in flight reference the image's memory, so they hold a reference to it.
-  Status SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& image, std::uint64_t* held);
+  // A delta (`delta.base_version` set) sends only its ranges.
+  Status SendTo(const std::string& peer, const std::shared_ptr<MemoryImage>& image, std::uint64_t* held,
+                const DeltaPlan& delta);
+  // Sends `image` (its header parsed into `items`, ending at `header_end`; items empty: not
+  // parsed, no delta) to `peer`: as a delta when DeltaBaseFor says so, whole otherwise and
+  // after a delta refused for its base; remembers the version as the peer's next base once
+  // acknowledged, forgets the peer's base of the rank on any failure.
+  Status SendShard(const std::string& peer, const std::shared_ptr<MemoryImage>& image,
+                   const std::vector<ItemSpan>& items, std::uint64_t header_end, std::uint64_t* held)
+      EXCLUDES(mu_);
+  // The delta to send `meta`'s version to `peer` as (base_version 0: the whole image).
+  DeltaPlan DeltaBaseFor(const std::string& peer, const ShardMeta& meta, const std::vector<ItemSpan>& items,
+                         std::uint64_t header_end) EXCLUDES(mu_);
+  // `peer` acknowledged `meta`'s version, whose items are `items`: its next base.
+  void NoteDeltaBase(const std::string& peer, const ShardMeta& meta, std::vector<ItemSpan> items) EXCLUDES(mu_);
+  // Forgets the bases of `job` (of `rank` only, unless it is kAllRanks) that `peer` (every
+  // peer if empty) holds.
+  static constexpr std::uint32_t kAllRanks = ~std::uint32_t{0};
+  void ForgetDeltaBases(const std::string& peer, const std::string& job, std::uint32_t rank) EXCLUDES(mu_);
   void Pace();
   // The deadline of a HasShard, DropNewer or DropJob call.
   static constexpr std::chrono::seconds kHasDeadline{3};
@@ -265,6 +292,13 @@ class Replicator : public PeerShards {
   std::set<std::string> mapped_jobs_ GUARDED_BY(mu_);
   // Per job, the versions this daemon saw commit (the newest kCommitsKept).
   std::map<std::string, std::set<std::uint64_t>> committed_ GUARDED_BY(mu_);
+  // Deltas (see the top): per (peer, job, rank), the newest version the peer acknowledged.
+  struct DeltaBase {
+    std::uint64_t version = 0;
+    std::string session;          // its registration: a delta never crosses one
+    std::vector<ItemSpan> items;  // its header's items
+  };
+  std::map<std::tuple<std::string, std::string, std::uint32_t>, DeltaBase> delta_bases_ GUARDED_BY(mu_);
   std::map<std::string, std::string> peer_error_ GUARDED_BY(mu_);
   // When a send to the peer last failed (erased by a success): see SendTo.
   std::map<std::string, std::chrono::steady_clock::time_point> send_failed_at_ GUARDED_BY(mu_);

@@ -25,6 +25,7 @@ void Replicator::NoteAcknowledged(const std::string& peer, const Key& key, std::
 }
 
 void Replicator::NoteDropped(const std::string& peer, const std::string& job, std::uint64_t held) {
+  ForgetDeltaBases(peer, job, kAllRanks);
   MutexLock lock(mu_);
   sent_held_[peer] = Said{held, std::chrono::system_clock::now()};
   for (auto it = holders_.lower_bound(Key{job, 0, 0});
@@ -36,6 +37,9 @@ void Replicator::NoteDropped(const std::string& peer, const std::string& job, st
 }
 
 void Replicator::ForgetNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) {
+  // Every peer's base of the rank: one above `version` is being dropped, and the rank's
+  // timeline goes on from `version` with new images.
+  ForgetDeltaBases("", job, rank);
   MutexLock lock(mu_);
   for (auto it = holders_.lower_bound(Key{job, version + 1, 0});
        it != holders_.end() && std::get<0>(it->first) == job;) {

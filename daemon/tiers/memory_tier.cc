@@ -450,6 +450,19 @@ std::shared_ptr<MemoryImage> MemoryTier::Find(const std::string& job, std::uint6
   return v->second.image;
 }
 
+std::shared_ptr<MemoryImage> MemoryTier::FindReplica(const std::string& job, std::uint64_t version,
+                                                     std::uint32_t rank, const std::string& origin) {
+  MutexLock lock(mu_);
+  auto it = images_.find(Key{job, rank});
+  if (it == images_.end()) return nullptr;
+  auto v = it->second.find(version);
+  if (v == it->second.end() || !v->second.image->complete || origin.empty() || v->second.origin != origin) {
+    return nullptr;
+  }
+  TouchLocked(it->first);
+  return v->second.image;
+}
+
 std::map<std::uint64_t, std::vector<std::uint32_t>> MemoryTier::List(const std::string& job) {
   std::map<std::uint64_t, std::vector<std::uint32_t>> out;
   MutexLock lock(mu_);

@@ -102,6 +102,10 @@ class MemoryTier {
 
   // The complete image of (job, version, rank), or null.
   std::shared_ptr<MemoryImage> Find(const std::string& job, std::uint64_t version, std::uint32_t rank);
+  // The complete replica of (job, version, rank) that `origin` sent, or null (none, or the
+  // image there is this daemon's own or another origin's).
+  std::shared_ptr<MemoryImage> FindReplica(const std::string& job, std::uint64_t version, std::uint32_t rank,
+                                           const std::string& origin) EXCLUDES(mu_);
   // Ranks with a complete image of this daemon's own (not a replica), per version of `job`.
   std::map<std::uint64_t, std::vector<std::uint32_t>> List(const std::string& job);
   // The complete replicas of `job` that peers sent, per version: (rank, origin), by rank.

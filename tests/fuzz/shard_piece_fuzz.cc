@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const ckpt::v1::ShardPiece& f = piece->fields();
   FUZZ_CHECK(parsed.data() == copied, "the same data");
   FUZZ_CHECK(parsed.offset() == f.offset() && parsed.file_bytes() == f.file_bytes() && parsed.last() == f.last() &&
-                 parsed.piece_xxh3() == f.piece_xxh3(),
+                 parsed.piece_xxh3() == f.piece_xxh3() && parsed.base_version() == f.base_version(),
              "the same numbers");
   FUZZ_CHECK(parsed.origin() == f.origin() && parsed.image_mac() == f.image_mac(), "the same strings");
   FUZZ_CHECK(parsed.key().SerializeAsString() == f.key().SerializeAsString(), "the same key");
