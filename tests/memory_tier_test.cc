@@ -79,6 +79,24 @@ TEST_CASE("a replica short of room drops older replicas, never a newer one of it
   }
 }
 
+// A delta's reservation, made while the transfer holds its base: dropping replicas would not
+// give back the base's room, so it takes free room only and drops nothing.
+TEST_CASE("a replica that may not evict takes free room only and drops no other replica", "[memory_tier]") {
+  MemoryTier tier(8 * kMiB, 4);
+  auto base = tier.ReserveReplica(Meta("j", 5, 2), 4 * kMiB, "a");
+  REQUIRE(base);
+  tier.Complete(base);  // held, as a delta's transfer holds its base
+  auto other = tier.ReserveReplica(Meta("k", 1, 0), 4 * kMiB, "a");
+  REQUIRE(other);
+  tier.Complete(other);
+  other.reset();
+  CHECK_FALSE(tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a", nullptr, /*may_evict=*/false));
+  CHECK(tier.Find("k", 1, 0) != nullptr);
+  // Allowed to evict, it makes room.
+  base.reset();
+  CHECK(tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a", nullptr, /*may_evict=*/true));
+}
+
 TEST_CASE("with nothing older to drop, a replica is refused and the newer ones stay", "[memory_tier]") {
   MemoryTier tier(4 * kMiB, 4);
   auto r5 = tier.ReserveReplica(Meta("j", 5, 2), 4 * kMiB, "a");

@@ -108,7 +108,7 @@ std::vector<grpc::ByteBuffer> Pieces(const PeerSecret& secret, const std::shared
 Result<std::shared_ptr<MemoryImage>> Receive(const PeerSecret& secret,
                                              const std::vector<grpc::ByteBuffer>& pieces,
                                              const std::shared_ptr<MemoryImage>& base,
-                                             std::uint64_t* received) {
+                                             std::uint64_t* received, bool room = true) {
   auto first = WirePiece::Parse(pieces.at(0));
   REQUIRE(first.ok());
   std::size_t next = 1;
@@ -119,7 +119,13 @@ Result<std::shared_ptr<MemoryImage>> Receive(const PeerSecret& secret,
         *b = pieces[next++];
         return true;
       },
-      [](const ShardMeta& meta, std::uint64_t file_bytes, std::string*) { return Image(meta, file_bytes); },
+      [room](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) -> std::shared_ptr<MemoryImage> {
+        if (!room) {
+          *why = "no room";
+          return nullptr;
+        }
+        return Image(meta, file_bytes);
+      },
       v1::ShardKey(), PieceSums::kChecked, ImageCheck{&secret, "PutShard", kNonce, ""}, received,
       [&](std::uint64_t version, std::string* why) -> std::shared_ptr<MemoryImage> {
         if (!base || base->meta.version != version) {
@@ -400,9 +406,10 @@ TEST_CASE("ReceiveImage composes a delta from its base only when every byte is s
     }
   }
 
-  SECTION("a delta's piece moved to another offset: PERMISSION_DENIED") {
-    // t1's bytes, unchanged (its piece checksum still right), 8 bytes further on: without
-    // the pieces' offsets in the MAC this would pass it (and fail later, as t1 not sent).
+  SECTION("a delta's piece moved to another offset: refused, nothing kept") {
+    // t1's bytes, unchanged (its piece checksum still right), 8 bytes further on: t1 is then
+    // neither sent whole nor the same in the base (DATA_LOSS); a move that the coverage
+    // check let through would change the image composed, which the MAC covers whole.
     auto pieces = Pieces(secret, image, plan, 1, 1 << 20);
     REQUIRE(pieces.size() == 2);
     auto p = WirePiece::Parse(pieces[1]);
@@ -413,6 +420,28 @@ TEST_CASE("ReceiveImage composes a delta from its base only when every byte is s
     p->CopyData(data->data(), nullptr);
     pieces[1] = EncodePiece(fields, data, data->data(), data->size());
     auto got = Receive(secret, pieces, base, nullptr);
+    REQUIRE_FALSE(got.ok());
+    CHECK(got.status().code() == StatusCode::kDataLoss);
+  }
+
+  SECTION("no room beside the base: FAILED_PRECONDITION (the whole image may fit), a whole image RESOURCE_EXHAUSTED") {
+    auto delta = Receive(secret, Pieces(secret, image, plan, 1), base, nullptr, /*room=*/false);
+    REQUIRE_FALSE(delta.ok());
+    CHECK(delta.status().code() == StatusCode::kFailedPrecondition);
+    auto whole = Receive(secret, Pieces(secret, image, DeltaPlan{}, 0), base, nullptr, /*room=*/false);
+    REQUIRE_FALSE(whole.ok());
+    CHECK(whole.status().code() == StatusCode::kResourceExhausted);
+  }
+
+  SECTION("bytes the delta skips are covered by the MAC: a sender whose skipped item differs is refused") {
+    // The sender's t3 holds other bytes than the base's while its header claims the base's
+    // checksum (what an xxh3 collision would look like from the receiver): the item is
+    // skipped, the composed t3 passes its checksum, and only the MAC over the whole image
+    // composed tells it from the sender's.
+    std::string odd = file;
+    odd[odd.size() - 1] ^= 0x5a;  // in t3; the header is unchanged
+    auto odd_image = Image(meta, odd.size(), odd);
+    auto got = Receive(secret, Pieces(secret, odd_image, plan, 1), base, nullptr);
     REQUIRE_FALSE(got.ok());
     CHECK(got.status().code() == StatusCode::kPermissionDenied);
   }

@@ -44,9 +44,11 @@ Status Replicator::SendShard(const std::string& peer, const std::shared_ptr<Memo
   const ShardMeta& m = image->meta;
   DeltaPlan plan = DeltaBaseFor(peer, m, items, header_end);
   Status st = SendTo(peer, image, held, plan);
-  if (!st.ok() && plan.base_version != 0 && st.code() == StatusCode::kFailedPrecondition) {
-    // The peer no longer holds the base (its budget or retention dropped it, or it restarted):
-    // the whole image, once, on a new stream.
+  if (!st.ok() && plan.base_version != 0 &&
+      (st.code() == StatusCode::kFailedPrecondition || st.code() == StatusCode::kDataLoss)) {
+    // The peer no longer holds the base (its budget or retention dropped it, or it restarted),
+    // has no room beside it, holds it other than this daemon remembers, or does not know
+    // deltas (a daemon of an older release): the whole image, once, on a new stream.
     spdlog::info("replication: {} refused {} as a delta on version {} ({}): sending the whole image", peer,
                  DescribeShard(m.job, m.version, m.rank), plan.base_version, st.message());
     ForgetDeltaBases(peer, m.job, m.rank);

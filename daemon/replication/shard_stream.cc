@@ -20,17 +20,6 @@ std::uint64_t HeaderEnd(const char* data, std::uint64_t file_bytes) {
   return n > file_bytes - 8 ? file_bytes : 8 + n;
 }
 
-// A delta's pieces put their offset and length (16 bytes, little-endian) into the MAC before
-// their bytes: the bytes sent cannot be moved to other offsets, nor the pieces cut otherwise.
-void MacPieceHeader(PeerSecret::ImageMac& mac, std::uint64_t offset, std::uint64_t n) {
-  char b[16];
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<char>(offset >> (8 * i));
-    b[8 + i] = static_cast<char>(n >> (8 * i));
-  }
-  mac.Update(b, sizeof b);
-}
-
 bool SameItem(const ItemSpan& a, const ItemSpan& b) {
   return a.name == b.name && a.offset == b.offset && a.length == b.length && a.checksum == b.checksum;
 }
@@ -171,8 +160,8 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, const 
   const std::uint64_t base_version = head.base_version();
   {
     Checksum sum;
-    if (base_version != 0) MacPieceHeader(mac, 0, data.size());
-    first.CopyData(data.data(), sums == PieceSums::kChecked ? &sum : nullptr, &mac);
+    // A whole image's MAC grows piece by piece; a delta's is taken over the image composed.
+    first.CopyData(data.data(), sums == PieceSums::kChecked ? &sum : nullptr, base_version == 0 ? &mac : nullptr);
     if (sums == PieceSums::kChecked && sum.Digest() != head.piece_xxh3()) {
       return DataLoss("the piece at offset 0 failed its checksum on arrival");
     }
@@ -209,6 +198,12 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, const 
   }
   std::string refusal;
   std::shared_ptr<MemoryImage> image = make(meta, file_bytes, &refusal);
+  if (!image && base) {
+    // Beside a base held here, the room it would give back is not to be had: the whole
+    // image, which needs no base, may still fit.
+    return FailedPrecondition("no room for " + DescribeShard(key.job(), key.version(), key.rank()) +
+                              " beside its base version " + std::to_string(base_version) + ": " + refusal);
+  }
   if (!image) return ResourceExhausted(refusal);
   std::memcpy(image->data(), data.data(), data.size());
   std::uint64_t done = data.size();
@@ -232,8 +227,7 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, const 
     }
     // Straight into the image: the one copy of these bytes on this side.
     Checksum sum;
-    if (base) MacPieceHeader(mac, at, n);
-    piece.CopyData(image->data() + at, sums == PieceSums::kChecked ? &sum : nullptr, &mac);
+    piece.CopyData(image->data() + at, sums == PieceSums::kChecked ? &sum : nullptr, base ? nullptr : &mac);
     if (sums == PieceSums::kChecked && sum.Digest() != piece.fields().piece_xxh3()) {
       return DataLoss("the piece at offset " + std::to_string(at) + " failed its checksum on arrival");
     }
@@ -250,6 +244,12 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, const 
   if (!last || (!base && done != file_bytes)) {
     return DataLoss("the stream ended after " + std::to_string(done) + " of " + std::to_string(file_bytes) + " bytes");
   }
+  if (base) {
+    if (Status st = ComposeFromBase(info.value(), sent, *base, base_version, *image, file_bytes); !st.ok()) return st;
+    // The MAC covers every byte of the image composed, those taken from the base included:
+    // the replica kept is the sender's image, not merely one whose item checksums agree.
+    mac.Update(image->data(), file_bytes);
+  }
   const std::string binding = PeerSecret::ImageBinding(check.call, check.nonce, meta.job, meta.version, meta.rank,
                                                        meta.session, head.origin(), file_bytes, base_version);
   if (!PeerSecret::SameMac(mac.Finish(binding), mac_sent)) {
@@ -257,9 +257,6 @@ Result<std::shared_ptr<MemoryImage>> ReceiveImage(const WirePiece& first, const 
                             " MAC of --peer-secret for this transfer: the sender did not prove it knows the secret "
                             "(not a ckptd of this cluster, or one of an older release), or the bytes changed on the "
                             "way; no byte of it is used");
-  }
-  if (base) {
-    if (Status st = ComposeFromBase(info.value(), sent, *base, base_version, *image, file_bytes); !st.ok()) return st;
   }
   return image;
 }
@@ -272,6 +269,13 @@ bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& ori
   const bool is_delta = delta.base_version != 0;
   const std::vector<ByteRange> whole{{0, file_bytes}};
   const std::vector<ByteRange>& ranges = is_delta ? delta.ranges : whole;
+  // A delta's MAC is of the whole image, bytes not sent included (the receiver takes it over
+  // the image it composes); a whole image's grows as its pieces go.
+  std::string delta_mac;
+  if (is_delta) {
+    mac.Update(image->data(), file_bytes);
+    delta_mac = mac.Finish(binding);
+  }
   bool first = true;
   for (std::size_t r = 0; r < ranges.size(); ++r) {
     std::uint64_t off = ranges[r].offset;
@@ -293,12 +297,11 @@ bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& ori
       fields.set_offset(off);
       if (sums == PieceSums::kChecked) fields.set_piece_xxh3(Checksum::Of(image->data() + off, n));
       const char* data = image->data() + off;
-      if (is_delta) MacPieceHeader(mac, off, n);
-      mac.Update(data, n);
+      if (!is_delta) mac.Update(data, n);
       off += n;
       if (off == end && r + 1 == ranges.size()) {
         fields.set_last(true);
-        fields.set_image_mac(mac.Finish(binding));
+        fields.set_image_mac(is_delta ? delta_mac : mac.Finish(binding));
       }
       if (!write(EncodePiece(fields, image, data, n), n)) return false;
       first = false;

@@ -178,7 +178,7 @@ bool MemoryTier::DropOneReplicaLocked(const Key& prefer, std::uint64_t below) {
 }
 
 std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
-                                                        const std::string& origin, bool* own_shard) {
+                                                        const std::string& origin, bool* own_shard, bool may_evict) {
   if (own_shard != nullptr) *own_shard = false;
   if (!enabled()) return nullptr;
   const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
@@ -199,7 +199,7 @@ std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, s
   }
   std::uint64_t capacity = 0;
   char* data = store_->Take(bytes, budget_, &capacity);
-  while (data == nullptr) {
+  while (data == nullptr && may_evict) {
     {
       MutexLock lock(mu_);
       if (!DropOneReplicaLocked(key, meta.version)) break;

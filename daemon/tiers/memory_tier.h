@@ -75,9 +75,11 @@ class MemoryTier {
   std::shared_ptr<MemoryImage> Reserve(const ShardMeta& meta, std::uint64_t file_bytes);
   // A replica of a shard that `origin` (a peer's address) sent: the same, but it takes room
   // only from other replicas (see above); null if it does not fit so, or if this daemon holds
-  // its own shard of that version (then *own_shard, if given, is set).
+  // its own shard of that version (then *own_shard, if given, is set). With may_evict false
+  // it takes only free room, dropping no other replica.
   std::shared_ptr<MemoryImage> ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
-                                              const std::string& origin, bool* own_shard = nullptr) EXCLUDES(mu_);
+                                              const std::string& origin, bool* own_shard = nullptr,
+                                              bool may_evict = true) EXCLUDES(mu_);
   // Drops the replicas of `job` that `origin` sent (every origin if empty); how many.
   std::uint32_t DropReplicas(const std::string& job, const std::string& origin) EXCLUDES(mu_);
   // The job is finished: drops its complete images of versions up to `newest_committed`
