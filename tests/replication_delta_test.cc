@@ -211,7 +211,7 @@ const std::string kReceived = "ckptd_replication_bytes_total{direction=\"receive
 }  // namespace
 
 TEST_CASE(
-    "a version whose items mostly did not change goes to the peer as a delta; the lost node restores it "
+    "a version whose items mostly did not change goes to the peer as a delta, and the lost node restores it "
     "byte-exact from the peer",
     "[replication][delta]") {
   TempDir dir("delta1");
