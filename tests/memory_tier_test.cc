@@ -1,4 +1,4 @@
-// MemoryTier's rules for replicas (issue 17), on the class itself: a replica never takes the
+// MemoryTier's rules for replicas, on the class itself: a replica never takes the
 // place of this daemon's own shard, complete or still being captured, and a replica short of
 // room drops older replicas only, never a newer one of its own rank.
 #include <catch2/catch.hpp>
