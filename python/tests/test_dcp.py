@@ -33,6 +33,7 @@ except ImportError as e:  # torch 1.x
     _HAVE, _WHY = False, f"torch {torch.__version__} has no usable torch.distributed.checkpoint ({e})"
 
 import ckpt
+from rank_processes import LEAVE  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not _HAVE, reason=_WHY),
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -301,9 +302,8 @@ _WORKER = textwrap.dedent("""
         dcp.load(cols, checkpoint_id=41, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=True))
         assert torch.equal(cols["model"]["w"].to_local(), W.chunk(world, 1)[rank]), "w by columns"
         print(json.dumps({"rank": rank, "loaded": True, "columns_from": reader.source}))
-    dist.barrier()
-    dist.destroy_process_group()
-""")
+    ckpt.dcp.close_all()
+""") + LEAVE
 
 
 def _torchrun(daemon, temp_dir, nproc, *args):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 import ckpt
 import ckpt.torch as ct
+from rank_processes import leave  # this directory: the script's own
 
 D_IN, HIDDEN, D_OUT, BATCH = 8, 16, 4, 32
 
@@ -160,8 +161,7 @@ def main():
             torch.save({"step": step, "samples_seen": data["samples_seen"], "world_size": world,
                         "tensors": state}, os.path.join(args.out, "final.pt"))
         print(f"rank {rank}: done at step {step} loss {None if loss is None else loss.item()!r}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave()  # rank_processes.leave: barrier, destroy the group, exit without finalization
 
 
 def global_state_local(model, opt):
