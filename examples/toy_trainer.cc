@@ -4,7 +4,9 @@
 // state is read-only, as in forward/backward), wait for the previous snapshot, update
 // phase (every byte of every tensor changes, deterministically from the iteration), then
 // snapshot every K iterations. With --resume it first restores the newest committed
-// version and checks every byte against what that iteration must have held.
+// version (or --resume-version V) and checks every byte against what that iteration must
+// have held. --frozen-tensors F keeps the first F tensors as iteration 0 set them, as frozen
+// weights are in fine-tuning: the update phase does not touch them.
 //
 // --strategy picks how a checkpoint is taken, on the same state and schedule, so that
 // bench/run.sh can put ckptd next to what trainers do without it:
@@ -175,6 +177,7 @@ int main(int argc, char** argv) {
   std::uint32_t rank = 0, world = 1;
   std::uint64_t state_mib = 64, tensors = 8, iters = 10, every = 1, compute_ms = 100;
   std::uint64_t crash_at = 0;
+  std::uint64_t frozen = 0, resume_version = 0;
   std::uint64_t tear_at = 0;
   bool verify = false;
   bool resume = false, quiet = false, spin = false, keep_going = false;
@@ -209,6 +212,10 @@ int main(int argc, char** argv) {
       ->default_str("lazy");
   app.add_option("--dir", dir, "Directory of the shard files of sync and staged");
   app.add_flag("--resume", resume, "Restore the newest committed version first and verify it (lazy only)");
+  app.add_option("--resume-version", resume_version, "With --resume: restore this version, not the newest");
+  app.add_option("--frozen-tensors", frozen,
+                 "The first F tensors are frozen: set at iteration 0, never updated (fine-tuning's frozen weights)")
+      ->capture_default_str();
   app.add_option("--crash-at", crash_at, "SIGKILL ourselves right after the snapshot of this iteration");
   app.add_flag("--verify", verify,
                "Register in verify mode: the daemon aborts a version whose memory changed before its wait");
@@ -227,6 +234,15 @@ int main(int argc, char** argv) {
   const bool own_files = strategy == Strategy::kSync || strategy == Strategy::kStaged;
   if (own_files && dir.empty()) {
     std::fprintf(stderr, "ckpt-toy-trainer: --strategy %s needs --dir\n", StrategyName(strategy));
+    return 2;
+  }
+  if (frozen > tensors) {
+    std::fprintf(stderr, "ckpt-toy-trainer: --frozen-tensors %" PRIu64 " is more than --tensors %" PRIu64 "\n",
+                 frozen, tensors);
+    return 2;
+  }
+  if (resume_version != 0 && !resume) {
+    std::fprintf(stderr, "ckpt-toy-trainer: --resume-version needs --resume\n");
     return 2;
   }
   if (resume && !lazy) {
@@ -275,7 +291,7 @@ int main(int argc, char** argv) {
     std::string restore_tier;
     if (resume) {
       auto t0 = Clock::now();
-      auto r = client->restore();
+      auto r = resume_version != 0 ? client->restore(resume_version) : client->restore();
       restore_ms = Ms(Clock::now() - t0);
       restore_end_unix_ms =
           std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch())
@@ -291,7 +307,7 @@ int main(int argc, char** argv) {
         return 3;
       }
       for (std::size_t t = 0; t < tensors; ++t) {
-        std::size_t bad = FirstMismatch(state + t * words, words, rank, t, r.version);
+        std::size_t bad = FirstMismatch(state + t * words, words, rank, t, t < frozen ? 0 : r.version);
         if (bad != words) {
           std::fprintf(stderr,
                        "RESUME FAILED: tensor %zu differs at byte %zu from iteration %" PRIu64 "'s content\n",
@@ -378,7 +394,7 @@ int main(int argc, char** argv) {
         }
         pending = 0;
       }
-      for (std::size_t t = 0; t < tensors; ++t) Fill(state + t * words, words, rank, t, it);
+      for (std::size_t t = frozen; t < tensors; ++t) Fill(state + t * words, words, rank, t, it);
       if (it % every == 0 && strategy != Strategy::kNone) {
         auto t0 = Clock::now();
         if (lazy) {
@@ -456,7 +472,7 @@ int main(int argc, char** argv) {
         std::fprintf(
             f,
             "{\"strategy\": \"%s\", \"compute\": \"%s\", \"compute_ms\": %" PRIu64
-            ", \"rank\": %u, "
+            ", \"frozen_tensors\": %" PRIu64 ", \"rank\": %u, "
             "\"world_size\": %u, \"iters\": %zu, \"checkpoints\": %zu, \"state_bytes\": %zu, "
             "\"stall_ms_p50\": %s, \"stall_ms_p99\": %s, \"snapshot_call_us_p50\": %s, \"iter_ms_p50\": "
             "%.6f, "
@@ -464,7 +480,7 @@ int main(int argc, char** argv) {
             "\"run_s\": %.6f, \"last_version\": %" PRIu64
             ", \"final_durable_ms\": %.3f, "
             "\"restore_tier\": \"%s\", \"restore_end_unix_ms\": %.3f, \"restored_version\": %" PRIu64 "}\n",
-            StrategyName(strategy), spin ? "spin" : "wait", compute_ms, rank, world, iter_ms.size(),
+            StrategyName(strategy), spin ? "spin" : "wait", compute_ms, frozen, rank, world, iter_ms.size(),
             checkpoints, state_bytes, JsonNumber(has_stalls, Percentile(stalls, 50)).c_str(),
             JsonNumber(has_stalls, Percentile(stalls, 99)).c_str(),
             JsonNumber(lazy && !snapshot_calls.empty(), Percentile(snapshot_calls, 50)).c_str(),

@@ -248,6 +248,31 @@ TEST_CASE(
   CHECK(fresh.restored_bytes_local() == 0);
 }
 
+TEST_CASE("with --no-replica-deltas every version goes to the peer whole, and the lost node restores it",
+          "[replication][delta]") {
+  TempDir dir("delta-off");
+  Cluster c(dir, 2, 1);
+  c.extra_args = {"--no-replica-deltas"};
+  c.StartAll();
+  FineTuneJob job;
+  job.Launch(c);
+  job.Save(1);
+  const double full_1 = Metric(c.socket(0), kFull);
+  REQUIRE(full_1 > 0);
+  for (std::uint64_t v = 2; v <= 3; ++v) job.Save(v);
+  // The same items unchanged as in the test above, and still three whole images, no delta.
+  CHECK(Metric(c.socket(0), kFull) == 3 * full_1);
+  CHECK(Metric(c.socket(0), kDelta) == 0);
+  CHECK(Metric(c.socket(0), kSkipped) == 0);
+  CHECK_THAT(c[0].Log(), Catch::Contains("replicated version 3 of job delta rank 0 to " + c.addresses[1] +
+                                         " whole: "));
+
+  c.Lose(0);
+  c.Start(0);
+  job.Launch(c);
+  for (auto& r : job.ranks) CHECK(r->Restore(3) == "peer");
+}
+
 TEST_CASE("a peer that no longer holds the base gets the whole image, and it restores",
           "[replication][delta]") {
   TempDir dir("delta2");

@@ -259,6 +259,10 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
          "it commits anyway, recorded as under-replicated (0: commits do not wait for replicas)")
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
+  app.add_flag("--replica-deltas,!--no-replica-deltas", c.replica_deltas,
+               "Send a replica as a delta on the version the peer holds (only the chunks that changed); "
+               "--no-replica-deltas sends every replica whole")
+      ->capture_default_str();
   app.add_flag("--warm-start", c.warm_start,
                "At start, pull the shards this node's ranks last committed back from peers' memory into this "
                "daemon's memory tier (needs --replicas)");

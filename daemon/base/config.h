@@ -137,6 +137,10 @@ struct Config {
   // recorded as under-replicated (its UNDER_REPLICATED marker, a metric, the error log); 0:
   // never wait for replicas (the commit needs persistence only).
   std::uint32_t replica_commit_timeout_s = 30;
+  // Send a replica as a delta on the version the peer already holds of the same rank (the
+  // chunks whose checksums changed), not whole: on by default; off, every replica is sent
+  // whole (a comparison, or a peer that should not be trusted to keep its base).
+  bool replica_deltas = true;
   // Connections the peer server holds at once: in all, and from one remote address (the
   // rest are closed as they come). 0 for the total: derived from the open-file limit.
   std::uint32_t peer_max_connections = 0;

@@ -35,12 +35,13 @@ std::string Replicator::ProofOf(const grpc::ClientContext& ctx) {
 }
 
 Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks,
-                       std::chrono::milliseconds progress_timeout)
+                       std::chrono::milliseconds progress_timeout, bool deltas)
     : peers_(std::move(peers)),
       secret_(std::move(secret)),
       memory_(memory),
       hooks_(std::move(hooks)),
-      progress_timeout_(progress_timeout) {}
+      progress_timeout_(progress_timeout),
+      deltas_(deltas) {}
 
 Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, MemoryTier& memory, Hooks hooks) {
   auto secret = PeerSecret::Load(config.peer_secret);
@@ -55,7 +56,8 @@ Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, Mem
                            " needs a memory tier (--memory-mib and --memory-versions above 0): replicas live there");
   }
   std::unique_ptr<Replicator> r(new Replicator(std::move(peers).value(), std::move(secret).value(), memory,
-                                               std::move(hooks), std::chrono::seconds(config.peer_progress_timeout_s)));
+                                               std::move(hooks), std::chrono::seconds(config.peer_progress_timeout_s),
+                                               config.replica_deltas));
   PeerAcceptor::Limits limits;
   limits.per_address = config.peer_max_connections_per_address;
   limits.total = config.peer_max_connections;

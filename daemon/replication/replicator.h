@@ -204,7 +204,7 @@ class Replicator : public PeerShards {
     Status error;
   };
   Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Hooks hooks,
-             std::chrono::milliseconds progress_timeout);
+             std::chrono::milliseconds progress_timeout, bool deltas);
   void SendLoop() EXCLUDES(mu_);
   // Sends one image to `peer`; *held: the peer's replica bytes for this daemon after it. The
   // pieces in flight reference the image's memory, so they hold a reference to it.
@@ -261,6 +261,7 @@ class Replicator : public PeerShards {
   MemoryTier& memory_;
   const Hooks hooks_;
   const std::chrono::milliseconds progress_timeout_;  // --peer-progress-timeout-s
+  const bool deltas_;  // --replica-deltas
   std::string bound_;
   std::unique_ptr<PeerServer> server_;
   std::atomic<std::uint64_t> replicated_{0}, failures_{0};

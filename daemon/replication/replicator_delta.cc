@@ -11,7 +11,7 @@ namespace ckpt {
 DeltaPlan Replicator::DeltaBaseFor(const std::string& peer, const ShardMeta& meta,
                                    const std::vector<ItemSpan>& items, std::uint64_t header_end) {
   DeltaPlan plan;
-  if (items.empty()) return plan;
+  if (!deltas_ || items.empty()) return plan;
   MutexLock lock(mu_);
   auto it = delta_bases_.find({peer, meta.job, meta.rank});
   if (it == delta_bases_.end()) return plan;
@@ -61,6 +61,8 @@ Status Replicator::SendShard(const std::string& peer, const std::shared_ptr<Memo
   }
   if (plan.base_version == 0) {
     metrics::Metrics().TransferBytesAdd(metrics::TransferBytes::kFull, image->file_bytes);
+    spdlog::info("replicated version {} of job {} rank {} to {} whole: {} of {} bytes sent", m.version, m.job,
+                 m.rank, peer, image->file_bytes, image->file_bytes);
   } else {
     const std::uint64_t sent = plan.bytes();
     metrics::Metrics().TransferBytesAdd(metrics::TransferBytes::kDelta, sent);
@@ -69,7 +71,7 @@ Status Replicator::SendShard(const std::string& peer, const std::shared_ptr<Memo
         "replicated version {} of job {} rank {} to {} as a delta on version {}: {} of {} bytes sent",
         m.version, m.job, m.rank, peer, plan.base_version, sent, image->file_bytes);
   }
-  if (!items.empty()) NoteDeltaBase(peer, m, items);
+  if (deltas_ && !items.empty()) NoteDeltaBase(peer, m, items);
   return st;
 }
 

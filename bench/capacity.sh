@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Capacity: the bytes a version costs when most of the state does not change (differential
+# versions) and the memory peer redundancy takes (full replicas vs an erasure code), one run
+# on this machine.
+#
+# Usage: bench/capacity.sh [--out FILE.json] [--build DIR] [--dir DIR] [--mib N] [--steps N]
+#                          [--frozen-percent P] [--compute-ms MS]
+#   --dir             where the persistent and local tiers go (default /tmp/ckptd-capacity)
+#   --mib             state per rank, MiB (default 1024, in 20 tensors)
+#   --steps           iterations, each checkpointed (default 20)
+#   --frozen-percent  share of the tensors that never change after the first step (default 90)
+#   --compute-ms      compute phase of an iteration (default 1500: every version can persist)
+#
+# Two daemons stand for two nodes (--replicas 1, loopback TCP, the setup of the replication
+# tests), one rank on each. The trainers (ckpt-toy-trainer --frozen-tensors) checkpoint every
+# step; the frozen tensors keep the values of step 0, the others change every step.
+#   differential  the run as the daemons run by default (replicas sent as deltas on the
+#                 version the peer holds). For every version after the first:
+#                 peer_bytes_ratio        bytes sent to the peer for a rank's shard / the shard's
+#                                         bytes (the sender's log: "N of M bytes sent")
+#                 persistent_bytes_ratio  bytes of the version's shard files on the persistent
+#                                         tier / those of the first version
+#                 medians over versions after the first. Then every committed version is
+#                 restored by a fresh trainer per rank (--resume-version), which checks every
+#                 byte: restored_byte_exact.
+#   full          the same run with --no-replica-deltas: trainer_stall_ratio is the stall p50
+#                 of the differential run / this one's (the trainer's copies are the same in
+#                 both; what differs is the daemons' work beside them).
+#   erasure       ckpt-erasure-bench (k=4, m=1) on 256 MiB: encode and decode GB/s next to a
+#                 memcpy of the same bytes. The daemon does not yet keep parity for its peers,
+#                 so the fields that need it (peer_memory_ratio, node loss rebuilt, rebuild
+#                 times) are null, each with the reason in "not_measured".
+# JSON to --out (default bench/out/capacity.json) and docs/results/capacity.json. Everything it
+# starts and makes is removed however it ends (bench/cleanup.sh).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+dir=/tmp/ckptd-capacity
+out="$here/bench/out/capacity.json"
+build="$here/build"
+mib=1024
+steps=20
+frozen_percent=90
+compute_ms=1500
+tensors=20
+args="$*"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --dir) dir="$2"; shift 2 ;;
+    --mib) mib="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --frozen-percent) frozen_percent="$2"; shift 2 ;;
+    --compute-ms) compute_ms="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+out="$(realpath -m "$out")"
+frozen=$((tensors * frozen_percent / 100))
+
+echo "== machine"
+df -h /dev/shm "$(dirname "$dir")" | cat
+free -m | cat
+# The differential run keeps every version on the persistent tier (so that each can be
+# restored): steps x 2 ranks x mib, plus a margin.
+need_mib=$((steps * 2 * mib + 2048))
+mkdir -p "$(dirname "$dir")"
+avail_mib=$(($(df --output=avail -k "$(dirname "$dir")" | tail -1) / 1024))
+if [ "$avail_mib" -lt "$need_mib" ]; then
+  echo "capacity.sh: $need_mib MiB needed under $(dirname "$dir"), $avail_mib MiB free: use --dir, --mib or --steps" >&2
+  exit 1
+fi
+echo "== build ($build)"
+ninja -C "$build" -j2 ckptd ckptctl ckpt-toy-trainer ckpt-erasure-bench >/dev/null
+made_dir=0
+[ -d "$dir" ] || made_dir=1
+mkdir -p "$dir" "$(dirname "$out")"
+. "$here/bench/cleanup.sh"
+bench_cleanup_init
+[ "$made_dir" = 0 ] || bench_cleanup_hook "rmdir '$dir' 2>/dev/null"
+work="$(mktemp -d "$dir/run-XXXXXX")"
+bench_cleanup_add "$work"
+
+head -c 48 /dev/urandom | base64 >"$work/secret"
+chmod 600 "$work/secret"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start NAME ARGS...: a daemon on $work/NAME.sock, ready when it returns; its pid in pid_NAME.
+start() {
+  local name=$1
+  shift
+  rm -f "$work/ready-$name"
+  mkfifo "$work/ready-$name"
+  "$build/ckptd" --socket "$work/$name.sock" --create-root --pool-mib 512 --chunk-mib 16 "$@" \
+    --ready-fd 3 3>"$work/ready-$name" >>"$work/$name.log" 2>&1 &
+  local pid=$!
+  bench_track_daemon "$pid"
+  eval "pid_$name=$pid"
+  read -r _ <"$work/ready-$name"
+}
+stop() {  # NAME
+  local pid
+  eval "pid=\$pid_$1"
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+trainer() {  # NODE RUN RANK TAG [flags]
+  local node=$1 run=$2 rank=$3 tag=$4
+  shift 4
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/${run}_$node.sock" --job cap --rank "$rank" --world-size 2 \
+    --state-mib "$mib" --tensors "$tensors" --frozen-tensors "$frozen" --quiet --summary "$work/$tag.json" "$@" \
+    >>"$work/trainers.log" 2>&1
+}
+
+# run NAME [daemon flags]: two nodes, both ranks train `steps` steps, each checkpointed; the
+# daemons stay up (for the restores) until `finish NAME`.
+run() {
+  local name=$1 p0 p1 peers i port
+  shift
+  p0=$(free_port)
+  p1=$(free_port)
+  peers="127.0.0.1:$p0,127.0.0.1:$p1"
+  for i in 0 1; do
+    port=$([ "$i" = 0 ] && echo "$p0" || echo "$p1")
+    start "${name}_n$i" --root "$work/$name/persistent" --local "$work/$name/local$i" \
+      --memory-mib $((mib * 4 + 512)) --replicas 1 --peer-listen "127.0.0.1:$port" --peers "$peers" \
+      --peer-secret "$work/secret" "$@"
+  done
+  echo "== $name: $steps steps of $mib MiB per rank ($frozen of $tensors tensors frozen), 2 nodes, R=1"
+  trainer n0 "$name" 0 "$name-r0" --iters "$steps" --compute-ms "$compute_ms" &
+  local t0=$!
+  bench_track "$t0"
+  trainer n1 "$name" 1 "$name-r1" --iters "$steps" --compute-ms "$compute_ms"
+  bench_wait "$t0"
+  python3 -c "
+import json
+for r in (0, 1):
+    s = json.load(open('$work/$name-r%d.json' % r))
+    print(f'   rank {r}: stall p50 {s[\"stall_ms_p50\"]:.2f} ms, p99 {s[\"stall_ms_p99\"]:.2f} ms, last version {s[\"last_version\"]}')"
+}
+finish() {
+  stop "$1_n0"
+  stop "$1_n1"
+}
+
+run differential
+# The persistent tier's bytes of each committed version, before the restores below set newer
+# versions aside.
+for d in "$work/differential/persistent/cap"/v*; do
+  [ -e "$d/COMMITTED" ] || continue
+  echo "$(basename "$d" | sed 's/^v0*//') $(cat "$d"/rank-* | wc -c)"
+done >"$work/persistent.txt"
+# Every committed version, restored by a fresh trainer per rank that checks every byte. A
+# restore of a version older than the newest rolls the job back to it (the newer ones are
+# set aside), so the versions go newest first.
+: >"$work/restores.txt"
+echo "== restoring every committed version of each rank, newest first"
+for v in $(sort -rn "$work/persistent.txt" | cut -d' ' -f1); do
+  for r in 0 1; do
+    if trainer "n$r" differential "$r" "restore-$v-$r" --resume --resume-version "$v" --iters "$v"; then
+      echo "$v $r ok $(python3 -c "import json; print(json.load(open('$work/restore-$v-$r.json'))['restore_tier'])")" \
+        >>"$work/restores.txt"
+    else
+      echo "$v $r failed -" >>"$work/restores.txt"
+      echo "   version $v rank $r: restore FAILED (trainers.log)" >&2
+    fi
+  done
+done
+echo "   $(grep -c ' ok ' "$work/restores.txt") of $(wc -l <"$work/restores.txt") restores byte-exact"
+finish differential
+# The full run needs no old versions: the persistent tier keeps the newest two.
+run full --no-replica-deltas --keep-last 2
+finish full
+
+echo "== erasure code k=4 m=1, 256 MiB"
+bench_run "$build/ckpt-erasure-bench" --mib 256 --repeats 5 --out "$work/erasure.json" >>"$work/erasure.log" 2>&1
+tail -n 12 "$work/erasure.log"
+
+python3 - "$work" "$out" "$here/docs/results/capacity.json" "$mib" "$steps" "$tensors" "$frozen" "$compute_ms" \
+  "bench/capacity.sh $args" <<'PY'
+import datetime, glob, json, os, platform, re, statistics, sys
+work, out, docs_out, mib, steps, tensors, frozen, compute_ms, command = sys.argv[1:]
+mib, steps, tensors, frozen = int(mib), int(steps), int(tensors), int(frozen)
+
+def med(xs):
+    return round(statistics.median(xs), 4) if xs else None
+
+# Peer bytes: every replica the senders' logs report, per (version, rank).
+sent = re.compile(r"replicated version (\d+) of job cap rank (\d+) to \S+ (whole|as a delta on version \d+): "
+                  r"(\d+) of (\d+) bytes sent")
+def peer(run):
+    per = {}
+    for log in glob.glob(os.path.join(work, f"{run}_n*.log")):
+        for line in open(log, errors="replace"):
+            m = sent.search(line)
+            if m:
+                v, r, how, n, total = int(m[1]), int(m[2]), m[3], int(m[4]), int(m[5])
+                per[(v, r)] = {"version": v, "rank": r, "sent": n, "shard_bytes": total,
+                               "delta": how != "whole", "ratio": n / total}
+    return sorted(per.values(), key=lambda x: (x["version"], x["rank"]))
+def persistent():
+    rows = [line.split() for line in open(os.path.join(work, "persistent.txt"))]
+    return sorted(({"version": int(v), "bytes": int(b)} for v, b in rows), key=lambda x: x["version"])
+
+diff_peer = peer("differential")
+first_sent = min((x["version"] for x in diff_peer), default=None)
+peer_ratios = [x["ratio"] for x in diff_peer if x["version"] != first_sent]
+pers = persistent()
+full_bytes = pers[0]["bytes"] if pers else None
+pers_ratios = [p["bytes"] / full_bytes for p in pers[1:]] if full_bytes else []
+restores = [line.split() for line in open(os.path.join(work, "restores.txt"))]
+stall = {}
+for run in ("differential", "full"):
+    xs = [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for r in (0, 1)]
+    stall[run] = statistics.median(xs)
+erasure = json.load(open(os.path.join(work, "erasure.json")))
+code = next((c for c in erasure.get("codes", []) if c.get("k") == 4 and c.get("m") == 1), None)
+
+result = {
+    "command": command,
+    "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.release()}",
+    "setup": {"nodes": 2, "ranks": 2, "replicas": 1, "state_bytes_per_rank": mib * 2**20, "steps": steps,
+              "tensors": tensors, "frozen_tensors": frozen, "compute_ms": int(compute_ms)},
+    "differential": {
+        "peer_bytes_ratio": med(peer_ratios),
+        "persistent_bytes_ratio": med(pers_ratios),
+        "restored_byte_exact": bool(restores) and all(r[2] == "ok" for r in restores),
+        "trainer_stall_ratio": round(stall["differential"] / stall["full"], 3) if stall["full"] > 0 else None,
+        "trainer_stall_ms_p50": {"differential": stall["differential"], "full": stall["full"]},
+        "versions_replicated": len({x["version"] for x in diff_peer}),
+        "versions_committed": len(pers),
+        "restores": len(restores),
+        "restores_byte_exact": sum(r[2] == "ok" for r in restores),
+        "restore_tiers": sorted({r[3] for r in restores if r[2] == "ok"}),
+        "peer": diff_peer,
+        "persistent": pers,
+        "full_run_peer_bytes_ratio": med([x["ratio"] for x in peer("full")]),
+    },
+    "erasure": {
+        "k": 4, "m": 1,
+        "encode_gbps": code and code.get("encode_gbps"),
+        "decode_gbps": code and code.get("decode_gbps"),
+        "memcpy_gbps": code and code.get("memcpy_gbps"),
+        "peer_memory_ratio": None,
+        "node_loss_restored_byte_exact": None,
+        "rebuild_ms": None,
+        "codec": code,
+    },
+    "replica": {"rebuild_ms": None},
+    "not_measured": {
+        "erasure.peer_memory_ratio": "the daemon does not yet keep erasure-coded parity for its peers",
+        "erasure.node_loss_restored_byte_exact": "the daemon does not yet rebuild a node from parity",
+        "erasure.rebuild_ms": "the daemon does not yet rebuild a node from parity",
+        "replica.rebuild_ms": "compared only with erasure.rebuild_ms; bench/replication.sh times a node "
+                              "restored from a peer's replica",
+    },
+}
+if pers_ratios and min(pers_ratios) > 0.9:
+    result["not_measured"]["differential.persistent_bytes_ratio"] = (
+        "measured, but the persistent tier writes every version whole: differential versions there "
+        "are not built yet")
+for path in (out, docs_out):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    json.dump(result, open(path, "w"), indent=2)
+d, e = result["differential"], result["erasure"]
+print(f"== capacity, {mib} MiB per rank, {frozen}/{tensors} tensors frozen, {steps} steps")
+print(f"| differential.peer_bytes_ratio | {d['peer_bytes_ratio']} | (target <= 0.15; "
+      f"--no-replica-deltas: {d['full_run_peer_bytes_ratio']})")
+print(f"| differential.persistent_bytes_ratio | {d['persistent_bytes_ratio']} | (target <= 0.15)")
+print(f"| differential.restored_byte_exact | {d['restored_byte_exact']} | "
+      f"({d['restores_byte_exact']} of {d['restores']} restores)")
+print(f"| differential.trainer_stall_ratio | {d['trainer_stall_ratio']} | "
+      f"(p50 {d['trainer_stall_ms_p50']['differential']:.2f} vs {d['trainer_stall_ms_p50']['full']:.2f} ms)")
+print(f"| erasure.encode_gbps / decode_gbps | {e['encode_gbps']:.2f} / {e['decode_gbps']:.2f} | "
+      f"(memcpy {e['memcpy_gbps']:.2f} GB/s)")
+for k, why in result["not_measured"].items():
+    print(f"   {k}: {why}")
+print(f"written to {out} and {docs_out}")
+PY
