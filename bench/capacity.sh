@@ -62,8 +62,9 @@ echo "== machine"
 df -h /dev/shm "$(dirname "$dir")" | cat
 free -m | cat
 # The differential run keeps every version on the persistent tier (so that each can be
-# restored): steps x 2 ranks x mib, plus a margin.
-need_mib=$((steps * 2 * mib + 2048))
+# restored): steps x 2 ranks x mib, and each node's local tier the newest 2 of its rank; plus
+# a margin. Its files are removed before the full run.
+need_mib=$((steps * 2 * mib + 4 * mib + 2048))
 mkdir -p "$(dirname "$dir")"
 avail_mib=$(($(df --output=avail -k "$(dirname "$dir")" | tail -1) / 1024))
 if [ "$avail_mib" -lt "$need_mib" ]; then
@@ -168,6 +169,7 @@ for v in $(sort -rn "$work/persistent.txt" | cut -d' ' -f1); do
 done
 echo "   $(grep -c ' ok ' "$work/restores.txt") of $(wc -l <"$work/restores.txt") restores byte-exact"
 finish differential
+rm -rf "$work/differential"
 # The full run needs no old versions: the persistent tier keeps the newest two.
 run full --no-replica-deltas --keep-last 2
 finish full

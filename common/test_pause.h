@@ -4,8 +4,10 @@
 // CKPTD_TEST_PAUSE=POINT:VERSION:PATH makes the daemon, when it reaches POINT for VERSION
 // (0: any), create PATH.reached and wait as long as PATH exists. Points: "capture" (a shard
 // is about to be copied out of trainer memory: nothing of it is captured yet), "publish" (a
-// shard is written to its .tmp file, not yet renamed), "promote" (half of a shard is copied
-// to the persistent tier's .tmp file). Unset (always, outside tests), it costs one branch.
+// shard is written to its .tmp file, not yet renamed), "promote-start" (a shard is about to be
+// copied to another tier: nothing of it is there yet, not even its version's directory),
+// "promote" (half of a shard is copied to the persistent tier's .tmp file). Unset (always,
+// outside tests), it costs one branch.
 #pragma once
 
 #include <cstdint>

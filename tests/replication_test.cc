@@ -866,6 +866,43 @@ TEST_CASE("a daemon stopped while a version waits for its replicas commits it on
   CHECK_THAT(marker, Catch::StartsWith("ranks 0,1: shutdown: this daemon stopped replicating"));
 }
 
+// Found by bench/capacity.sh: with a local tier the promotion to the persistent tier comes
+// after the replicas, and a claim written before its version had a directory there was lost;
+// the commit then waited out --replica-commit-timeout-s and recorded the version
+// under-replicated, its replicas held all along.
+TEST_CASE("replicas held before their version reaches the persistent tier are claimed once it does, and the "
+          "version commits replicated",
+          "[replication]") {
+  TempDir dir("replearly");
+  Cluster c(dir, 2, 1);
+  c.extra_args = {"--replica-commit-timeout-s", "600"};  // a lost claim would hold the commit 10 minutes
+  const std::string gate = dir.path() + "/promotions-wait";
+  for (int i = 0; i < 2; ++i) c.env[i] = {"CKPTD_TEST_PAUSE=promote-start:2:" + gate};
+  c.StartAll();
+  Job job("replearly", 4);  // ranks 0, 1 on node 0; 2, 3 on node 1
+  job.Launch(c);
+  job.Save(1);
+  { std::ofstream(gate) << "hold"; }
+  struct Ungate {
+    std::string path;
+    ~Ungate() { fs::remove(path); }  // before the daemons stop: a stop would wait on the pause
+  } ungate{gate};
+  job.Snapshot(2);
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kReplicated);
+  REQUIRE(Eventually([&] { return fs::exists(gate + ".reached"); }));
+  const std::string v2 = c.root() + "/replearly/v0000000002";
+  CHECK_FALSE(fs::exists(v2));  // every replica is held, and nothing of version 2 is on the persistent tier
+
+  fs::remove(gate);
+  for (auto& r : job.ranks) r->client->wait_durable(2, Level::kCommitted, std::chrono::seconds(60));
+  CHECK(fs::exists(v2 + "/COMMITTED"));
+  CHECK_FALSE(fs::exists(v2 + "/UNDER_REPLICATED"));
+  for (int i = 0; i < 2; ++i) {
+    INFO("node " << i);
+    CHECK_THAT(ErrorsOf(c[i].Status()), !Catch::Contains("claim version"));
+  }
+}
+
 namespace {
 
 std::string Metric(const std::string& socket, const std::string& prefix) {

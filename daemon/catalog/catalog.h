@@ -171,6 +171,8 @@ class Catalog {
   // Jobs in the cache of Latest(), for tests.
   std::size_t cached_jobs() EXCLUDES(latest_mu_);
   bool IsCommitted(const std::string& job, std::uint64_t version);
+  // Whether the version has a directory on this tree (a shard of it was written here).
+  bool HasVersionDir(const std::string& job, std::uint64_t version);
   // Versions of the job on storage, oldest first.
   Result<std::vector<VersionEntry>> List(const std::string& job);
   // The ranks the done markers (`kind`: or the `.repl` markers) of the version claim, each

@@ -16,6 +16,10 @@ bool Catalog::IsCommitted(const std::string& job, std::uint64_t version) {
   return storage_->Exists(tree_.CommittedMarker(job, version));
 }
 
+bool Catalog::HasVersionDir(const std::string& job, std::uint64_t version) {
+  return storage_->Exists(VersionDir(job, version));
+}
+
 Result<std::map<std::uint32_t, std::string>> Catalog::MarkerClaims(const std::string& job, std::uint64_t version,
                                                                    NodeMarkerKind kind) {
   const std::string dir = VersionDir(job, version);

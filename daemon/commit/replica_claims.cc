@@ -24,6 +24,11 @@ void ReplicaClaims::Stop() {
 bool ReplicaClaims::Decide(const Key& key, std::uint32_t world_size) {
   bool restorable = false;
   if (Status st = catalog_.DecideRestorable(key.first, key.second, world_size, &restorable); !st.ok()) {
+    if (!catalog_.HasVersionDir(key.first, key.second)) {
+      // Its directory went after the claim (retention, or a rollback set it aside).
+      spdlog::debug("job {} version {}: gone from the persistent tier; no longer looked at", key.first, key.second);
+      return true;
+    }
     spdlog::warn("job {} version {}: whether it is restorable from memory is not known yet: {}", key.first,
                  key.second, st.message());
     return false;
@@ -45,7 +50,9 @@ void ReplicaClaims::Submit(const ShardMeta& meta) {
   wake_.SignalAll();
 }
 
-Status ReplicaClaims::OnReplicated(const ShardMeta& m) {
+Status ReplicaClaims::OnReplicated(const ShardMeta& m) { return Claim(m, Clock::now(), {}); }
+
+Status ReplicaClaims::Claim(const ShardMeta& m, Clock::time_point since, Clock::duration waited) {
   if (!ParseRegistration(m.session)) {
     // A shard without a registration id (a client of an older protocol) cannot be matched
     // against the rank's current registration, so it never makes its version restorable.
@@ -74,6 +81,27 @@ Status ReplicaClaims::OnReplicated(const ShardMeta& m) {
   // One sender thread claims in turn; a write that fails leaves the marker on storage as it was.
   if (Status st = catalog_.WriteNodeMarker(m.job, m.version, claims, replaces, NodeMarkerKind::kReplicated);
       !st.ok()) {
+    if (!catalog_.HasVersionDir(m.job, m.version)) {
+      // No shard of the version is on the persistent tier yet: the claim waits for it,
+      // unless a newer version committed meanwhile (then no restore reads this one).
+      if (catalog_.Latest(m.job) > m.version) return Status::Ok();
+      const auto now = Clock::now();
+      if (now - since <= kRecheckFor) {
+        MutexLock lock(mu_);
+        if (stop_) return Status::Ok();
+        Unwritten& u = unwritten_[{m.job, m.version, m.rank}];
+        u.interval = waited == Clock::duration::zero() ? Clock::duration(kRecheckFirst)
+                                                       : std::min<Clock::duration>(waited * 2, kRecheckMax);
+        u.meta = m;
+        u.since = since;
+        u.next = now + u.interval;
+        wake_.SignalAll();
+        return Status::Ok();
+      }
+      return st.With("claim version " + std::to_string(m.version) + " rank " + std::to_string(m.rank) +
+                     " of job " + m.job + " replicated: the version has no directory on the persistent tier " +
+                     std::to_string(kRecheckFor.count()) + " s after its replicas were held");
+    }
     return st.With("claim version " + std::to_string(m.version) + " rank " + std::to_string(m.rank) +
                    " of job " + m.job + " replicated");
   }
@@ -108,17 +136,32 @@ void ReplicaClaims::RecheckLoop() {
         if (Status st = OnReplicated(next); !st.ok() && report_) report_("replication: " + st.message());
         continue;
       }
-      if (pending_.empty()) {
+      if (pending_.empty() && unwritten_.empty()) {
         wake_.Wait(mu_);
         continue;
       }
       auto next = Clock::time_point::max();
       for (const auto& [key, p] : pending_) next = std::min(next, p.next);
+      for (const auto& [key, u] : unwritten_) next = std::min(next, u.next);
       if (next > Clock::now()) {
         wake_.WaitUntil(mu_, next);
         continue;
       }
       const auto now = Clock::now();
+      for (auto it = unwritten_.begin(); it != unwritten_.end();) {
+        if (it->second.next > now) {
+          ++it;
+          continue;
+        }
+        // Tried again outside the lock; a claim still waiting queues itself again.
+        const Unwritten u = it->second;
+        unwritten_.erase(it);
+        lock.Unlock();
+        if (Status st = Claim(u.meta, u.since, u.interval); !st.ok() && report_) report_("replication: " + st.message());
+        lock.Lock();
+        if (stop_) return;
+        it = unwritten_.begin();
+      }
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (now - it->second.since > kRecheckFor) {
           spdlog::debug("job {} version {}: not restorable from memory {} s after this daemon's claim (a rank's shard "

@@ -11,8 +11,11 @@
 // before the other's marker is there, so a version claimed here and not restorable yet is
 // looked at again by a thread, kRecheckFirst later and then with a doubling backoff up to
 // kRecheckMax, until it is restorable, committed, or kRecheckFor has passed (a rank never
-// replicated it). docs/DESIGN-NOTES.md, peer replication, "Which version all ranks restore
-// from memory".
+// replicated it). A claim can come before its version has a directory on the persistent
+// tier (with a local tier, the promotion there follows the replicas): it is written once the
+// directory is there, tried again with the same backoff, and dropped when a newer version
+// commits first (the claim no longer matters) or after kRecheckFor (reported).
+// docs/DESIGN-NOTES.md, peer replication, "Which version all ranks restore from memory".
 // Thread-safe.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "common/mutex.h"
@@ -61,6 +65,15 @@ class ReplicaClaims {
     Clock::time_point since, next;
     Clock::duration interval{};
   };
+  // A claim whose version had no directory yet.
+  struct Unwritten {
+    ShardMeta meta;
+    Clock::time_point since, next;
+    Clock::duration interval{};
+  };
+  // Writes the claim of `meta` (and decides). `since`: when it was first tried; `waited`:
+  // the last wait before this try (0 for the first).
+  Status Claim(const ShardMeta& meta, Clock::time_point since, Clock::duration waited) EXCLUDES(mu_);
   // Whether the version is done with: restorable or committed (logged once restorable).
   bool Decide(const Key& key, std::uint32_t world_size);
   void RecheckLoop() EXCLUDES(mu_);
@@ -76,6 +89,8 @@ class ReplicaClaims {
   std::deque<Key> order_ GUARDED_BY(mu_);  // oldest first, to bound durable_
   // Claimed here, not restorable yet.
   std::map<Key, Pending> pending_ GUARDED_BY(mu_);
+  // Claims waiting for their version's directory, by (job, version, rank).
+  std::map<std::tuple<std::string, std::uint64_t, std::uint32_t>, Unwritten> unwritten_ GUARDED_BY(mu_);
   std::thread rechecker_;
 };
 

@@ -20,6 +20,7 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
   if (storage_->Exists(marker)) {
     return FailedPrecondition(dst.dir + " is committed; its shard " + dst.name + " is not replaced");
   }
+  TestPause("promote-start", dst.version);
   if (Status s = storage_->MakeDirs(dst.dir); !s.ok()) return s;
   UniqueFd in;
   if (!src.image) {
