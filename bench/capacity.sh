@@ -23,9 +23,12 @@
 #                 medians over versions after the first. Then every committed version is
 #                 restored by a fresh trainer per rank (--resume-version), which checks every
 #                 byte: restored_byte_exact.
-#   full          the same run with --no-replica-deltas: trainer_stall_ratio is the stall p50
-#                 of the differential run / this one's (the trainer's copies are the same in
-#                 both; what differs is the daemons' work beside them).
+#   full          the same run with --no-replica-deltas. The runs go differential, full, full,
+#                 differential (the second pair keeps 2 versions and restores nothing), so that
+#                 the machine's drift does not land on one side: trainer_stall_ratio is the
+#                 median stall p50 of the differential runs' ranks / that of the full runs'
+#                 (the trainers' copies are the same in both; what differs is the daemons'
+#                 work beside them). peer_bytes_ratio pools both differential runs.
 #   erasure       ckpt-erasure-bench (k=4, m=1) on 256 MiB: encode and decode GB/s next to a
 #                 memcpy of the same bytes. The daemon does not yet keep parity for its peers,
 #                 so the fields that need it (peer_memory_ratio, node loss rebuilt, rebuild
@@ -170,9 +173,16 @@ done
 echo "   $(grep -c ' ok ' "$work/restores.txt") of $(wc -l <"$work/restores.txt") restores byte-exact"
 finish differential
 rm -rf "$work/differential"
-# The full run needs no old versions: the persistent tier keeps the newest two.
-run full --no-replica-deltas --keep-last 2
-finish full
+# Then full, full, differential again (the order ABBA, so that the machine's drift does not
+# land on one side); these need no old versions: the persistent tier keeps the newest two.
+for name in full full2 differential2; do
+  case "$name" in
+    full*) run "$name" --no-replica-deltas --keep-last 2 ;;
+    *) run "$name" --keep-last 2 ;;
+  esac
+  finish "$name"
+  rm -rf "${work:?}/$name"
+done
 
 echo "== erasure code k=4 m=1, 256 MiB"
 bench_run "$build/ckpt-erasure-bench" --mib 256 --repeats 5 --out "$work/erasure.json" >>"$work/erasure.log" 2>&1
@@ -192,7 +202,7 @@ sent = re.compile(r"replicated version (\d+) of job cap rank (\d+) to \S+ (whole
                   r"(\d+) of (\d+) bytes sent")
 def peer(run):
     per = {}
-    for log in glob.glob(os.path.join(work, f"{run}_n*.log")):
+    for log in glob.glob(os.path.join(work, f"{run}_n[0-9].log")):
         for line in open(log, errors="replace"):
             m = sent.search(line)
             if m:
@@ -204,17 +214,20 @@ def persistent():
     rows = [line.split() for line in open(os.path.join(work, "persistent.txt"))]
     return sorted(({"version": int(v), "bytes": int(b)} for v, b in rows), key=lambda x: x["version"])
 
+def after_first(rows):
+    first = min((x["version"] for x in rows), default=None)
+    return [x["ratio"] for x in rows if x["version"] != first]
 diff_peer = peer("differential")
-first_sent = min((x["version"] for x in diff_peer), default=None)
-peer_ratios = [x["ratio"] for x in diff_peer if x["version"] != first_sent]
+diff2_peer = peer("differential2")
+peer_ratios = after_first(diff_peer) + after_first(diff2_peer)
 pers = persistent()
 full_bytes = pers[0]["bytes"] if pers else None
 pers_ratios = [p["bytes"] / full_bytes for p in pers[1:]] if full_bytes else []
 restores = [line.split() for line in open(os.path.join(work, "restores.txt"))]
 stall = {}
-for run in ("differential", "full"):
-    xs = [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for r in (0, 1)]
-    stall[run] = statistics.median(xs)
+for kind, runs in (("differential", ("differential", "differential2")), ("full", ("full", "full2"))):
+    xs = [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for run in runs for r in (0, 1)]
+    stall[kind] = statistics.median(xs)
 erasure = json.load(open(os.path.join(work, "erasure.json")))
 code = next((c for c in erasure.get("codes", []) if c.get("k") == 4 and c.get("m") == 1), None)
 
@@ -230,14 +243,21 @@ result = {
         "restored_byte_exact": bool(restores) and all(r[2] == "ok" for r in restores),
         "trainer_stall_ratio": round(stall["differential"] / stall["full"], 3) if stall["full"] > 0 else None,
         "trainer_stall_ms_p50": {"differential": stall["differential"], "full": stall["full"]},
+        "trainer_stall_ms_p50_by_run": {
+            run: [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for r in (0, 1)]
+            for run in ("differential", "full", "full2", "differential2")},
         "versions_replicated": len({x["version"] for x in diff_peer}),
+        "versions_replicated_second_run": len({x["version"] for x in diff2_peer}),
+        "replicas_sent_whole_after_the_first": sum(
+            1 for rows in (diff_peer, diff2_peer) for x in rows
+            if not x["delta"] and x["version"] != min(y["version"] for y in rows)),
         "versions_committed": len(pers),
         "restores": len(restores),
         "restores_byte_exact": sum(r[2] == "ok" for r in restores),
         "restore_tiers": sorted({r[3] for r in restores if r[2] == "ok"}),
         "peer": diff_peer,
         "persistent": pers,
-        "full_run_peer_bytes_ratio": med([x["ratio"] for x in peer("full")]),
+        "full_run_peer_bytes_ratio": med([x["ratio"] for x in peer("full") + peer("full2")]),
     },
     "erasure": {
         "k": 4, "m": 1,

@@ -79,10 +79,14 @@ TEST_CASE("a replica short of room drops older replicas, never a newer one of it
   }
 }
 
-// A delta's reservation, made while the transfer holds its base: dropping replicas would not
-// give back the base's room, so it takes free room only and drops nothing.
-TEST_CASE("a replica that may not evict takes free room only and drops no other replica", "[memory_tier]") {
-  MemoryTier tier(8 * kMiB, 4);
+// A delta's reservation, made while the transfer holds its base: the rank's older replicas
+// other than the base give way (the version the base replaced), other ranks' never.
+TEST_CASE("a delta's replica drops the rank's older replicas but its base, and no other rank's", "[memory_tier]") {
+  MemoryTier tier(12 * kMiB, 4);
+  auto older = tier.ReserveReplica(Meta("j", 4, 2), 4 * kMiB, "a");
+  REQUIRE(older);
+  tier.Complete(older);
+  older.reset();
   auto base = tier.ReserveReplica(Meta("j", 5, 2), 4 * kMiB, "a");
   REQUIRE(base);
   tier.Complete(base);  // held, as a delta's transfer holds its base
@@ -90,11 +94,34 @@ TEST_CASE("a replica that may not evict takes free room only and drops no other 
   REQUIRE(other);
   tier.Complete(other);
   other.reset();
-  CHECK_FALSE(tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a", nullptr, /*may_evict=*/false));
+  // Full: version 6 as a delta on 5 takes the room of version 4.
+  auto v6 = tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a", nullptr, /*delta_base=*/5);
+  REQUIRE(v6);
+  CHECK(tier.Find("j", 4, 2) == nullptr);
+  CHECK(tier.Find("j", 5, 2) != nullptr);
   CHECK(tier.Find("k", 1, 0) != nullptr);
-  // Allowed to evict, it makes room.
-  base.reset();
-  CHECK(tier.ReserveReplica(Meta("j", 6, 2), 4 * kMiB, "a", nullptr, /*may_evict=*/true));
+  tier.Complete(v6);
+  v6.reset();
+  base.reset();  // version 6's transfer is over
+  // Version 7 as a delta on 6: 5 goes (older, not its base), and it fits.
+  auto v7 = tier.ReserveReplica(Meta("j", 7, 2), 4 * kMiB, "a", nullptr, /*delta_base=*/6);
+  REQUIRE(v7);
+  CHECK(tier.Find("j", 5, 2) == nullptr);
+  CHECK(tier.Find("j", 6, 2) != nullptr);
+  CHECK(tier.Find("k", 1, 0) != nullptr);
+  tier.Complete(v7);
+  v7.reset();
+
+  SECTION("nothing of the rank to drop but its base: refused, the other rank's replica stays") {
+    auto v8 = tier.ReserveReplica(Meta("j", 8, 2), 8 * kMiB, "a", nullptr, /*delta_base=*/7);
+    CHECK_FALSE(v8);
+    CHECK(tier.Find("j", 7, 2) != nullptr);
+    CHECK(tier.Find("k", 1, 0) != nullptr);
+  }
+  SECTION("the whole image that follows may drop the base and other ranks' replicas") {
+    CHECK(tier.ReserveReplica(Meta("j", 8, 2), 8 * kMiB, "a"));
+    CHECK(tier.Find("j", 7, 2) == nullptr);
+  }
 }
 
 TEST_CASE("with nothing older to drop, a replica is refused and the newer ones stay", "[memory_tier]") {

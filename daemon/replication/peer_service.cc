@@ -83,12 +83,12 @@ class PeerServiceImpl final : public v1::Peer::Service {
     }
     const std::string origin = f.origin();
     std::shared_ptr<MemoryImage> reserved;
-    bool delta = false;  // a base was found: the image is made beside it
+    std::uint64_t base_held = 0;  // a delta's base, found: the image is made beside it
     auto make = [&](const ShardMeta& meta, std::uint64_t file_bytes, std::string* why) {
       bool own = false;
-      // Beside a base held by the transfer, dropping other replicas would not make the room
-      // the base takes: a delta that does not fit is refused, and the whole image follows.
-      reserved = memory_.ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin, &own, /*may_evict=*/!delta);
+      // Beside a base held by the transfer, only the rank's older replicas give way (the base
+      // they replace): a delta that does not fit so is refused, and the whole image follows.
+      reserved = memory_.ReserveReplica(meta, file_bytes, origin.empty() ? "?" : origin, &own, base_held);
       if (!reserved && own) {
         *why = "this daemon holds its own shard of " + DescribeShard(meta.job, meta.version, meta.rank) +
                " (the rank ran here): a replica of it adds nothing";
@@ -103,7 +103,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
     // origin, never this daemon's own shard nor another sender's replica.
     auto find_base = [&](std::uint64_t base_version, std::string* why) {
       auto base = memory_.FindReplica(f.key().job(), base_version, f.key().rank(), origin);
-      delta = base != nullptr;
+      base_held = base != nullptr ? base_version : 0;
       if (!base) {
         *why = "this daemon holds no replica of " + DescribeShard(f.key().job(), base_version, f.key().rank()) +
                " from " + origin + " (dropped, or never kept)";

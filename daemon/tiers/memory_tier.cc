@@ -177,8 +177,21 @@ bool MemoryTier::DropOneReplicaLocked(const Key& prefer, std::uint64_t below) {
   return true;
 }
 
+bool MemoryTier::DropOlderReplicaLocked(const Key& key, std::uint64_t below, std::uint64_t keep) {
+  auto it = images_.find(key);
+  if (it == images_.end()) return false;
+  for (auto v = it->second.begin(); v != it->second.end() && v->first < below; ++v) {
+    if (!v->second.origin.empty() && v->first != keep) {
+      it->second.erase(v);
+      return true;
+    }
+  }
+  return false;
+}
+
 std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
-                                                        const std::string& origin, bool* own_shard, bool may_evict) {
+                                                        const std::string& origin, bool* own_shard,
+                                                        std::uint64_t delta_base) {
   if (own_shard != nullptr) *own_shard = false;
   if (!enabled()) return nullptr;
   const std::uint64_t bytes = AlignUp(std::max<std::uint64_t>(file_bytes, 1), kPage);
@@ -199,10 +212,12 @@ std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, s
   }
   std::uint64_t capacity = 0;
   char* data = store_->Take(bytes, budget_, &capacity);
-  while (data == nullptr && may_evict) {
+  while (data == nullptr) {
     {
       MutexLock lock(mu_);
-      if (!DropOneReplicaLocked(key, meta.version)) break;
+      const bool dropped = delta_base != 0 ? DropOlderReplicaLocked(key, meta.version, delta_base)
+                                           : DropOneReplicaLocked(key, meta.version);
+      if (!dropped) break;
     }
     data = store_->Take(bytes, budget_, &capacity);
   }

@@ -75,11 +75,14 @@ class MemoryTier {
   std::shared_ptr<MemoryImage> Reserve(const ShardMeta& meta, std::uint64_t file_bytes);
   // A replica of a shard that `origin` (a peer's address) sent: the same, but it takes room
   // only from other replicas (see above); null if it does not fit so, or if this daemon holds
-  // its own shard of that version (then *own_shard, if given, is set). With may_evict false
-  // it takes only free room, dropping no other replica.
+  // its own shard of that version (then *own_shard, if given, is set). `delta_base` (not 0):
+  // the image is a delta composed beside this replica of the same rank, which the transfer
+  // holds; then only the rank's replicas older than the new version, the base excepted, give
+  // way (other ranks' replicas stay: a delta that does not fit so is refused, and the whole
+  // image that follows may drop the base and others, as any whole image).
   std::shared_ptr<MemoryImage> ReserveReplica(const ShardMeta& meta, std::uint64_t file_bytes,
                                               const std::string& origin, bool* own_shard = nullptr,
-                                              bool may_evict = true) EXCLUDES(mu_);
+                                              std::uint64_t delta_base = 0) EXCLUDES(mu_);
   // Drops the replicas of `job` that `origin` sent (every origin if empty); how many.
   std::uint32_t DropReplicas(const std::string& job, const std::string& origin) EXCLUDES(mu_);
   // The job is finished: drops its complete images of versions up to `newest_committed`
@@ -158,6 +161,8 @@ class MemoryTier {
   // first; `prefer` first when it holds one older than `below`, and never one of `prefer`'s
   // as new as `below` or newer); false if there is none.
   bool DropOneReplicaLocked(const Key& prefer, std::uint64_t below) REQUIRES(mu_);
+  // Drops `key`'s oldest replica older than `below` other than version `keep`; whether one was.
+  bool DropOlderReplicaLocked(const Key& key, std::uint64_t below, std::uint64_t keep) REQUIRES(mu_);
   std::shared_ptr<MemoryImage> MakeImage(const ShardMeta& meta, std::uint64_t file_bytes, char* data,
                                          std::uint64_t bytes, std::uint64_t capacity);
   // The memory itself: buffers in use and freed ones kept for reuse. Shared with the
