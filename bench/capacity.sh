@@ -4,12 +4,16 @@
 # on this machine.
 #
 # Usage: bench/capacity.sh [--out FILE.json] [--build DIR] [--dir DIR] [--mib N] [--steps N]
-#                          [--frozen-percent P] [--compute-ms MS]
+#                          [--frozen-percent P] [--compute-ms MS] [--memory-mib N]
 #   --dir             where the persistent and local tiers go (default /tmp/ckptd-capacity)
 #   --mib             state per rank, MiB (default 1024, in 20 tensors)
 #   --steps           iterations, each checkpointed (default 20)
 #   --frozen-percent  share of the tensors that never change after the first step (default 90)
-#   --compute-ms      compute phase of an iteration (default 1500: every version can persist)
+#   --compute-ms      compute phase of an iteration (default 5000: on this 2-core VM, with both
+#                     "nodes" on one disk, persistence and replication keep up with it)
+#   --memory-mib      each daemon's --memory-mib (default 6 x --mib + 512: its rank's newest
+#                     version and the ones still being written, and two versions of the
+#                     peer's rank, a delta's base and the version composed beside it)
 #
 # Two daemons stand for two nodes (--replicas 1, loopback TCP, the setup of the replication
 # tests), one rank on each. The trainers (ckpt-toy-trainer --frozen-tensors) checkpoint every
@@ -24,11 +28,14 @@
 #                 restored by a fresh trainer per rank (--resume-version), which checks every
 #                 byte: restored_byte_exact.
 #   full          the same run with --no-replica-deltas. The runs go differential, full, full,
-#                 differential (the second pair keeps 2 versions and restores nothing), so that
-#                 the machine's drift does not land on one side: trainer_stall_ratio is the
+#                 differential (the first pair keeps every version, the second pair the newest
+#                 2, and only the first restores), so that the machine's drift does not land
+#                 on one side: trainer_stall_ratio is the
 #                 median stall p50 of the differential runs' ranks / that of the full runs'
 #                 (the trainers' copies are the same in both; what differs is the daemons'
-#                 work beside them). peer_bytes_ratio pools both differential runs.
+#                 work beside them). peer_bytes_ratio pools both differential runs; a delta the
+#                 peer refused (at its first piece, before any data) counts as the whole image
+#                 that followed.
 #   erasure       ckpt-erasure-bench (k=4, m=1) on 256 MiB: encode and decode GB/s next to a
 #                 memcpy of the same bytes. The daemon does not yet keep parity for its peers,
 #                 so the fields that need it (peer_memory_ratio, node loss rebuilt, rebuild
@@ -43,7 +50,8 @@ build="$here/build"
 mib=1024
 steps=20
 frozen_percent=90
-compute_ms=1500
+compute_ms=5000
+memory_mib=""
 tensors=20
 args="$*"
 while [ $# -gt 0 ]; do
@@ -55,11 +63,13 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --frozen-percent) frozen_percent="$2"; shift 2 ;;
     --compute-ms) compute_ms="$2"; shift 2 ;;
+    --memory-mib) memory_mib="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 out="$(realpath -m "$out")"
 frozen=$((tensors * frozen_percent / 100))
+[ -n "$memory_mib" ] || memory_mib=$((mib * 6 + 512))
 
 echo "== machine"
 df -h /dev/shm "$(dirname "$dir")" | cat
@@ -68,10 +78,18 @@ free -m | cat
 # restored): steps x 2 ranks x mib, and each node's local tier the newest 2 of its rank; plus
 # a margin. Its files are removed before the full run.
 need_mib=$((steps * 2 * mib + 4 * mib + 2048))
-mkdir -p "$(dirname "$dir")"
-avail_mib=$(($(df --output=avail -k "$(dirname "$dir")" | tail -1) / 1024))
+probe="$dir"
+while [ ! -d "$probe" ]; do probe="$(dirname "$probe")"; done
+avail_mib=$(($(df --output=avail -k "$probe" | tail -1) / 1024))
 if [ "$avail_mib" -lt "$need_mib" ]; then
-  echo "capacity.sh: $need_mib MiB needed under $(dirname "$dir"), $avail_mib MiB free: use --dir, --mib or --steps" >&2
+  echo "capacity.sh: $need_mib MiB needed in $probe, $avail_mib MiB free: use --dir, --mib or --steps" >&2
+  exit 1
+fi
+# Two daemons' memory tiers and two trainers' state, at most, plus a margin.
+need_mem_mib=$((2 * memory_mib + 2 * mib + 1024))
+avail_mem_mib=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / 1024))
+if [ "$avail_mem_mib" -lt "$need_mem_mib" ]; then
+  echo "capacity.sh: up to $need_mem_mib MiB of memory needed, $avail_mem_mib MiB available: use --mib or --memory-mib" >&2
   exit 1
 fi
 echo "== build ($build)"
@@ -127,7 +145,7 @@ run() {
   for i in 0 1; do
     port=$([ "$i" = 0 ] && echo "$p0" || echo "$p1")
     start "${name}_n$i" --root "$work/$name/persistent" --local "$work/$name/local$i" \
-      --memory-mib $((mib * 4 + 512)) --replicas 1 --peer-listen "127.0.0.1:$port" --peers "$peers" \
+      --memory-mib "$memory_mib" --replicas 1 --peer-listen "127.0.0.1:$port" --peers "$peers" \
       --peer-secret "$work/secret" "$@"
   done
   echo "== $name: $steps steps of $mib MiB per rank ($frozen of $tensors tensors frozen), 2 nodes, R=1"
@@ -177,7 +195,8 @@ rm -rf "$work/differential"
 # land on one side); these need no old versions: the persistent tier keeps the newest two.
 for name in full full2 differential2; do
   case "$name" in
-    full*) run "$name" --no-replica-deltas --keep-last 2 ;;
+    full) run "$name" --no-replica-deltas ;;
+    full2) run "$name" --no-replica-deltas --keep-last 2 ;;
     *) run "$name" --keep-last 2 ;;
   esac
   finish "$name"
@@ -189,9 +208,9 @@ bench_run "$build/ckpt-erasure-bench" --mib 256 --repeats 5 --out "$work/erasure
 tail -n 12 "$work/erasure.log"
 
 python3 - "$work" "$out" "$here/docs/results/capacity.json" "$mib" "$steps" "$tensors" "$frozen" "$compute_ms" \
-  "bench/capacity.sh $args" <<'PY'
+  "$memory_mib" "bench/capacity.sh $args" <<'PY'
 import datetime, glob, json, os, platform, re, statistics, sys
-work, out, docs_out, mib, steps, tensors, frozen, compute_ms, command = sys.argv[1:]
+work, out, docs_out, mib, steps, tensors, frozen, compute_ms, memory_mib, command = sys.argv[1:]
 mib, steps, tensors, frozen = int(mib), int(steps), int(tensors), int(frozen)
 
 def med(xs):
@@ -227,7 +246,8 @@ restores = [line.split() for line in open(os.path.join(work, "restores.txt"))]
 stall = {}
 for kind, runs in (("differential", ("differential", "differential2")), ("full", ("full", "full2"))):
     xs = [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for run in runs for r in (0, 1)]
-    stall[kind] = statistics.median(xs)
+    xs = [x for x in xs if x is not None]  # null: a run without a stall (one step)
+    stall[kind] = statistics.median(xs) if xs else None
 erasure = json.load(open(os.path.join(work, "erasure.json")))
 code = next((c for c in erasure.get("codes", []) if c.get("k") == 4 and c.get("m") == 1), None)
 
@@ -236,12 +256,14 @@ result = {
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
     "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.release()}",
     "setup": {"nodes": 2, "ranks": 2, "replicas": 1, "state_bytes_per_rank": mib * 2**20, "steps": steps,
-              "tensors": tensors, "frozen_tensors": frozen, "compute_ms": int(compute_ms)},
+              "tensors": tensors, "frozen_tensors": frozen, "compute_ms": int(compute_ms),
+              "memory_mib_per_daemon": int(memory_mib)},
     "differential": {
         "peer_bytes_ratio": med(peer_ratios),
         "persistent_bytes_ratio": med(pers_ratios),
         "restored_byte_exact": bool(restores) and all(r[2] == "ok" for r in restores),
-        "trainer_stall_ratio": round(stall["differential"] / stall["full"], 3) if stall["full"] > 0 else None,
+        "trainer_stall_ratio": (round(stall["differential"] / stall["full"], 3)
+                                if stall["differential"] is not None and stall["full"] else None),
         "trainer_stall_ms_p50": {"differential": stall["differential"], "full": stall["full"]},
         "trainer_stall_ms_p50_by_run": {
             run: [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for r in (0, 1)]
@@ -286,6 +308,8 @@ for path in (out, docs_out):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json.dump(result, open(path, "w"), indent=2)
 d, e = result["differential"], result["erasure"]
+def f2(x):
+    return "n/a" if x is None else f"{x:.2f}"
 print(f"== capacity, {mib} MiB per rank, {frozen}/{tensors} tensors frozen, {steps} steps")
 print(f"| differential.peer_bytes_ratio | {d['peer_bytes_ratio']} | (target <= 0.15; "
       f"--no-replica-deltas: {d['full_run_peer_bytes_ratio']})")
@@ -293,9 +317,9 @@ print(f"| differential.persistent_bytes_ratio | {d['persistent_bytes_ratio']} | 
 print(f"| differential.restored_byte_exact | {d['restored_byte_exact']} | "
       f"({d['restores_byte_exact']} of {d['restores']} restores)")
 print(f"| differential.trainer_stall_ratio | {d['trainer_stall_ratio']} | "
-      f"(p50 {d['trainer_stall_ms_p50']['differential']:.2f} vs {d['trainer_stall_ms_p50']['full']:.2f} ms)")
-print(f"| erasure.encode_gbps / decode_gbps | {e['encode_gbps']:.2f} / {e['decode_gbps']:.2f} | "
-      f"(memcpy {e['memcpy_gbps']:.2f} GB/s)")
+      f"(p50 {f2(d['trainer_stall_ms_p50']['differential'])} vs {f2(d['trainer_stall_ms_p50']['full'])} ms)")
+print(f"| erasure.encode_gbps / decode_gbps | {f2(e['encode_gbps'])} / {f2(e['decode_gbps'])} | "
+      f"(memcpy {f2(e['memcpy_gbps'])} GB/s)")
 for k, why in result["not_measured"].items():
     print(f"   {k}: {why}")
 print(f"written to {out} and {docs_out}")

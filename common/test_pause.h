@@ -5,7 +5,8 @@
 // (0: any), create PATH.reached and wait as long as PATH exists. Points: "capture" (a shard
 // is about to be copied out of trainer memory: nothing of it is captured yet), "publish" (a
 // shard is written to its .tmp file, not yet renamed), "promote-start" (a shard is about to be
-// copied to another tier: nothing of it is there yet, not even its version's directory),
+// copied to another tier, a promotion or a prefetch: nothing of it is there yet, and for the
+// version's first shard there, not its directory either),
 // "promote" (half of a shard is copied to the persistent tier's .tmp file). Unset (always,
 // outside tests), it costs one branch.
 #pragma once

@@ -112,11 +112,20 @@ TEST_CASE("a delta's replica drops the rank's older replicas but its base, and n
   tier.Complete(v7);
   v7.reset();
 
-  SECTION("nothing of the rank to drop but its base: refused, the other rank's replica stays") {
+  SECTION("too little to drop beside its base: refused, and nothing dropped") {
+    // Version 6 (4 MiB) is all that may give way, and version 8 needs 8 MiB.
     auto v8 = tier.ReserveReplica(Meta("j", 8, 2), 8 * kMiB, "a", nullptr, /*delta_base=*/7);
     CHECK_FALSE(v8);
+    CHECK(tier.Find("j", 6, 2) != nullptr);
     CHECK(tier.Find("j", 7, 2) != nullptr);
     CHECK(tier.Find("k", 1, 0) != nullptr);
+  }
+  SECTION("an older replica still read frees nothing, so it is not dropped") {
+    auto reading = tier.Find("j", 6, 2);  // a restore reads it
+    REQUIRE(reading);
+    CHECK_FALSE(tier.ReserveReplica(Meta("j", 8, 2), 4 * kMiB, "a", nullptr, /*delta_base=*/7));
+    reading.reset();
+    CHECK(tier.Find("j", 6, 2) != nullptr);
   }
   SECTION("the whole image that follows may drop the base and other ranks' replicas") {
     CHECK(tier.ReserveReplica(Meta("j", 8, 2), 8 * kMiB, "a"));

@@ -81,10 +81,12 @@ Status ReplicaClaims::Claim(const ShardMeta& m, Clock::time_point since, Clock::
   // One sender thread claims in turn; a write that fails leaves the marker on storage as it was.
   if (Status st = catalog_.WriteNodeMarker(m.job, m.version, claims, replaces, NodeMarkerKind::kReplicated);
       !st.ok()) {
-    if (!catalog_.HasVersionDir(m.job, m.version)) {
-      // No shard of the version is on the persistent tier yet: the claim waits for it,
-      // unless a newer version committed meanwhile (then no restore reads this one).
-      if (catalog_.Latest(m.job) > m.version) return Status::Ok();
+    // No directory (the marker's create found none, or it is not there now): no shard of the
+    // version is on the persistent tier yet, and the claim waits for one, unless a newer
+    // version committed meanwhile, on any node (then no restore reads this one). The
+    // directory may have appeared since the write failed: the next try then succeeds.
+    if (st.code() == StatusCode::kNotFound || !catalog_.HasVersionDir(m.job, m.version)) {
+      if (catalog_.Latest(m.job) > m.version || catalog_.RefreshLatest(m.job) > m.version) return Status::Ok();
       const auto now = Clock::now();
       if (now - since <= kRecheckFor) {
         MutexLock lock(mu_);

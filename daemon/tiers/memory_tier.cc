@@ -65,6 +65,16 @@ struct MemoryTier::Store {
     return static_cast<char*>(p);
   }
 
+  // Bytes a Take could have without anything else giving way (freed buffers count: Take
+  // unmaps them).
+  std::uint64_t Headroom(std::uint64_t budget) {
+    MutexLock lock(mu);
+    std::uint64_t freeable = 0;
+    for (const auto& b : free) freeable += b.capacity;
+    const std::uint64_t held = accounted - freeable;
+    return held >= budget ? 0 : budget - held;
+  }
+
   void Give(char* data, std::uint64_t capacity) {
     MutexLock lock(mu);
     free.push_back(Buffer{data, capacity});
@@ -181,7 +191,8 @@ bool MemoryTier::DropOlderReplicaLocked(const Key& key, std::uint64_t below, std
   auto it = images_.find(key);
   if (it == images_.end()) return false;
   for (auto v = it->second.begin(); v != it->second.end() && v->first < below; ++v) {
-    if (!v->second.origin.empty() && v->first != keep) {
+    // One still in use (a restore or a send reads it) would free nothing now.
+    if (!v->second.origin.empty() && v->first != keep && v->second.image.use_count() == 1) {
       it->second.erase(v);
       return true;
     }
@@ -212,6 +223,19 @@ std::shared_ptr<MemoryImage> MemoryTier::ReserveReplica(const ShardMeta& meta, s
   }
   std::uint64_t capacity = 0;
   char* data = store_->Take(bytes, budget_, &capacity);
+  if (data == nullptr && delta_base != 0) {
+    // Refused before anything is dropped if the replicas that may give way would not make
+    // the room: a refused delta must not cost the peer its older versions for nothing.
+    MutexLock lock(mu_);
+    std::uint64_t reclaimable = 0;
+    if (auto it = images_.find(key); it != images_.end()) {
+      for (const auto& [v, e] : it->second) {
+        if (v < meta.version && v != delta_base && !e.origin.empty() && e.image.use_count() == 1)
+          reclaimable += e.image->capacity();
+      }
+    }
+    if (store_->Headroom(budget_) + reclaimable < bytes) return nullptr;
+  }
   while (data == nullptr) {
     {
       MutexLock lock(mu_);
