@@ -32,12 +32,14 @@ bool AnyNeedsFormat3(const std::vector<ShardItem>& items, std::size_t first) {
   return false;
 }
 
-std::string DigestIdentity(const ShardMeta& meta, bool format3) {
-  std::string out = format3 ? "ckptd-shard-header 3 job " : "ckptd-shard-header 2 job ";
+std::string DigestIdentity(const ShardMeta& meta, bool format3, std::optional<std::uint64_t> base) {
+  std::string out = base ? "ckptd-shard-header 4 job "
+                         : (format3 ? "ckptd-shard-header 3 job " : "ckptd-shard-header 2 job ");
   AppendCounted(out, meta.job);
   out += " version " + std::to_string(meta.version) + " rank " + std::to_string(meta.rank) + " world_size " +
          std::to_string(meta.world_size) + " session ";
   AppendCounted(out, meta.session);
+  if (base) out += " base " + std::to_string(*base);
   out += '\n';
   return out;
 }
@@ -51,7 +53,11 @@ std::size_t AppendDigestLine(std::string& out, const std::string& key, const Sha
     if (i) out += ',';
     out += std::to_string(item.shape[i]);
   }
-  out += "] " + std::to_string(item.offset) + ' ' + std::to_string(item.offset + item.length) + ' ';
+  if (item.in_base) {
+    out += "] base " + std::to_string(item.length) + ' ';
+  } else {
+    out += "] " + std::to_string(item.offset) + ' ' + std::to_string(item.offset + item.length) + ' ';
+  }
   const std::size_t hex = out.size();
   out += ChecksumHex(item.checksum);
   if (item.layout) {
@@ -102,8 +108,9 @@ using shard_internal::AnyNeedsFormat3;
 using shard_internal::AppendDigestLine;
 using shard_internal::DigestIdentity;
 
-std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items) {
-  std::string out = DigestIdentity(meta, AnyNeedsFormat3(items));
+std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items,
+                             std::optional<std::uint64_t> base) {
+  std::string out = DigestIdentity(meta, AnyNeedsFormat3(items), base);
   std::vector<std::pair<std::string, const ShardItem*>> keyed;
   keyed.reserve(items.size());
   for (const auto& item : items) keyed.emplace_back(item.TensorKey(), &item);
@@ -112,8 +119,9 @@ std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>
   return out;
 }
 
-std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items) {
-  const std::string text = HeaderDigestText(meta, items);
+std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items,
+                             std::optional<std::uint64_t> base) {
+  const std::string text = HeaderDigestText(meta, items, base);
   return Checksum::Of(text.data(), text.size());
 }
 

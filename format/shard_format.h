@@ -19,6 +19,16 @@
 //   ckpt.for_rank.<name> a blob's rank, for a restore at another world size ("<rank>")
 // Each follows its item's ckpt.item.<name> key. A shard without any of them is written as
 // format 2, byte for byte as before format 3 existed.
+// Format 4, a differential shard, holds only the items that changed since its base: an
+// earlier version's full shard (format 1 to 3) of the same job, rank and world size, in the
+// sibling version directory (ROOT/JOB/v<base>/, same file name). It adds
+//   ckpt.base            "<base version>", lower than ckpt.version
+//   ckpt.ref.<name>      "<DTYPE> [<d0>,<d1>,...]", one per item whose bytes are in the base
+//                        (it has no tensor entry here; its ckpt.item.<name> checksum, and any
+//                        keys of format 3, are as for a stored item)
+// A standard safetensors reader sees the changed items under their own names, and nothing
+// for the others; ckpt's readers (format/shard_files.h) take those from the base, checking
+// that the base's item has the same kind, dtype, shape and checksum.
 // The item checksums cover the bytes; the header checksum covers what the bytes mean, so
 // an F32 item relabelled I32, a permuted shape or another ckpt.version is refused too.
 // Format versions 1 (no ckpt.header_xxh3, otherwise the same as 2) and 2 are still read,
@@ -46,6 +56,10 @@ inline constexpr std::string_view kBlobPrefix = "__blob__/";
 // The version of a shard without layouts, block checksums or for_rank, and of one with them.
 inline constexpr std::string_view kFormatVersion = "2";
 inline constexpr std::string_view kFormatVersionWithLayouts = "3";
+// The version of a differential shard (see above).
+inline constexpr std::string_view kFormatVersionDifferential = "4";
+inline constexpr std::string_view kBaseKey = "ckpt.base";
+inline constexpr std::string_view kRefKeyPrefix = "ckpt.ref.";
 // The version before the header checksum: read, never written.
 inline constexpr std::string_view kFormatVersionWithoutHeaderChecksum = "1";
 // Limit of the JSON header, as in the safetensors reference implementation.
@@ -72,6 +86,9 @@ struct ShardItem {
   std::optional<GlobalLayout> layout;
   BlockSums blocks;
   std::optional<std::uint32_t> for_rank;
+  // In a differential shard: the bytes are in the base version's shard, not in this file
+  // (offset is then 0 and means nothing).
+  bool in_base = false;
 
   // True if the item has anything only format 3 stores.
   bool NeedsFormat3() const { return layout.has_value() || blocks.block_bytes != 0 || for_rank.has_value(); }
@@ -178,7 +195,9 @@ struct ShardInfo {
   std::vector<ShardItem> items;  // in file order
   std::uint64_t data_start = 0;
   std::uint64_t file_bytes = 0;
-  std::string format_version;  // as stored: "1", "2" or "3"
+  std::string format_version;  // as stored: "1" to "4"
+  // Format 4: the version whose shard holds the items marked in_base.
+  std::optional<std::uint64_t> base;
 };
 
 // The text the header checksum is taken of: a line of the identity, then one line per item
@@ -189,10 +208,23 @@ struct ShardInfo {
 // When an item needs format 3, the first line says "ckptd-shard-header 3" and each item's
 // line goes on, before its newline, with what it has of
 //   " layout <n>:<EncodeLayout>", " for_rank <r>", " blocks <block bytes> <16 hex>..."
+// A differential shard's first line says "ckptd-shard-header 4" and ends " base <version>";
+// an item whose bytes are in the base has "base <length>" where "<begin> <end>" would be.
 // Readers rebuild it from the parsed header, so key order and white space in the JSON do
 // not matter, only what the header says.
-std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items);
-std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items);
+std::string HeaderDigestText(const ShardMeta& meta, const std::vector<ShardItem>& items,
+                             std::optional<std::uint64_t> base = std::nullopt);
+std::uint64_t HeaderChecksum(const ShardMeta& meta, const std::vector<ShardItem>& items,
+                             std::optional<std::uint64_t> base = std::nullopt);
+
+// The header of a differential shard of `meta` whose base is version `base` (lower than
+// meta.version): `items` are all of the version's items with their checksums (and any fields
+// of format 3), in_base marking those left to the base. The others are packed in the given
+// order from offset 0 (their offsets are set here) and make up *data_bytes. Returns the
+// first bytes of the file (size prefix and JSON, padded to a multiple of kDataAlignment).
+// InvalidArgument for what ShardLayout::Plan refuses, or a base not below the version.
+Result<std::string> RenderDifferentialHeader(const ShardMeta& meta, std::uint64_t base,
+                                             std::vector<ShardItem>& items, std::uint64_t* data_bytes);
 
 // Parses and validates the header of the shard at `path` (safetensors structure, our
 // metadata, offsets covering the data section exactly, file size, the header checksum).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,8 @@ std::string KindName(ItemKind k);
 // True if an item from `first` on needs format 3.
 bool AnyNeedsFormat3(const std::vector<ShardItem>& items, std::size_t first = 0);
 
-// The first line of HeaderDigestText.
-std::string DigestIdentity(const ShardMeta& meta, bool format3);
+// The first line of HeaderDigestText (format 4 when `base` is set).
+std::string DigestIdentity(const ShardMeta& meta, bool format3, std::optional<std::uint64_t> base = std::nullopt);
 
 // Appends one item's line of HeaderDigestText. Returns where its checksum's hex digits are;
 // *blocks (if given) gets where its first block checksum's are (kNoBlocks: none).

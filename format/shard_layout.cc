@@ -33,10 +33,9 @@ std::string ItemMeta(const ShardItem& item) {
 // which made headers of thousands of items cost tens of milliseconds.
 void AppendString(std::string& out, std::string_view text) { out += nlohmann::json(text).dump(); }
 
-// The JSON from its opening brace to the last identity field of __metadata__.
-std::string RenderIdentity(const ShardMeta& meta, bool format3) {
-  std::string out = "{\"__metadata__\":{\"ckpt.format_version\":";
-  AppendString(out, format3 ? kFormatVersionWithLayouts : kFormatVersion);
+// The identity fields of __metadata__ after the format version.
+std::string RenderIdentityFields(const ShardMeta& meta) {
+  std::string out;
   out += ",\"ckpt.job\":";
   AppendString(out, meta.job);
   out += ",\"ckpt.version\":\"" + std::to_string(meta.version) + "\"";
@@ -47,6 +46,13 @@ std::string RenderIdentity(const ShardMeta& meta, bool format3) {
     AppendString(out, meta.session);
   }
   return out;
+}
+
+// The JSON from its opening brace to the last identity field of __metadata__.
+std::string RenderIdentity(const ShardMeta& meta, bool format3) {
+  std::string out = "{\"__metadata__\":{\"ckpt.format_version\":";
+  AppendString(out, format3 ? kFormatVersionWithLayouts : kFormatVersion);
+  return out + RenderIdentityFields(meta);
 }
 
 // Appends ,"ckpt.item.<name>":"kind=... xxh3=<16 hex>" and the item's keys of format 3.
@@ -357,6 +363,59 @@ std::string ShardLayout::RenderHeaderAfterTensors() const {
   put(plan.entries_);
   put(parts.entries);
   put("}");
+  return out;
+}
+
+Result<std::string> RenderDifferentialHeader(const ShardMeta& meta, std::uint64_t base,
+                                             std::vector<ShardItem>& items, std::uint64_t* data_bytes) {
+  if (base >= meta.version) {
+    return InvalidArgument("the base of version " + std::to_string(meta.version) + " must be an earlier version, not " +
+                           std::to_string(base));
+  }
+  std::unordered_set<std::string_view> names;
+  names.reserve(items.size());
+  std::uint64_t offset = 0;
+  for (ShardItem& item : items) {
+    if (!names.insert(item.name).second) return AlreadyExists("duplicate item name " + QuoteName(item.name));
+    if (Status s = CheckItemShape(item); !s.ok()) return s;
+    if (Status s = CheckFormat3Fields(item); !s.ok()) return s;
+    if (item.in_base) {
+      item.offset = 0;
+      continue;
+    }
+    if (item.length > kMaxShardDataBytes - offset) {
+      return InvalidArgument("items of the shard total more than " + std::to_string(kMaxShardDataBytes) +
+                             " bytes (at item " + QuoteName(item.name) + ")");
+    }
+    item.offset = offset;
+    offset += item.length;
+  }
+  std::string json = "{\"__metadata__\":{\"ckpt.format_version\":";
+  AppendString(json, kFormatVersionDifferential);
+  json += RenderIdentityFields(meta);
+  json += ",\"" + std::string(kBaseKey) + "\":\"" + std::to_string(base) + "\"";
+  for (const ShardItem& item : items) {
+    AppendItemMeta(json, item);
+    if (!item.in_base) continue;
+    json += ',';
+    AppendString(json, std::string(kRefKeyPrefix) + item.name);
+    std::string ref = std::string(DTypeName(item.dtype)) + " [";
+    for (std::size_t i = 0; i < item.shape.size(); ++i) ref += (i ? "," : "") + std::to_string(item.shape[i]);
+    json += ':';
+    AppendString(json, ref + "]");
+  }
+  AppendHeaderSum(json, HeaderChecksum(meta, items, base));
+  for (const ShardItem& item : items) {
+    if (!item.in_base) AppendEntry(json, item);
+  }
+  json += '}';
+  auto header_bytes = HeaderBytesFor(json.size());
+  if (!header_bytes.ok()) return header_bytes.status();
+  std::string out(header_bytes.value(), ' ');
+  const std::uint64_t n = header_bytes.value() - 8;
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, json.data(), json.size());
+  *data_bytes = offset;
   return out;
 }
 

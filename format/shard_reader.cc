@@ -16,6 +16,7 @@
 #include "common/unique_fd.h"
 #include "format/checksum.h"
 #include "format/limits.h"
+#include "format/shard_files.h"
 #include "format/shard_format.h"
 #include "format/shard_format_internal.h"
 
@@ -86,6 +87,62 @@ Status ParseFormat3Fields(const Json& md, std::uint32_t world_size, ShardItem& i
   return Status::Ok();
 }
 
+// An item of a differential shard whose bytes are in its base: `ref` is its ckpt.ref.<name>,
+// "<DTYPE> [<d0>,<d1>,...]"; its kind and checksum come from ckpt.item.<name>.
+Result<ShardItem> ParseRefItem(const Json& md, const std::string& name, const Json& ref) {
+  auto bad = [&](const std::string& why) {
+    return DataLoss("shard metadata " + std::string(kRefKeyPrefix) + "<item> of item " + QuoteName(name) +
+                    " is malformed: " + why);
+  };
+  if (!ref.is_string()) return bad("not a string");
+  const std::string& text = ref.get_ref<const std::string&>();
+  ShardItem item;
+  item.name = name;
+  item.in_base = true;
+  const std::size_t space = text.find(' ');
+  if (space == std::string::npos || text.size() < space + 3 || text[space + 1] != '[' || text.back() != ']') {
+    return bad("'" + text + "' is not \"<DTYPE> [<dims>]\"");
+  }
+  auto dtype = ParseDType(text.substr(0, space));
+  if (!dtype) return bad("unknown dtype in '" + text + "'");
+  item.dtype = *dtype;
+  const std::string dims = text.substr(space + 2, text.size() - space - 3);
+  std::uint64_t elems = 1;
+  for (std::size_t at = 0; !dims.empty();) {
+    const std::size_t comma = std::min(dims.find(',', at), dims.size());
+    const std::string d = dims.substr(at, comma - at);
+    if (d.empty() || d.size() > 15 || d.find_first_not_of("0123456789") != std::string::npos) {
+      return bad("bad dimension in '" + text + "'");
+    }
+    const std::uint64_t v = std::stoull(d);
+    item.shape.push_back(static_cast<std::int64_t>(v));
+    if (v != 0 && elems > kMaxShardDataBytes / v) return bad("shape in '" + text + "' is too large");
+    elems *= v;
+    if (comma == dims.size()) break;
+    at = comma + 1;
+  }
+  if (elems > kMaxShardDataBytes / DTypeSize(item.dtype)) return bad("shape in '" + text + "' is too large");
+  item.length = elems * DTypeSize(item.dtype);
+  auto meta_it = md.find("ckpt.item." + name);
+  if (meta_it == md.end() || !meta_it->is_string()) {
+    return DataLoss("shard metadata has no checksum for " + QuoteName(name));
+  }
+  const std::string& m = meta_it->get_ref<const std::string&>();
+  bool parsed = false;
+  for (ItemKind kind : {ItemKind::kTensor, ItemKind::kBlob}) {
+    const std::string want = "kind=" + KindName(kind) + " xxh3=";
+    if (m.rfind(want, 0) == 0 && ParseChecksumHex(m.substr(want.size()), &item.checksum)) {
+      item.kind = kind;
+      parsed = true;
+    }
+  }
+  if (!parsed) return DataLoss("shard metadata for " + QuoteName(name) + " is malformed: '" + m + "'");
+  if (item.kind == ItemKind::kBlob && (item.dtype != DType::kU8 || item.shape.size() != 1)) {
+    return bad("blob's bytes are not \"U8 [<length>]\"");
+  }
+  return item;
+}
+
 }  // namespace
 
 Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_bytes) {
@@ -105,13 +162,16 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   if (fv == md.end() || !fv->is_string() ||
       (fv->get_ref<const std::string&>() != kFormatVersion &&
        fv->get_ref<const std::string&>() != kFormatVersionWithLayouts &&
+       fv->get_ref<const std::string&>() != kFormatVersionDifferential &&
        fv->get_ref<const std::string&>() != kFormatVersionWithoutHeaderChecksum)) {
     return DataLoss("shard has an unknown ckpt.format_version (this reader knows " +
-                    std::string(kFormatVersionWithoutHeaderChecksum) + ", " + std::string(kFormatVersion) +
-                    " and " + std::string(kFormatVersionWithLayouts) + ")");
+                    std::string(kFormatVersionWithoutHeaderChecksum) + " to " +
+                    std::string(kFormatVersionDifferential) + ")");
   }
   info.format_version = fv->get<std::string>();
-  const bool format3 = info.format_version == kFormatVersionWithLayouts;
+  const bool differential = info.format_version == kFormatVersionDifferential;
+  // Format 4 may have every key of format 3.
+  const bool format3 = info.format_version == kFormatVersionWithLayouts || differential;
   const bool has_header_sum = info.format_version != kFormatVersionWithoutHeaderChecksum;
   auto header_sum = md.find("ckpt.header_xxh3");
   std::uint64_t stored_header_sum = 0;
@@ -147,6 +207,23 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   info.meta.world_size = static_cast<std::uint32_t>(world.value());
   if (auto session = md.find("ckpt.session"); session != md.end() && session->is_string()) {
     info.meta.session = session->get<std::string>();
+  }
+  const auto& md_keys = md.get_ref<const Json::object_t&>();
+  auto has_prefix = [&](std::string_view prefix) {
+    auto it = md_keys.lower_bound(std::string(prefix));
+    return it != md_keys.end() && it->first.starts_with(prefix);
+  };
+  if (differential) {
+    auto base = ParseUint(md, std::string(kBaseKey));
+    if (!base.ok()) return base.status();
+    if (base.value() >= info.meta.version) {
+      return DataLoss("differential shard of version " + std::to_string(info.meta.version) + " names base version " +
+                      std::to_string(base.value()) + ", which is not an earlier version");
+    }
+    info.base = base.value();
+  } else if (md.contains(std::string(kBaseKey)) || has_prefix(kRefKeyPrefix)) {
+    return DataLoss("shard of format version " + info.format_version + " has a " + std::string(kBaseKey) +
+                    " or ckpt.ref key, which only format " + std::string(kFormatVersionDifferential) + " has");
   }
 
   std::size_t format3_keys = 0;  // found for the items
@@ -197,11 +274,30 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
     if (format3) {
       if (Status s = ParseFormat3Fields(md, info.meta.world_size, item, &format3_keys); !s.ok()) return s;
     }
+    if (differential && md.contains(std::string(kRefKeyPrefix) + item.name)) {
+      return DataLoss("item " + QuoteName(item.name) + " is both stored in the shard and left to its base");
+    }
     info.items.push_back(std::move(item));
   }
-  // Every key of format 3 belongs to an item, and only format 3 has them.
+  if (differential) {
+    // The items whose bytes are in the base: described by ckpt.ref.<name> and ckpt.item.<name>.
+    std::uint64_t in_base_bytes = 0;
+    for (auto it = md_keys.lower_bound(std::string(kRefKeyPrefix));
+         it != md_keys.end() && it->first.starts_with(kRefKeyPrefix); ++it) {
+      auto ref = ParseRefItem(md, it->first.substr(kRefKeyPrefix.size()), it->second);
+      if (!ref.ok()) return ref.status();
+      ShardItem item = std::move(ref).value();
+      if (item.length > kMaxShardDataBytes - in_base_bytes) {
+        return DataLoss("the items a differential shard leaves to its base total more than " +
+                        std::to_string(kMaxShardDataBytes) + " bytes");
+      }
+      in_base_bytes += item.length;
+      if (Status s = ParseFormat3Fields(md, info.meta.world_size, item, &format3_keys); !s.ok()) return s;
+      info.items.push_back(std::move(item));
+    }
+  }
+  // Every key of format 3 belongs to an item, and only formats 3 and 4 have them.
   std::size_t stored_format3_keys = 0;
-  const auto& md_keys = md.get_ref<const Json::object_t&>();
   for (const std::string_view prefix : {kLayoutKeyPrefix, kBlocksKeyPrefix, kForRankKeyPrefix}) {
     for (auto it = md_keys.lower_bound(std::string(prefix));
          it != md_keys.end() && it->first.starts_with(prefix); ++it) {
@@ -216,11 +312,15 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
   }
   // An empty item shares its offset with the item after it: it sorts first, so the tiling
   // check below does not see an overlap.
+  // Items left to the base come last, in name order.
   std::sort(info.items.begin(), info.items.end(), [](const ShardItem& a, const ShardItem& b) {
+    if (a.in_base != b.in_base) return b.in_base;
+    if (a.in_base) return a.name < b.name;
     return a.offset != b.offset ? a.offset < b.offset : a.length < b.length;
   });
   std::uint64_t expect = 0;
   for (const auto& item : info.items) {
+    if (item.in_base) break;
     if (item.offset != expect) {
       return DataLoss("shard data section has a hole or overlap at item " + QuoteName(item.name));
     }
@@ -231,7 +331,7 @@ Result<ShardInfo> ParseShardHeader(std::string_view text, std::uint64_t file_byt
                     std::to_string(info.data_start + expect) + " (truncated?)");
   }
   if (has_header_sum) {
-    const std::uint64_t computed = HeaderChecksum(info.meta, info.items);
+    const std::uint64_t computed = HeaderChecksum(info.meta, info.items, info.base);
     if (computed != stored_header_sum) {
       return DataLoss("shard header checksum mismatch (stored " + ChecksumHex(stored_header_sum) +
                       ", computed " + ChecksumHex(computed) +
@@ -278,48 +378,48 @@ Result<ShardInfo> ReadShardHeader(int fd, const std::string& path) {
 }
 
 Status VerifyShard(const std::string& path) {
-  auto fd = OpenRegularForRead(path);
-  if (!fd.ok()) return fd.status().With("cannot open shard");
-  // Header and data from one descriptor: what is verified is one file, whatever is renamed
-  // over the path meanwhile.
-  auto info = ReadShardHeader(fd->get(), path);
-  if (!info.ok()) return info.status();
+  // Header and data from descriptors held open: what is verified is the files that were
+  // checked, whatever is renamed over the paths meanwhile. A differential shard's items are
+  // read from its base where they are there.
+  auto files = ShardFiles::Open(path);
+  if (!files.ok()) return files.status();
+  const ShardInfo& info = files->info();
   // No more than the largest item: verifying many small shards (ckptctl verify, the fuzzer)
   // should not allocate and clear 8 MiB each.
   std::uint64_t largest = 1;
-  for (const auto& item : info->items) largest = std::max(largest, item.length);
+  for (const auto& item : info.items) largest = std::max(largest, item.length);
   std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(largest, 8 << 20)));
-  for (const auto& item : info->items) {
+  for (std::size_t i = 0; i < info.items.size(); ++i) {
+    const ShardItem& item = info.items[i];
+    const std::string& where = *files->Locate(i).path;
     Checksum sum;
     std::unique_ptr<Checksum> block;  // the block being hashed, for items with block checksums
     const std::uint64_t bs = item.blocks.block_bytes;
     std::uint64_t done = 0;
     while (done < item.length) {
-      std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
-      ssize_t r =
-          ::pread(fd->get(), buf.data(), want, static_cast<off_t>(info->data_start + item.offset + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return IoError("cannot read " + path, r < 0 ? errno : EIO);
-      sum.Update(buf.data(), static_cast<std::size_t>(r));
-      for (std::uint64_t at = 0; bs != 0 && at < static_cast<std::uint64_t>(r);) {
+      const std::size_t r = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), item.length - done));
+      if (Status s = files->Read(i, done, buf.data(), r); !s.ok()) return s;
+      sum.Update(buf.data(), r);
+      for (std::uint64_t at = 0; bs != 0 && at < r;) {
         const std::uint64_t pos = done + at;
         const std::uint64_t index = pos / bs;
         const std::uint64_t block_end = std::min((index + 1) * bs, item.length);
-        const std::uint64_t take = std::min(block_end - pos, static_cast<std::uint64_t>(r) - at);
+        const std::uint64_t take = std::min<std::uint64_t>(block_end - pos, r - at);
         if (pos % bs == 0) block = std::make_unique<Checksum>();
         block->Update(buf.data() + at, take);
         if (pos + take == block_end && block->Digest() != item.blocks.sums[index]) {
-          return DataLoss(path + ": checksum mismatch in block " + std::to_string(index) + " of item " +
+          return DataLoss(where + ": checksum mismatch in block " + std::to_string(index) + " of item " +
                           QuoteName(item.name) + " (stored " + ChecksumHex(item.blocks.sums[index]) +
                           ", computed " + ChecksumHex(block->Digest()) + ")");
         }
         at += take;
       }
-      done += static_cast<std::uint64_t>(r);
+      done += r;
     }
     if (sum.Digest() != item.checksum) {
-      return DataLoss(path + ": checksum mismatch in item " + QuoteName(item.name) + " (stored " +
-                      ChecksumHex(item.checksum) + ", computed " + ChecksumHex(sum.Digest()) + ")");
+      return DataLoss(where + ": checksum mismatch in item " + QuoteName(item.name) + " (stored " +
+                      ChecksumHex(item.checksum) + ", computed " + ChecksumHex(sum.Digest()) + ")" +
+                      (item.in_base ? " (read from the base of " + path + ")" : ""));
     }
   }
   return Status::Ok();

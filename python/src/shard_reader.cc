@@ -23,6 +23,7 @@
 #include "common/unique_fd.h"
 #include "format/checksum.h"
 #include "format/dtype.h"
+#include "format/shard_files.h"
 #include "format/shard_format.h"
 
 namespace py = pybind11;
@@ -67,18 +68,6 @@ OpenShard Open(const std::string& path) {
   return shard;
 }
 
-Status ReadFully(int fd, char* out, std::uint64_t length, std::uint64_t offset, const std::string& path) {
-  std::uint64_t done = 0;
-  while (done < length) {
-    ssize_t r = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return IoError("cannot read " + path, errno);
-    if (r == 0) return DataLoss(path + " ends inside its data section (truncated?)");
-    done += static_cast<std::uint64_t>(r);
-  }
-  return Status::Ok();
-}
-
 py::dict ToPython(const std::string& path, const ShardInfo& info, std::vector<py::object>* data) {
   py::list items;
   for (std::size_t i = 0; i < info.items.size(); ++i) {
@@ -91,6 +80,7 @@ py::dict ToPython(const std::string& path, const ShardInfo& info, std::vector<py
     for (std::size_t k = 0; k < it.shape.size(); ++k) shape[k] = it.shape[k];
     d["shape"] = std::move(shape);
     d["offset"] = it.offset;
+    d["in_base"] = it.in_base;
     d["length"] = it.length;
     d["checksum"] = ChecksumHex(it.checksum);
     if (data) d["data"] = (*data)[i];
@@ -104,6 +94,7 @@ py::dict ToPython(const std::string& path, const ShardInfo& info, std::vector<py
   out["world_size"] = info.meta.world_size;
   out["data_start"] = info.data_start;
   out["file_bytes"] = info.file_bytes;
+  out["base"] = info.base ? py::object(py::int_(*info.base)) : py::object(py::none());
   out["items"] = std::move(items);
   return out;
 }
@@ -125,13 +116,16 @@ py::dict ReadShard(const std::string& path, bool verify) {
   Status status;
   {
     py::gil_scoped_release release;
+    // A differential shard's unchanged items are read from its base (format/shard_files.h).
+    auto files = ShardFiles::Adopt(std::move(shard.fd), info, path);
+    if (!files.ok()) status = files.status();
     for (std::size_t i = 0; i < info.items.size() && status.ok(); ++i) {
       const ShardItem& it = info.items[i];
-      status = ReadFully(shard.fd.get(), dest[i], it.length, info.data_start + it.offset, path);
+      status = files->Read(i, 0, dest[i], it.length);
       if (!status.ok() || !verify) continue;
       std::uint64_t sum = Checksum::Of(dest[i], it.length);
       if (sum != it.checksum) {
-        status = DataLoss(path + ": checksum mismatch in " +
+        status = DataLoss(*files->Locate(i).path + ": checksum mismatch in " +
                           std::string(it.kind == ItemKind::kBlob ? "blob " : "item ") + QuoteName(it.name) +
                           " (stored " + ChecksumHex(it.checksum) + ", computed " + ChecksumHex(sum) + ")");
       }

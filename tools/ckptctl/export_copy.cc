@@ -57,18 +57,6 @@ class ChunkRuns {
   std::uint64_t base_ = 0;              // where the chunk's first element lies
 };
 
-Status ReadFully(int fd, char* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
-  std::size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ckpt::IoError("cannot read " + path, errno);
-    if (r == 0) return DataLoss(path + " ends before the data its header lists (truncated)");
-    got += static_cast<std::size_t>(r);
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status WriteFully(int fd, const char* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
@@ -114,16 +102,18 @@ Status TensorCopier::CopyChunk(const ExportTensor& t, const ExportChunk& c, OutF
   auto shard = shards_.Get(c.rank);
   if (!shard.ok()) return shard.status();
   OpenShard& s = *shard.value();
-  const ckpt::ShardItem& item = s.info.items[s.by_key.at(c.key)];
+  const std::size_t index = s.by_key.at(c.key);
+  const ckpt::ShardItem& item = s.info.items[index];
   const std::size_t element = t.kind == ExportTensor::Kind::kBlob ? 1 : ckpt::DTypeSize(t.dtype);
   const ChunkRuns runs(t.shape, c, element);
-  const std::uint64_t begin = s.info.data_start + item.offset;
+  // A differential shard's unchanged items are read from its base.
+  const std::string& from = *s.files.Locate(index).path;
   ckpt::Checksum sum;
   std::uint64_t run = 0, within = 0;
   for (std::uint64_t done = 0; done < item.length;) {
     if (interrupted_ && *interrupted_) return ckpt::Cancelled("interrupted");
     const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buf_.size(), item.length - done));
-    if (Status st = ReadFully(s.fd.get(), buf_.data(), want, begin + done, s.path); !st.ok()) return st;
+    if (Status st = s.files.Read(index, done, buf_.data(), want); !st.ok()) return st;
     sum.Update(buf_.data(), want);
     for (std::size_t p = 0; p < want;) {
       const auto take =
@@ -142,7 +132,7 @@ Status TensorCopier::CopyChunk(const ExportTensor& t, const ExportChunk& c, OutF
     done += want;
   }
   if (sum.Digest() != item.checksum)
-    return DataLoss("corrupted shard " + s.path + " (rank " + std::to_string(c.rank) + "): item " +
+    return DataLoss("corrupted shard " + from + " (rank " + std::to_string(c.rank) + "): item " +
                     Quote(c.key) +
                     (t.kind == ExportTensor::Kind::kGlobal
                          ? ", chunk " + BoxText(c.offsets, c.shape) + " of tensor " + Quote(t.name)

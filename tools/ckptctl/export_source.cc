@@ -150,11 +150,14 @@ Result<OpenShard*> ShardSet::Get(std::uint32_t rank) {
     return DataLoss("version " + std::to_string(version_) + " of job '" + job_ + "' is committed but rank " +
                     std::to_string(rank) + "'s shard cannot be opened: " + fd.status().message());
   }
-  shard->fd = std::move(fd.value());
-  auto info = ckpt::ReadShardHeader(shard->fd.get(), shard->path);
+  auto info = ckpt::ReadShardHeader(fd->get(), shard->path);
   if (!info.ok())
     return DataLoss("corrupted shard of rank " + std::to_string(rank) + ": " + info.status().message());
-  shard->info = std::move(info.value());
+  shard->info = info.value();
+  auto files = ckpt::ShardFiles::Adopt(std::move(fd).value(), std::move(info).value(), shard->path);
+  if (!files.ok())
+    return DataLoss("rank " + std::to_string(rank) + "'s shard cannot be read: " + files.status().message());
+  shard->files = std::move(files).value();
   const auto& m = shard->info.meta;
   if (m.job != job_ || m.version != version_ || m.rank != rank || m.world_size != world_size_) {
     return DataLoss(shard->path + " holds job '" + m.job + "' version " + std::to_string(m.version) +

@@ -17,6 +17,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "format/shard_files.h"
 #include "format/shard_format.h"
 #include "tools/ckptctl/export.h"
 
@@ -35,10 +36,11 @@ std::string BoxText(const std::vector<std::int64_t>& offsets, const std::vector<
 std::string ShapeText(const std::vector<std::int64_t>& shape);
 
 // One rank's shard, open, with its header parsed from the same descriptor (what is read is the
-// file that was checked, whatever is renamed over the path meanwhile).
+// file that was checked, whatever is renamed over the path meanwhile), and for a differential
+// shard its base, open too (format/shard_files.h).
 struct OpenShard {
   std::string path;
-  ckpt::UniqueFd fd;
+  ckpt::ShardFiles files;
   ckpt::ShardInfo info;
   std::unordered_map<std::string, std::size_t> by_key;  // TensorKey() -> index in info.items
 };

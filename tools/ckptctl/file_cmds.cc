@@ -6,6 +6,7 @@
 
 #include "format/checksum.h"
 #include "format/paths.h"
+#include "format/shard_files.h"
 #include "format/shard_format.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/committed_version.h"
@@ -117,9 +118,10 @@ int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json
                          {"kind", it.kind == ckpt::ItemKind::kBlob ? "blob" : "tensor"},
                          {"dtype", std::string(ckpt::DTypeName(it.dtype))},
                          {"shape", it.shape},
-                         {"offset", it.offset},
+                         {"offset", it.in_base ? nlohmann::ordered_json() : nlohmann::ordered_json(it.offset)},
                          {"bytes", it.length},
-                         {"xxh3", ckpt::ChecksumHex(it.checksum)}});
+                         {"xxh3", ckpt::ChecksumHex(it.checksum)},
+                         {"in_base", it.in_base}});
       }
       shards.push_back({{"path", path},
                         {"job", info->meta.job},
@@ -127,6 +129,7 @@ int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json
                         {"rank", info->meta.rank},
                         {"world_size", info->meta.world_size},
                         {"format_version", info->format_version},
+                        {"base", info->base ? nlohmann::ordered_json(*info->base) : nlohmann::ordered_json()},
                         {"data_start", info->data_start},
                         {"file_bytes", info->file_bytes},
                         {"items", std::move(items)}});
@@ -135,12 +138,22 @@ int Inspect(std::vector<std::string> paths, const TreeSelection& tree, bool json
     std::printf("%s: job %s version %" PRIu64 " rank %u of %u, %zu items, data at offset %" PRIu64 ", %s\n",
                 path.c_str(), info->meta.job.c_str(), info->meta.version, info->meta.rank,
                 info->meta.world_size, info->items.size(), info->data_start, Human(info->file_bytes).c_str());
+    if (info->base) {
+      std::uint64_t left = 0, all = 0;
+      for (const auto& it : info->items) {
+        all += it.length;
+        left += it.in_base ? it.length : 0;
+      }
+      std::printf("  differential: %s of %s are the unchanged items of base version %" PRIu64 " (%s)\n",
+                  Human(left).c_str(), Human(all).c_str(), *info->base,
+                  ckpt::ShardFiles::BasePath(path, *info->base).c_str());
+    }
     for (const auto& it : info->items) {
       std::string shape;
       for (auto d : it.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-      std::printf("  %-6s %-40s %-7s [%s] %s xxh3 %s\n", it.kind == ckpt::ItemKind::kBlob ? "blob" : "tensor",
+      std::printf("  %-6s %-40s %-7s [%s] %s xxh3 %s%s\n", it.kind == ckpt::ItemKind::kBlob ? "blob" : "tensor",
                   it.name.c_str(), std::string(ckpt::DTypeName(it.dtype)).c_str(), shape.c_str(),
-                  Human(it.length).c_str(), ckpt::ChecksumHex(it.checksum).c_str());
+                  Human(it.length).c_str(), ckpt::ChecksumHex(it.checksum).c_str(), it.in_base ? " (in base)" : "");
     }
   }
   if (json) PrintJson({{"shards", std::move(shards)}});
