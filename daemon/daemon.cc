@@ -131,6 +131,7 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
       CommitTracker::ReplicaWait{config_.replicas > 0 && config_.replica_commit_timeout_s > 0,
                                  config_.replicas, std::chrono::seconds(config_.replica_commit_timeout_s)});
   if (local_) {
+    bases_ = std::make_unique<BaseChooser>(storage_, *catalog_, config_.persistent_base_every);
     promoter_ = std::make_unique<Promoter>(
         *local_, *memory_, *copier_, *catalog_, persistent_direct_io_,
         Promoter::Hooks{[this](const ShardMeta& m, const std::shared_ptr<ShardJob>& s) {
@@ -147,7 +148,8 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
                           if (!s->ClaimFailureHandling()) return;
                           s->ClaimErrorReport();
                           if (s->ReleaseLocalPin()) local_->Unpin(s->meta().job, s->meta().version);
-                        }});
+                        }},
+        bases_.get());
   }
   flush_ = std::make_unique<FlushEngine>(
       storage_, *pool_, config_.writers, [this](const std::shared_ptr<ShardJob>& s) { OnPublished(s); },

@@ -145,6 +145,7 @@ class Daemon {
   std::unique_ptr<ShardCopier> copier_;
   std::unique_ptr<TierSet> tiers_;
   std::unique_ptr<CommitTracker> commits_;
+  std::unique_ptr<BaseChooser> bases_;  // with promoter_
   std::unique_ptr<Promoter> promoter_;  // null without a local tier
   std::unique_ptr<FlushEngine> flush_;
   std::unique_ptr<SnapshotEngine> snapshot_;

@@ -42,6 +42,23 @@ std::optional<std::uint64_t> ParseVersionDirName(std::string_view name) {
   return v;
 }
 
+std::string BaseRefName(std::uint64_t referrer, std::string_view owner) {
+  return "ref." + VersionDirName(referrer) + "." + std::string(owner);
+}
+
+std::optional<std::uint64_t> ParseBaseRefName(std::string_view name) {
+  constexpr std::string_view kPrefix = "ref.";
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  name.remove_prefix(kPrefix.size());
+  const std::size_t dot = name.find('.');
+  if (dot == std::string_view::npos || dot + 1 == name.size()) return std::nullopt;
+  const std::string_view owner = name.substr(dot + 1);
+  if (owner.size() > kMaxMarkerOwnerBytes || owner.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  return ParseVersionDirName(name.substr(0, dot));
+}
+
 std::optional<std::uint32_t> ParseShardFileName(std::string_view name) {
   constexpr std::string_view kPrefix = "rank-";
   constexpr std::string_view kSuffix = ".safetensors";

@@ -10,6 +10,10 @@
 //                                                 (holds each rank and the registration that wrote it)
 //   ROOT/JOB/v0000000042/node-OWNER.8.repl        a daemon's 8 ranks of the version are
 //                                                 replicated to peers' memory (same contents)
+//   ROOT/JOB/v0000000040/ref.v0000000042.OWNER   version 42 (some of its shards differential,
+//                                                 format/shard_format.h) reads unchanged items
+//                                                 from this version: retention keeps it
+//   ROOT/JOB/v0000000042/DELETING                 retention is deleting the version
 //   ROOT/JOB/v0000000042/RESTORABLE               not committed yet, but every rank's
 //                                                 shard is replicated (restorable from memory)
 //   ROOT/JOB/ranks/rank-00003.5.REG               the rank's registration REG, its 5th (the highest
@@ -43,6 +47,10 @@ inline constexpr std::string_view kOwnerFile = "owner";
 // A version not committed yet whose every rank's shard was replicated to peers'
 // memory (format/markers.h, RestorableMarker).
 inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
+// Retention is deleting the version (written before its COMMITTED is removed): a directory
+// with it and without COMMITTED is a deletion a crash cut short, which the next retention
+// finishes.
+inline constexpr std::string_view kDeletingMarker = "DELETING";
 // A version that committed without every rank's shard held by the configured number of peers
 // (the replication wait timed out, or a newer version had committed first): its text says
 // which ranks were not replicated and why. Written before COMMITTED; for the operator and for
@@ -89,6 +97,11 @@ std::optional<RegistrationId> ParseRegistrationName(std::string_view name);
 std::optional<std::uint64_t> ParseVersionDirName(std::string_view name);
 // Parses "rank-00003.safetensors", the canonical spelling only; nullopt for anything else.
 std::optional<std::uint32_t> ParseShardFileName(std::string_view name);
+// A reference to a base version from a version whose shards a daemon wrote differential,
+// in the base's directory: "ref.v0000000042.OWNER" (OWNER as in node markers). Parsing
+// gives back the referring version; nullopt for anything else.
+std::string BaseRefName(std::uint64_t referrer, std::string_view owner);
+std::optional<std::uint64_t> ParseBaseRefName(std::string_view name);
 
 // "dir/name".
 std::string JoinPath(const std::string& dir, std::string_view name);

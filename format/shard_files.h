@@ -39,6 +39,8 @@ class ShardFiles {
   const ShardInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   bool differential() const { return info_.base.has_value(); }
+  // The shard's own descriptor (not O_DIRECT).
+  int fd() const { return fd_.get(); }
   // The base's path ("" if not differential).
   const std::string& base_path() const { return base_path_; }
 

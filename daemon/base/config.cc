@@ -188,6 +188,11 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.add_option("--keep-every", c.keep_every,
                  "With --keep-last, also keep every committed version that is a multiple of this (0: none)")
       ->capture_default_str();
+  app.add_option("--persistent-base-every", c.persistent_base_every,
+                 "Write a persistent shard with only the items changed since a base version fewer than this "
+                 "many versions older, which holds the rest (needs --local; 0: every shard whole)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   std::map<std::string, bool> restart_waits{{"newest", true}, {"none", false}};
   app.add_option("--restart-waits", c.restart_waits_newest,
                  "A trainer's restart waits for its rank's newest version in flight (newest) or restores "
@@ -406,6 +411,10 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       *dir = real;
       std::free(real);
     }
+  }
+  if (c.persistent_base_every > 0 && c.local_dir.empty()) {
+    return fail("--persistent-base-every needs --local: differential shards are written when a shard is "
+                "promoted from the local tier to --root, where its checksums are known");
   }
   if (!c.local_dir.empty() && c.local_dir == c.root) {
     return fail("--local and --root are the same directory (" + c.root +

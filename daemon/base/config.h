@@ -83,6 +83,10 @@ struct Config {
   std::uint32_t keep_last = 0;
   // With keep_last, also keep every committed version that is a multiple of this (0: none).
   std::uint32_t keep_every = 0;
+  // Differential versions on the persistent tier (daemon/pipeline/differential.h): a shard
+  // promoted from the local tier is written with only its changed items when a base version
+  // fewer than this many versions older holds the others. 0: every shard is written whole.
+  std::uint32_t persistent_base_every = 0;
   // A trainer's restart (a new registration of a rank whose trainer exited) first waits
   // for the rank's newest version in flight to settle, so that the restart can restore it
   // ("newest"), or restores the newest version committed by then at once, giving up the

@@ -228,6 +228,12 @@ class Catalog {
   // then `latest` is written; a failure is reported and the job marked stale (repaired later).
   void PublishLatest(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
   Status ApplyRetention(const std::string& job) REQUIRES(commit_mu_);
+  // True if a version whose directory is on the tree reads unchanged items from `version`
+  // (a ref.* file in its directory: daemon/pipeline/differential.h); removes the references
+  // of versions whose directories are gone.
+  bool ReferencedAsBase(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
+  // Removes a version's directory and what is in it, its DELETING marker last.
+  Status RemoveVersionDir(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
   void Report(const std::string& message);
 
   std::shared_ptr<Storage> storage_;

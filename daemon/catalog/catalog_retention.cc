@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/test_pause.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -24,6 +25,13 @@ Status Catalog::ApplyRetention(const std::string& job) {
   if (keep_last == 0) return Status::Ok();
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
+  // Deletions a crash cut short are finished first: what they left is no version, and the
+  // bases those read from may go too.
+  for (const auto& e : versions.value()) {
+    if (!e.committed && storage_->Exists(JoinPath(VersionDir(job, e.version), kDeletingMarker))) {
+      if (Status s = RemoveVersionDir(job, e.version); !s.ok()) return s;
+    }
+  }
   std::vector<std::uint64_t> committed;
   for (const auto& e : versions.value()) {
     if (e.committed) committed.push_back(e.version);
@@ -33,20 +41,61 @@ Status Catalog::ApplyRetention(const std::string& job) {
   if (keep_every > 0) {
     std::erase_if(committed, [&](std::uint64_t v) { return v % keep_every == 0; });
   }
-  for (std::uint64_t v : committed) {
+  // Newest first: a differential version goes before the base it reads from, so that both
+  // can go in one pass.
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    const std::uint64_t v = *it;
     if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
     std::string dir = VersionDir(job, v);
-    // The marker goes first: a version half deleted is then simply not committed.
-    if (Status s = storage_->Remove(tree_.CommittedMarker(job, v)); !s.ok()) return s;
-    auto files = storage_->List(dir);
-    if (files.ok()) {
-      for (const auto& f : files.value()) {
-        if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
-      }
+    // A base that a version still on the tree reads from stays (daemon/pipeline/differential.h).
+    if (ReferencedAsBase(job, v)) continue;
+    const std::string marker = tree_.CommittedMarker(job, v);
+    const std::string deleting = JoinPath(dir, kDeletingMarker);
+    auto marker_text = storage_->ReadSmallFile(marker);
+    if (!marker_text.ok()) return marker_text.status();
+    // DELETING first, so that a crash from here on leaves a deletion the next retention
+    // finishes; then the commit marker: a version half deleted is then simply not committed.
+    if (Status s = storage_->WriteFileAtomic(deleting, ""); !s.ok()) return s;
+    if (Status s = storage_->Remove(marker); !s.ok()) return s;
+    // A daemon may have referenced it as a base after the look above, and found it still
+    // committed: it stays, committed again.
+    if (TestPause("retention-delete", v); ReferencedAsBase(job, v)) {
+      if (Status s = storage_->WriteFileAtomic(marker, marker_text.value()); !s.ok()) return s;
+      (void)storage_->Remove(deleting);
+      continue;
     }
-    if (Status s = storage_->Remove(dir); !s.ok()) return s;
+    if (Status s = RemoveVersionDir(job, v); !s.ok()) return s;
   }
   return storage_->SyncDir(JobDir(job));
+}
+
+Status Catalog::RemoveVersionDir(const std::string& job, std::uint64_t version) {
+  const std::string dir = VersionDir(job, version);
+  auto files = storage_->List(dir);
+  if (files.ok()) {
+    for (const auto& f : files.value()) {
+      if (f == kDeletingMarker) continue;  // last: until the rest is gone, the deletion is unfinished
+      if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
+    }
+  }
+  (void)storage_->Remove(JoinPath(dir, kDeletingMarker));
+  return storage_->Remove(dir);
+}
+
+bool Catalog::ReferencedAsBase(const std::string& job, std::uint64_t version) {
+  auto files = storage_->List(VersionDir(job, version));
+  if (!files.ok()) return false;
+  bool referenced = false;
+  for (const auto& f : files.value()) {
+    auto referrer = ParseBaseRefName(f);
+    if (!referrer) continue;
+    if (storage_->Exists(VersionDir(job, *referrer))) {
+      referenced = true;
+    } else {
+      (void)storage_->Remove(JoinPath(VersionDir(job, version), f));  // its version is gone: stale
+    }
+  }
+  return referenced;
 }
 
 void Catalog::Pin(const std::string& job, std::uint64_t version) {

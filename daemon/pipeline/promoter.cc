@@ -11,13 +11,14 @@
 namespace ckpt {
 
 Promoter::Promoter(LocalTier& local, MemoryTier& memory, ShardCopier& copier, const Catalog& catalog,
-                   bool persistent_direct_io, Hooks hooks)
+                   bool persistent_direct_io, Hooks hooks, BaseChooser* bases)
     : local_(local),
       memory_(memory),
       copier_(copier),
       catalog_(catalog),
       persistent_direct_io_(persistent_direct_io),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      bases_(bases) {}
 
 void Promoter::Start() {
   thread_ = std::thread([this] { Loop(); });
@@ -37,6 +38,15 @@ namespace {
 // How many started versions a job remembers: enough for the one running and the few whose
 // late ranks may still arrive behind it.
 constexpr std::size_t kStartedKept = 16;
+
+// The header of a complete memory-tier image.
+Result<ShardInfo> ParseImageHeader(const MemoryImage& image) {
+  if (image.file_bytes < 8) return DataLoss("the memory image is too short");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(image.data()[i]);
+  if (n > image.file_bytes - 8) return DataLoss("the memory image's header runs past its end");
+  return ParseShardHeader(std::string_view(image.data() + 8, n), image.file_bytes);
+}
 
 std::string ShardName(const ShardMeta& m) {
   return "version " + std::to_string(m.version) + " of job '" + m.job + "' (rank " + std::to_string(m.rank) +
@@ -213,6 +223,17 @@ void Promoter::Promote(const Task& task) {
   ShardCopier::Target dst{catalog_.VersionDir(m.job, m.version), ShardFileName(m.rank), persistent_direct_io_,
                           m.version, &abandon_};
   const auto start = std::chrono::steady_clock::now();
+  std::optional<DifferentialPlan> plan;
+  if (bases_ != nullptr && bases_->base_every() > 0) {
+    auto full = src.image ? ParseImageHeader(*src.image) : ReadShardHeader(src.path);
+    if (full.ok()) {
+      plan = bases_->Plan(full.value());
+    } else {
+      spdlog::warn("{}: written whole, its header could not be read for a differential write: {}", ShardName(m),
+                   full.status().message());
+    }
+  }
+  dst.differential = plan ? &*plan : nullptr;
   auto copied = copier_.Copy(src, dst);
   if (!copied.ok() && abandon_) {
     std::string why;
@@ -236,8 +257,15 @@ void Promoter::Promote(const Task& task) {
     }
     return;
   }
-  metrics::Metrics().Promoted(
-      task.file_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const std::uint64_t written = plan ? plan->file_bytes : task.file_bytes;
+  metrics::Metrics().Promoted(written,
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (plan) {
+    spdlog::info("{} persisted differential over base version {}: {} of {} item bytes written ({} bytes in all)",
+                 ShardName(m), plan->base, plan->stored_bytes, plan->item_bytes, written);
+  } else if (bases_ != nullptr) {
+    bases_->PersistedWhole(m);
+  }
   if (!hooks_.on_persisted(m, task.shard)) {
     if (task.shard) hooks_.on_failed(task.shard);
     return;

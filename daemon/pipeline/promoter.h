@@ -34,6 +34,7 @@
 
 #include "common/mutex.h"
 #include "daemon/catalog/catalog.h"
+#include "daemon/pipeline/differential.h"
 #include "daemon/pipeline/shard_copier.h"
 #include "daemon/pipeline/shard_job.h"
 #include "daemon/tiers/local_tier.h"
@@ -62,8 +63,9 @@ class Promoter {
     std::shared_ptr<ShardJob> shard;  // null for a promotion resumed after a restart
   };
 
+  // `bases` (may be null) chooses which shards go differential (daemon/pipeline/differential.h).
   Promoter(LocalTier& local, MemoryTier& memory, ShardCopier& copier, const Catalog& catalog,
-           bool persistent_direct_io, Hooks hooks);
+           bool persistent_direct_io, Hooks hooks, BaseChooser* bases = nullptr);
   ~Promoter() { Stop(); }
 
   void Start();
@@ -122,6 +124,7 @@ class Promoter {
   const Catalog& catalog_;
   const bool persistent_direct_io_;
   const Hooks hooks_;
+  BaseChooser* const bases_;
   mutable Mutex mu_;
   CondVar cv_;
   std::deque<Task> queue_ GUARDED_BY(mu_);

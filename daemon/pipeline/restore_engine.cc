@@ -16,24 +16,89 @@
 #include "common/names.h"
 #include "common/run_parallel.h"
 #include "format/checksum.h"
+#include "format/shard_files.h"
 
 namespace ckpt {
 
-// Where the bytes of a shard come from: its file, or its memory-tier image.
+// Where the bytes of a shard come from: its file, its memory-tier image, or, for a
+// differential shard, a whole shard laid over two files (`segments`).
 struct ShardBytes {
   Storage* storage = nullptr;
   int fd = -1;
   const std::string* path = nullptr;
   const MemoryImage* image = nullptr;
+  // A run of the whole shard's bytes, from `at` on, read from `fd` at `from`.
+  struct Segment {
+    std::uint64_t at = 0, length = 0;
+    int fd = -1;
+    std::uint64_t from = 0;
+    const std::string* path = nullptr;
+  };
+  std::vector<Segment> segments;  // sorted by `at`, touching
+  std::uint64_t file_bytes = 0;   // of the whole shard (segments only)
 
   // Reads `len` bytes at file offset `off` into `dst`; returns how many there were.
   Result<std::size_t> Read(std::uint64_t off, char* dst, std::size_t len) const {
+    if (!segments.empty()) return ReadSegments(off, dst, len);
     if (image == nullptr) return storage->ReadAt(fd, dst, len, off, *path);
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, image->file_bytes - off));
     std::memcpy(dst, image->data() + off, n);
     return n;
   }
+
+  Result<std::size_t> ReadSegments(std::uint64_t off, char* dst, std::size_t len) const {
+    if (off >= file_bytes) return std::size_t{0};
+    len = static_cast<std::size_t>(std::min<std::uint64_t>(len, file_bytes - off));
+    auto it = std::upper_bound(segments.begin(), segments.end(), off,
+                               [](std::uint64_t o, const Segment& s) { return o < s.at; });
+    std::size_t done = 0;
+    for (--it; done < len && it != segments.end(); ++it) {
+      const std::uint64_t within = off + done - it->at;
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len - done, it->length - within));
+      for (std::size_t got = 0; got < n;) {
+        auto r = storage->ReadAt(it->fd, dst + done + got, n - got, it->from + within + got, *it->path);
+        if (!r.ok()) return r.status();
+        if (r.value() == 0) return DataLoss(*it->path + " ended early (truncated shard)");
+        got += r.value();
+      }
+      done += n;
+    }
+    return done;
+  }
 };
+
+// A differential shard (format/shard_files.h) as the whole shard it stands for: its items
+// laid out as the differential shard's stored items, then those in the base, each read
+// from where it is. *whole gets the header of that whole shard (only its data section is
+// read: it starts where the differential shard's does).
+ShardBytes WholeShard(Storage* storage, const ShardFiles& files, ShardInfo* whole) {
+  ShardBytes src;
+  src.storage = storage;
+  *whole = files.info();
+  whole->base.reset();
+  std::uint64_t at = whole->data_start;
+  // The header and the stored items: the differential file as it is.
+  std::uint64_t stored = 0;
+  for (const ShardItem& item : whole->items) stored += item.in_base ? 0 : item.length;
+  src.segments.push_back({0, whole->data_start + stored, files.fd(), 0, &files.path()});
+  at += stored;
+  std::uint64_t offset = stored;
+  for (std::size_t i = 0; i < whole->items.size(); ++i) {
+    ShardItem& item = whole->items[i];
+    if (!item.in_base) continue;
+    item.in_base = false;
+    item.offset = offset;
+    if (item.length > 0) {
+      const ShardFiles::Location where = files.Locate(i);
+      src.segments.push_back({at, item.length, where.fd, where.offset, where.path});
+    }
+    at += item.length;
+    offset += item.length;
+  }
+  whole->file_bytes = at;
+  src.file_bytes = at;
+  return src;
+}
 
 namespace {
 
@@ -565,6 +630,14 @@ Result<RestoredShard> RestoreEngine::Restore(const std::string& path,
   auto info = ReadShardHeader(header_fd.get(), path);
   if (!info.ok()) return info.status();
   if (Status s = MatchLayout(info.value(), targets); !s.ok()) return s;
+  if (info->base) {
+    // Differential: read buffered from the shard and its base, both held open.
+    auto files = ShardFiles::Adopt(std::move(header_fd), std::move(info).value(), path);
+    if (!files.ok()) return files.status();
+    ShardInfo whole;
+    ShardBytes src = WholeShard(storage_.get(), files.value(), &whole);
+    return Run(path, whole, targets, src);
+  }
   UniqueFd data_fd;
   if (!direct_io) {
     data_fd = std::move(header_fd);

@@ -2,7 +2,9 @@
 // persistent -> local prefetch) the way the flush engine writes: aligned pieces, several
 // in flight (O_DIRECT where the directories take it), a .tmp file, fdatasync, rename,
 // fsync of the directory. The source is a file, or the shard's memory-tier image (then
-// nothing is read from disk). A committed version is never overwritten. Thread-safe.
+// nothing is read from disk). With a differential plan (daemon/pipeline/differential.h) the
+// file written is the plan's header followed by the listed bytes of the source, gathered
+// into pool chunks. A committed version is never overwritten. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -12,6 +14,7 @@
 
 #include "common/status.h"
 #include "daemon/io/storage.h"
+#include "daemon/pipeline/differential.h"
 #include "daemon/pipeline/host_pool.h"
 #include "daemon/tiers/memory_tier.h"
 
@@ -35,6 +38,8 @@ class ShardCopier {
     std::uint64_t version = 0;  // for the test pause point "promote"
     // When it turns true, the copy stops at its next piece (kCancelled, no file left).
     const std::atomic<bool>* abandon = nullptr;
+    // Write the shard differential, as this plan says (null: a copy of the source).
+    const DifferentialPlan* differential = nullptr;
   };
 
   // Copies and publishes; returns the bytes read from disk (0 from an image).

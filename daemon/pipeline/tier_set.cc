@@ -187,6 +187,12 @@ Result<PrefetchResult> TierSet::Prefetch(const std::string& job, std::uint64_t r
     const std::string src = catalog_.ShardPath(job, v, rank);
     auto info = ReadShardHeader(src);
     if (!info.ok()) return info.status().With(context);
+    if (info->base) {
+      // Differential (daemon/pipeline/differential.h): the faster tiers hold whole shards
+      // only, and a restore reads this one and its base from the persistent tier.
+      ++out.differential_shards;
+      continue;
+    }
     std::string read_from = src;
     bool read_direct = persistent_direct_io_;
     if (local_) {

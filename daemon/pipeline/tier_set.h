@@ -108,6 +108,7 @@ struct PrefetchResult {
   std::uint32_t local_shards = 0;   // copied to the local tier
   std::uint32_t memory_shards = 0;  // loaded into the memory tier
   std::uint64_t bytes = 0;          // read from the persistent tier
+  std::uint32_t differential_shards = 0;  // left on the persistent tier (restores read them there)
 };
 
 class TierSet {

@@ -98,6 +98,7 @@ void ToProto(const PrefetchResult& r, v1::PrefetchReply* reply) {
   reply->set_local_shards(r.local_shards);
   reply->set_memory_shards(r.memory_shards);
   reply->set_bytes(r.bytes);
+  reply->set_differential_shards(r.differential_shards);
 }
 
 }  // namespace ckpt

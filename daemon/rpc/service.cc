@@ -369,8 +369,10 @@ grpc::Status CheckpointService::Prefetch(grpc::ServerContext* ctx, const v1::Pre
   if (!done.ok()) return ToGrpc(done.status());
   daemon_.restore_counters().bytes_read += done->bytes;
   ToProto(done.value(), reply);
-  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} bytes read)",
-               req->job(), done->version, done->ranks, done->local_shards, done->memory_shards, done->bytes);
+  spdlog::info("job {}: prefetched version {} ({} rank(s): {} to local, {} to memory, {} differential left, {} "
+               "bytes read)",
+               req->job(), done->version, done->ranks, done->local_shards, done->memory_shards,
+               done->differential_shards, done->bytes);
   return grpc::Status::OK;
 }
 

@@ -73,6 +73,13 @@ Status LoadCopy(Storage& storage, TierSet& tiers, const ElasticRequest& req, con
                     " (was written by another rank or copied into place)");
   }
   if (Status st = CheckBlobBytes(where, info.value(), limits); !st.ok()) return st;
+  s.files.reset();
+  if (info->base) {
+    if (src.image) return DataLoss(where + " is a differential shard (only files of the persistent tier are)");
+    auto files = ShardFiles::Adopt(std::move(s.fd), info.value(), src.path);
+    if (!files.ok()) return files.status();
+    s.files = std::move(files).value();
+  }
   s.info = std::move(info).value();
   s.tensors.clear();
   s.blobs.clear();
@@ -114,6 +121,7 @@ void ElasticRun::BadCopy(LoadedShard& s, const Status& why) {
   tiers_.DropCopy(s.src());
   if (s.src().tier == Tier::kPeer) s.sources[s.at].image.reset();  // fetched: outside the budget
   s.fd.reset();
+  s.files.reset();
   ++s.at;
 }
 

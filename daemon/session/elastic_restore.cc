@@ -33,15 +33,15 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
   Checksum whole;  // p.blocks == nullptr: the task is the whole item
   for (std::uint64_t lo = t.lo; lo < t.hi;) {
     const std::uint64_t n = std::min(window, t.hi - lo);
-    const std::uint64_t at = s.info.data_start + item.offset + lo;
     const char* data = nullptr;
     if (s.src().image) {
-      data = s.src().image->data() + at;
+      data = s.src().image->data() + s.info.data_start + item.offset + lo;
     } else {
       buf.resize(static_cast<std::size_t>(n));
+      const auto [fd, at] = s.FileAt(item, lo);
       std::uint64_t got = 0;
       while (got < n) {
-        auto r = storage_.ReadAt(s.fd.get(), buf.data() + got, n - got, at + got, s.src().path);
+        auto r = storage_.ReadAt(fd, buf.data() + got, n - got, at + got, s.src().path);
         if (!r.ok()) return r.status();
         if (r.value() == 0) return DataLoss(s.Where() + " ended early (truncated shard)");
         got += r.value();

@@ -8,12 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "format/shard_files.h"
 #include "daemon/base/error_log.h"
 #include "daemon/io/storage.h"
 #include "daemon/session/elastic_restore.h"
@@ -46,7 +48,16 @@ struct LoadedShard {
   std::size_t at = 0;  // the copy in use
   ShardInfo info;
   UniqueFd fd;  // file copies
+  // A differential file copy (format/shard_files.h), its base open too; `fd` is then unused.
+  std::optional<ShardFiles> files;
   std::map<std::string, const ShardItem*> tensors, blobs;
+
+  // Where byte `lo` of item `item` (of info.items) is read from in a file copy.
+  std::pair<int, std::uint64_t> FileAt(const ShardItem& item, std::uint64_t lo) const {
+    if (!files) return {fd.get(), info.data_start + item.offset + lo};
+    const ShardFiles::Location where = files->Locate(static_cast<std::size_t>(&item - info.items.data()));
+    return {where.fd, where.offset + lo};
+  }
 
   const ShardSource& src() const { return sources[at]; }
   std::string Where() const {

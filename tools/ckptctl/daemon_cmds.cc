@@ -223,6 +223,10 @@ int Prefetch(const std::string& socket, const std::string& job, std::uint64_t ve
   }
   std::printf("job %s version %" PRIu64 ": %u shard(s) copied to the local tier, %u into memory, %s read\n",
               job.c_str(), r.version(), r.local_shards(), r.memory_shards(), Human(r.bytes()).c_str());
+  if (r.differential_shards() > 0) {
+    std::printf("  %u differential shard(s) left on the persistent tier: restores read them and their base there\n",
+                r.differential_shards());
+  }
   return kOk;
 }
 
