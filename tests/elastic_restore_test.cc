@@ -295,6 +295,27 @@ TEST_CASE("a restore at another world size reads the persistent tier after a dae
   RestoreAndCheck(daemon.socket(), 3, 1, true, 4, "persistent");
 }
 
+TEST_CASE("a differential version restores at another world size, its unchanged items read from its base",
+          "[elastic][differential]") {
+  TempDir dir("elastic-diff");
+  auto options = [&](const std::string& local) {
+    return Options(dir, {"--local", dir.path() + "/" + local, "--persistent-base-every", "4"});
+  };
+  {
+    DaemonProcess daemon(options("local"));
+    SaveAt4(daemon.socket(), 1);
+    SaveAt4(daemon.socket(), 2);  // the same state: every item of version 2 is version 1's
+  }
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    auto info = ReadShardHeader(dir.path() + "/root/job/" + VersionDirName(2) + "/" + ShardFileName(r));
+    REQUIRE(info.ok());
+    CHECK(info->base == std::optional<std::uint64_t>(1));
+  }
+  DaemonProcess daemon(options("local2"));  // nothing in memory nor on the local tier
+  RestoreAndCheck(daemon.socket(), 2, 2, true, 4, "persistent");
+  RestoreAndCheck(daemon.socket(), 3, 2, true, 4, "persistent");
+}
+
 TEST_CASE("a corrupted block of a persistent shard is reported by name and nothing is written", "[elastic]") {
   TempDir dir("elastic-corrupt");
   DaemonProcess daemon(Options(dir, {"--memory-mib", "0"}));

@@ -6,6 +6,10 @@ A checkpoint tree (format/paths.h) looks like
     ROOT/JOB/v0000000042/COMMITTED                written once every rank's shard is durable
     ROOT/JOB/latest                               text: the newest committed version
 
+A differential shard (written by ckptd --persistent-base-every: only the items that changed
+since a base version, format/shard_format.h) is read whole: its other items come from the
+base version's shard beside it, which must hold them with the same checksums.
+
 The bytes are read and every item's xxh3 checksum verified in C++ (ckpt._ckpt.read_shard,
 over the project's format library), with the GIL released. Every item arrives in its own
 buffer, so a tensor returned here owns its memory: nothing else aliases it, and it is
@@ -78,7 +82,9 @@ class Shard:
     tensors: name -> tensor (see the module docstring for its type), in file order
     blobs: name -> bytes, in file order
     items: the header's entries in file order: dicts with name, kind ('tensor' or 'blob'),
-        dtype, shape, offset, length, checksum (16 hex digits)
+        dtype, shape, offset, length, checksum (16 hex digits), in_base (True for an item
+        of a differential shard that is read from its base version's shard; such items
+        come after the stored ones, in name order)
     """
 
     meta: Dict[str, Any]

@@ -332,3 +332,41 @@ def test_levels_and_the_tier_a_restore_reads(start_daemon, temp_dir):
     # The loader ignores the done markers and the rank registrations beside the shards.
     assert ckpt.load_version(d.root, JOB, "latest").version == 1
     client.unregister()
+
+
+def test_a_differential_shard_loads_whole_through_its_base(start_daemon, temp_dir):
+    """ckptd --persistent-base-every writes a version whose items mostly did not change with
+    only the changed ones; load_file and load_version read the others from the base version's
+    shard, and a standard safetensors reader sees the changed items only."""
+    d = start_daemon(extra_args=("--local", str(temp_dir / "local"), "--persistent-base-every", "4"))
+    client = d.client()
+    state = State(client)
+    want = {1: state.expected()}
+    save(client, 1)
+    state.tensors["steps"].add_(7)
+    want[2] = state.expected()
+    save(client, 2)
+    client.unregister()
+    del client
+
+    header = ckpt.read_header(shard_path(d.root, 2))
+    left = sorted(item["name"] for item in header.items if item["in_base"])
+    assert "steps" not in left and "w" in left
+    # The stored items come first, then those read from the base (in name order).
+    def by_name(tensors):
+        return dict(sorted(tensors.items()))
+    assert_same(by_name(ckpt.load_file(shard_path(d.root, 2)).tensors), by_name(want[2]))
+    assert_same(by_name(ckpt.load_version(d.root, JOB, 2, rank=0).tensors), by_name(want[2]))
+    assert_same(ckpt.load_file(shard_path(d.root, 1)).tensors, want[1])
+
+    # The base gone, the version cannot be read, and the error names the base.
+    base = shard_path(d.root, 1)
+    os.rename(base, base + ".moved")
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.load_file(shard_path(d.root, 2))
+    assert "v0000000001" in str(e.value) and "cannot be read" in str(e.value)
+
+    safetensors = pytest.importorskip("safetensors.torch", reason="the safetensors package is not installed")
+    plain = safetensors.load_file(shard_path(d.root, 2))
+    assert sorted(plain) == ["empty", "steps"]  # an empty item costs nothing to store
+    assert torch.equal(plain["steps"], want[2]["steps"])
