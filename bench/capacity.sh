@@ -4,13 +4,15 @@
 # on this machine.
 #
 # Usage: bench/capacity.sh [--out FILE.json] [--build DIR] [--dir DIR] [--mib N] [--steps N]
-#                          [--frozen-percent P] [--compute-ms MS] [--memory-mib N]
+#                          [--frozen-percent P] [--compute-ms MS] [--memory-mib N] [--base-every N]
 #   --dir             where the persistent and local tiers go (default /tmp/ckptd-capacity)
 #   --mib             state per rank, MiB (default 1024, in 20 tensors)
 #   --steps           iterations, each checkpointed (default 20)
 #   --frozen-percent  share of the tensors that never change after the first step (default 90)
 #   --compute-ms      compute phase of an iteration (default 5000: on this 2-core VM, with both
 #                     "nodes" on one disk, persistence and replication keep up with it)
+#   --base-every      the differential runs' --persistent-base-every (default 10: versions 1
+#                     and 11 whole, the others differential over them)
 #   --memory-mib      each daemon's --memory-mib (default 6 x --mib + 512: its rank's newest
 #                     version and the ones still being written, and two versions of the
 #                     peer's rank, a delta's base and the version composed beside it)
@@ -18,8 +20,9 @@
 # Two daemons stand for two nodes (--replicas 1, loopback TCP, the setup of the replication
 # tests), one rank on each. The trainers (ckpt-toy-trainer --frozen-tensors) checkpoint every
 # step; the frozen tensors keep the values of step 0, the others change every step.
-#   differential  the run as the daemons run by default (replicas sent as deltas on the
-#                 version the peer holds). For every version after the first:
+#   differential  replicas sent as deltas on the version the peer holds (the default), and
+#                 --persistent-base-every: the persistent tier's shards written with only the
+#                 items changed since a base version. For every version after the first:
 #                 peer_bytes_ratio        bytes sent to the peer for a rank's shard / the shard's
 #                                         bytes (the sender's log: "N of M bytes sent")
 #                 persistent_bytes_ratio  bytes of the version's shard files on the persistent
@@ -27,7 +30,8 @@
 #                 medians over versions after the first. Then every committed version is
 #                 restored by a fresh trainer per rank (--resume-version), which checks every
 #                 byte: restored_byte_exact.
-#   full          the same run with --no-replica-deltas. The runs go differential, full, full,
+#   full          the same run with --no-replica-deltas and every persistent shard whole. The
+#                 runs go differential, full, full,
 #                 differential (the first pair keeps every version, the second pair the newest
 #                 2, and only the first restores), so that the machine's drift does not land
 #                 on one side: trainer_stall_ratio is the
@@ -52,6 +56,7 @@ steps=20
 frozen_percent=90
 compute_ms=5000
 memory_mib=""
+base_every=10
 tensors=20
 args="$*"
 while [ $# -gt 0 ]; do
@@ -64,6 +69,7 @@ while [ $# -gt 0 ]; do
     --frozen-percent) frozen_percent="$2"; shift 2 ;;
     --compute-ms) compute_ms="$2"; shift 2 ;;
     --memory-mib) memory_mib="$2"; shift 2 ;;
+    --base-every) base_every="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -165,7 +171,7 @@ finish() {
   stop "$1_n1"
 }
 
-run differential
+run differential --persistent-base-every "$base_every"
 # The persistent tier's bytes of each committed version, before the restores below set newer
 # versions aside.
 for d in "$work/differential/persistent/cap"/v*; do
@@ -197,7 +203,7 @@ for name in full full2 differential2; do
   case "$name" in
     full) run "$name" --no-replica-deltas ;;
     full2) run "$name" --no-replica-deltas --keep-last 2 ;;
-    *) run "$name" --keep-last 2 ;;
+    *) run "$name" --keep-last 2 --persistent-base-every "$base_every" ;;
   esac
   finish "$name"
   rm -rf "${work:?}/$name"
@@ -208,9 +214,9 @@ bench_run "$build/ckpt-erasure-bench" --mib 256 --repeats 5 --out "$work/erasure
 tail -n 12 "$work/erasure.log"
 
 python3 - "$work" "$out" "$here/docs/results/capacity.json" "$mib" "$steps" "$tensors" "$frozen" "$compute_ms" \
-  "$memory_mib" "bench/capacity.sh $args" <<'PY'
+  "$memory_mib" "bench/capacity.sh $args" "$base_every" <<'PY'
 import datetime, glob, json, os, platform, re, statistics, sys
-work, out, docs_out, mib, steps, tensors, frozen, compute_ms, memory_mib, command = sys.argv[1:]
+work, out, docs_out, mib, steps, tensors, frozen, compute_ms, memory_mib, command, base_every = sys.argv[1:]
 mib, steps, tensors, frozen = int(mib), int(steps), int(tensors), int(frozen)
 
 def med(xs):
@@ -257,7 +263,7 @@ result = {
     "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.release()}",
     "setup": {"nodes": 2, "ranks": 2, "replicas": 1, "state_bytes_per_rank": mib * 2**20, "steps": steps,
               "tensors": tensors, "frozen_tensors": frozen, "compute_ms": int(compute_ms),
-              "memory_mib_per_daemon": int(memory_mib)},
+              "memory_mib_per_daemon": int(memory_mib), "persistent_base_every": int(base_every)},
     "differential": {
         "peer_bytes_ratio": med(peer_ratios),
         "persistent_bytes_ratio": med(pers_ratios),
@@ -302,8 +308,8 @@ result = {
 }
 if pers_ratios and min(pers_ratios) > 0.9:
     result["not_measured"]["differential.persistent_bytes_ratio"] = (
-        "measured, but the persistent tier writes every version whole: differential versions there "
-        "are not built yet")
+        "measured, but the persistent tier wrote every version whole (no differential shard: see the "
+        "daemons' logs, 'persisted differential')")
 for path in (out, docs_out):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json.dump(result, open(path, "w"), indent=2)

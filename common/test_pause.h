@@ -7,7 +7,9 @@
 // shard is written to its .tmp file, not yet renamed), "promote-start" (a shard is about to be
 // copied to another tier, a promotion or a prefetch: nothing of it is there yet, and for the
 // version's first shard there, not its directory either),
-// "promote" (half of a shard is copied to the persistent tier's .tmp file). Unset (always,
+// "promote" (half of a shard is copied to the persistent tier's .tmp file), "retention-delete"
+// (retention removed a version's COMMITTED and has not yet looked again for references to it
+// nor removed its files). Unset (always,
 // outside tests), it costs one branch.
 #pragma once
 

@@ -13,14 +13,24 @@
 
 namespace ckpt {
 
+namespace {
+
+// "dir/name" -> {"dir", "name"}; a path without a slash is in ".".
+std::pair<std::string, std::string> SplitPath(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
+}  // namespace
+
 std::string ShardFiles::BasePath(const std::string& path, std::uint64_t base) {
   // ROOT/JOB/vNNN/rank-R.safetensors -> ROOT/JOB/v<base>/rank-R.safetensors
-  const std::size_t file = path.find_last_of('/');
-  const std::string name = file == std::string::npos ? path : path.substr(file + 1);
-  const std::string dir = file == std::string::npos ? "." : path.substr(0, file);
-  const std::size_t up = dir.find_last_of('/');
-  const std::string job_dir = up == std::string::npos ? "." : dir.substr(0, up);
-  return job_dir + "/" + VersionDirName(base) + "/" + name;
+  const auto [dir, name] = SplitPath(path);
+  const auto [job_dir, version_dir] = SplitPath(dir);
+  // A directory not named like a version ("." when run from inside one): its parent.
+  const std::string parent = ParseVersionDirName(version_dir) ? job_dir : dir + "/..";
+  return parent + "/" + VersionDirName(base) + "/" + name;
 }
 
 Result<ShardFiles> ShardFiles::Open(const std::string& path) {
@@ -40,11 +50,21 @@ Result<ShardFiles> ShardFiles::Adopt(UniqueFd fd, ShardInfo info, const std::str
   const ShardInfo& own = files.info_;
   const std::uint64_t base = *own.base;
   files.base_path_ = BasePath(path, base);
+  auto base_fd = OpenRegularForRead(files.base_path_);
+  // A version a rollback set aside (JOB/set-aside/vN) reads from a base still in JOB/ unless
+  // the base was set aside too.
+  if (const auto [up, aside] = SplitPath(SplitPath(SplitPath(files.base_path_).first).first);
+      !base_fd.ok() && base_fd.status().code() == StatusCode::kNotFound && aside == kSetAsideDir) {
+    const std::string outside = up + "/" + VersionDirName(base) + "/" + SplitPath(path).second;
+    if (auto fd = OpenRegularForRead(outside); fd.ok() || fd.status().code() != StatusCode::kNotFound) {
+      files.base_path_ = outside;
+      base_fd = std::move(fd);
+    }
+  }
   const std::string& base_path = files.base_path_;
   const std::string what = path + " is a differential shard of version " + std::to_string(own.meta.version) +
                            " whose unchanged items are in version " + std::to_string(base) + "'s shard " +
                            base_path;
-  auto base_fd = OpenRegularForRead(base_path);
   if (!base_fd.ok()) {
     return DataLoss(what + ", which cannot be read: " + base_fd.status().message());
   }

@@ -314,6 +314,23 @@ TEST_CASE("differential keys are refused where they do not belong", "[format][di
       CHECK_THAT(ReadShardHeader(diff).status().message(), Catch::Contains("is malformed"));
     }
   }
+  SECTION("a reference that is not a string") {
+    EditHeader(diff, [](nlohmann::json& h) { h["__metadata__"]["ckpt.ref.frozen.weight"] = 7; });
+    CHECK_THAT(ReadShardHeader(diff).status().message(), Catch::Contains("not a string"));
+  }
+  SECTION("a blob left to the base as anything but U8 [length]") {
+    EditHeader(diff, [](nlohmann::json& h) {
+      h["__metadata__"]["ckpt.ref.frozen.bias"] = "U8 [64]";
+      h["__metadata__"]["ckpt.item.frozen.bias"] = std::string("kind=blob xxh3=0000000000000000");
+      h["__metadata__"]["ckpt.ref.frozen.weight"] = "F32 [4096]";
+      h["__metadata__"]["ckpt.item.frozen.weight"] = std::string("kind=blob xxh3=0000000000000000");
+    });
+    CHECK_THAT(ReadShardHeader(diff).status().message(), Catch::Contains("blob's bytes are not"));
+  }
+  SECTION("a reference without its checksum") {
+    EditHeader(diff, [](nlohmann::json& h) { h["__metadata__"].erase("ckpt.item.frozen.weight"); });
+    CHECK_THAT(ReadShardHeader(diff).status().message(), Catch::Contains("no checksum for"));
+  }
   SECTION("an item both stored and left to the base") {
     EditHeader(diff, [](nlohmann::json& h) { h["__metadata__"]["ckpt.ref.trained.weight"] = "BF16 [40]"; });
     CHECK_THAT(ReadShardHeader(diff).status().message(), Catch::Contains("both stored in the shard and left"));

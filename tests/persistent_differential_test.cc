@@ -27,6 +27,9 @@ namespace {
 
 DaemonOptions Options(const TempDir& dir, const std::string& local, std::vector<std::string> extra) {
   DaemonOptions o;
+  // 1 MiB chunks: a shard of 4 MiB of tensors spans several, and so do the pieces its
+  // differential write gathers and the reads of its restore.
+  o.chunk_mib = 1;
   o.root = dir.path() + "/persistent";
   o.socket = dir.path() + "/sock/ckptd.sock";
   o.extra_args = {"--local", local, "--create-root"};
@@ -35,11 +38,12 @@ DaemonOptions Options(const TempDir& dir, const std::string& local, std::vector<
 }
 
 // One step per run, so that no version is superseded before it is persisted: each run waits
-// for its version to commit, and the next resumes from it. 4 tensors of 1 MiB, 3 frozen.
-ProcessResult Step(const DaemonProcess& daemon, std::uint64_t v, std::vector<std::string> extra = {}) {
+// for its version to commit, and the next resumes from it. 4 tensors of state_mib / 4, 3 frozen.
+ProcessResult Step(const DaemonProcess& daemon, std::uint64_t v, std::vector<std::string> extra = {},
+                   int state_mib = 4) {
   const bool restore = std::find(extra.begin(), extra.end(), "--resume-version") != extra.end();
-  std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib", "4",
-                                   "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
+  std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib",
+                                   std::to_string(state_mib), "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
                                    std::to_string(v)};
   if (v > 1 || restore) args.push_back("--resume");
   args.insert(args.end(), extra.begin(), extra.end());
@@ -91,7 +95,7 @@ TEST_CASE("with --persistent-base-every, mostly unchanged versions are persisted
   {
     DaemonProcess daemon(Options(dir, dir.path() + "/local", {"--persistent-base-every", "3"}));
     for (std::uint64_t v = 1; v <= 5; ++v) {
-      ProcessResult run = Step(daemon, v);
+      ProcessResult run = Step(daemon, v, {}, 40);
       INFO(run.output);
       REQUIRE(run.exit_code == 0);
       REQUIRE(fs::exists(root + "/toy/" + VersionDirName(v) + "/COMMITTED"));
@@ -148,15 +152,20 @@ TEST_CASE("with --persistent-base-every, mostly unchanged versions are persisted
   for (const auto& [name, bytes] : x3) {
     INFO(name);
     REQUIRE(x1.count(name) == 1);
-    CHECK(bytes.size() == (1u << 20));
+    CHECK(bytes.size() == (10u << 20));
     same += bytes == x1[name] ? 1 : 0;
   }
   CHECK(same == 3);
 
-  // A fresh daemon with an empty local tier: every version from the persistent tier alone.
-  DaemonProcess fresh(Options(dir, dir.path() + "/local2", {"--persistent-base-every", "3"}));
+  // A fresh daemon with an empty local tier: every version from the persistent tier alone,
+  // through a pool of 4 chunks, fewer than a shard of 40 MiB has (the restore reads it twice:
+  // verified, then checked again and copied).
+  DaemonOptions small = Options(dir, dir.path() + "/local2", {"--persistent-base-every", "3"});
+  small.pool_mib = 16;
+  small.chunk_mib = 4;
+  DaemonProcess fresh(small);
   for (std::uint64_t v = 5; v >= 1; --v) {
-    ProcessResult restore = Step(fresh, v, {"--resume-version", std::to_string(v)});
+    ProcessResult restore = Step(fresh, v, {"--resume-version", std::to_string(v)}, 40);
     INFO(restore.output);
     CHECK(restore.exit_code == 0);
     CHECK_THAT(restore.output, Catch::Contains("restored version " + std::to_string(v) + " from persistent") &&
@@ -257,6 +266,48 @@ TEST_CASE("a daemon killed in the middle of deleting versions leaves every commi
   CHECK(fs::exists(root + "/toy/" + VersionDirName(4) + "/COMMITTED"));
   CHECK_FALSE(fs::exists(root + "/toy/" + VersionDirName(1)));
   CHECK_FALSE(fs::exists(root + "/toy/" + VersionDirName(3)));
+}
+
+TEST_CASE("a base referenced while retention was deleting it, and the daemon killed there, is committed again",
+          "[differential][retention][crash]") {
+  TempDir dir("pdiffundo");
+  const std::string root = dir.path() + "/persistent";
+  const std::string gate = dir.path() + "/retention-wait";
+  // Base every 2: 1 whole, 2 over 1, 3 whole, 4 over 3.
+  std::vector<std::string> flags = {"--persistent-base-every", "2", "--keep-last", "1"};
+  const std::string v1 = root + "/toy/" + VersionDirName(1);
+  {
+    DaemonOptions o = Options(dir, dir.path() + "/local", flags);
+    o.env = {"CKPTD_TEST_PAUSE=retention-delete:1:" + gate};
+    DaemonProcess daemon(o);
+    REQUIRE(Step(daemon, 1).exit_code == 0);
+    REQUIRE(Step(daemon, 2).exit_code == 0);
+    { std::ofstream(gate) << "hold"; }
+    // Version 3 commits: retention deletes 2, then finds nothing reading 1 and stops there, with
+    // 1's COMMITTED removed and its references not looked at again.
+    std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib",
+                                     "4", "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
+                                     "3", "--resume"};
+    const pid_t trainer = StartProcess(args, dir.path() + "/trainer3.log");
+    REQUIRE(Eventually([&] { return fs::exists(gate + ".reached"); }, std::chrono::seconds(60)));
+    CHECK_FALSE(fs::exists(v1 + "/COMMITTED"));
+    CHECK(fs::exists(v1 + "/DELETING"));
+    // Meanwhile another node's daemon found version 1 still committed and wrote a version over it.
+    fs::create_directories(root + "/toy/" + VersionDirName(7));
+    { std::ofstream(v1 + "/" + BaseRefName(7, "othernode-12345678")); }
+    daemon.Kill9();
+    (void)WaitProcess(trainer);
+    fs::remove(gate);
+  }
+  DaemonProcess again(Options(dir, dir.path() + "/local", flags));
+  REQUIRE(Step(again, 3, {"--resume-version", "3"}).exit_code == 0);
+  REQUIRE(Step(again, 4).exit_code == 0);
+  // The next retention put version 1 back: committed, whole, and read by version 7.
+  CHECK(fs::exists(v1 + "/COMMITTED"));
+  CHECK_FALSE(fs::exists(v1 + "/DELETING"));
+  ProcessResult verify = RunProcess({CKPTCTL_BINARY, "verify", "--root", root, "--job", "toy", "--version", "1"});
+  INFO(verify.output);
+  CHECK(verify.exit_code == 0);
 }
 
 TEST_CASE("--persistent-base-every without a local tier is refused at start, saying why", "[differential]") {

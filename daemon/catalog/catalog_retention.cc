@@ -3,6 +3,7 @@
 // versions newer than the one it returns to.
 #include "daemon/catalog/catalog.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,27 @@ Status Catalog::ApplyRetention(const std::string& job) {
   if (keep_last == 0) return Status::Ok();
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
-  // Deletions a crash cut short are finished first: what they left is no version, and the
-  // bases those read from may go too.
+  // Deletions a crash cut short are finished first, so that the bases they read from may go
+  // too; but one cut short between its two looks for references may have been referenced in
+  // between: it is committed again, from the marker's text that DELETING holds.
   for (const auto& e : versions.value()) {
-    if (!e.committed && storage_->Exists(JoinPath(VersionDir(job, e.version), kDeletingMarker))) {
+    const std::string deleting = JoinPath(VersionDir(job, e.version), kDeletingMarker);
+    if (e.committed || !storage_->Exists(deleting)) continue;
+    if (!ReferencedAsBase(job, e.version)) {
       if (Status s = RemoveVersionDir(job, e.version); !s.ok()) return s;
+      continue;
     }
+    // Referenced: put back unless the deletion had passed its point of no return.
+    auto text = storage_->ReadSmallFile(deleting);
+    if (!text.ok()) return text.status().With("finish the deletion of version " + std::to_string(e.version));
+    // Emptied: cut short after the second look found no reference, files maybe half removed;
+    // no writer can have found it committed since, so it goes.
+    if (text->empty()) {
+      if (Status s = RemoveVersionDir(job, e.version); !s.ok()) return s;
+      continue;
+    }
+    if (Status s = storage_->WriteFileAtomic(tree_.CommittedMarker(job, e.version), text.value()); !s.ok()) return s;
+    (void)storage_->Remove(deleting);
   }
   std::vector<std::uint64_t> committed;
   for (const auto& e : versions.value()) {
@@ -53,9 +69,10 @@ Status Catalog::ApplyRetention(const std::string& job) {
     const std::string deleting = JoinPath(dir, kDeletingMarker);
     auto marker_text = storage_->ReadSmallFile(marker);
     if (!marker_text.ok()) return marker_text.status();
-    // DELETING first, so that a crash from here on leaves a deletion the next retention
-    // finishes; then the commit marker: a version half deleted is then simply not committed.
-    if (Status s = storage_->WriteFileAtomic(deleting, ""); !s.ok()) return s;
+    // DELETING first, holding the commit marker's text, so that a crash from here on leaves a
+    // deletion the next retention finishes (or undoes: see above); then the commit marker: a
+    // version half deleted is then simply not committed.
+    if (Status s = storage_->WriteFileAtomic(deleting, marker_text.value()); !s.ok()) return s;
     if (Status s = storage_->Remove(marker); !s.ok()) return s;
     // A daemon may have referenced it as a base after the look above, and found it still
     // committed: it stays, committed again.
@@ -64,6 +81,9 @@ Status Catalog::ApplyRetention(const std::string& job) {
       (void)storage_->Remove(deleting);
       continue;
     }
+    // The point of no return: from here a crash leaves a deletion the next retention finishes
+    // whatever references it finds (none can have found the version committed since).
+    if (Status s = storage_->WriteFileAtomic(deleting, ""); !s.ok()) return s;
     if (Status s = RemoveVersionDir(job, v); !s.ok()) return s;
   }
   return storage_->SyncDir(JobDir(job));
@@ -83,13 +103,26 @@ Status Catalog::RemoveVersionDir(const std::string& job, std::uint64_t version) 
 }
 
 bool Catalog::ReferencedAsBase(const std::string& job, std::uint64_t version) {
+  // Any doubt (an error other than "not there") counts as a reference: a base kept too long
+  // costs space, one deleted too early loses a version.
   auto files = storage_->List(VersionDir(job, version));
-  if (!files.ok()) return false;
+  if (!files.ok()) return files.status().code() != StatusCode::kNotFound;
   bool referenced = false;
   for (const auto& f : files.value()) {
     auto referrer = ParseBaseRefName(f);
     if (!referrer) continue;
-    if (storage_->Exists(VersionDir(job, *referrer))) {
+    auto dir = storage_->List(VersionDir(job, *referrer));
+    bool live = dir.ok() || dir.status().code() != StatusCode::kNotFound;
+    if (!live) {
+      // A rollback sets versions aside (set-aside/vN, or vN.K): those still read from it.
+      auto aside = storage_->List(tree_.SetAsideDir(job));
+      live = !aside.ok() ? aside.status().code() != StatusCode::kNotFound
+                         : std::any_of(aside->begin(), aside->end(), [&](const std::string& n) {
+                             const std::string name = VersionDirName(*referrer);
+                             return n == name || n.starts_with(name + ".");
+                           });
+    }
+    if (live) {
       referenced = true;
     } else {
       (void)storage_->Remove(JoinPath(VersionDir(job, version), f));  // its version is gone: stale

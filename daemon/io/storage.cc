@@ -175,10 +175,15 @@ Result<std::vector<std::string>> PosixStorage::List(const std::string& dir) {
   if (d == nullptr) return IoError("list " + dir, errno);
   fd->release();  // closedir closes it
   std::vector<std::string> names;
-  while (dirent* e = ::readdir(d.get())) {
+  for (;;) {
+    errno = 0;
+    dirent* e = ::readdir(d.get());
+    if (e == nullptr) break;
     std::string n = e->d_name;
     if (n != "." && n != "..") names.push_back(std::move(n));
   }
+  // A failed readdir is not the end of the listing: a caller deciding what to delete must know.
+  if (errno != 0) return IoError("list " + dir, errno);
   return names;
 }
 

@@ -2,8 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
+#include <array>
+#include <cerrno>
 #include <unordered_map>
 
+#include "common/safe_file.h"
 #include "format/paths.h"
 #include "format/shard_format.h"
 
@@ -61,28 +66,55 @@ std::optional<DifferentialPlan> PlanDifferential(const ShardInfo& full, const Sh
   return plan;
 }
 
-std::shared_ptr<const ShardInfo> BaseChooser::BaseHeader(const ShardMeta& full, std::uint64_t base) {
+namespace {
+
+// The identity of the file at `path` (lstat), or nullopt.
+std::optional<std::array<std::int64_t, 4>> FileIdentity(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return std::array<std::int64_t, 4>{static_cast<std::int64_t>(st.st_dev), static_cast<std::int64_t>(st.st_ino),
+                                     static_cast<std::int64_t>(st.st_size),
+                                     st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec};
+}
+
+bool SameFile(const std::optional<std::array<std::int64_t, 4>>& id, std::uint64_t dev, std::uint64_t ino,
+              std::uint64_t size, std::int64_t mtime_ns) {
+  return id && static_cast<std::uint64_t>((*id)[0]) == dev && static_cast<std::uint64_t>((*id)[1]) == ino &&
+         static_cast<std::uint64_t>((*id)[2]) == size && (*id)[3] == mtime_ns;
+}
+
+}  // namespace
+
+std::optional<BaseChooser::BaseFile> BaseChooser::BaseHeader(const ShardMeta& full, std::uint64_t base) {
   const Key key{full.job, full.rank};
+  const std::string path = catalog_.ShardPath(full.job, base, full.rank);
   {
     MutexLock lock(mu_);
     auto it = headers_.find(key);
-    if (it != headers_.end() && it->second.first == base) return it->second.second;
+    if (it != headers_.end() && it->second.version == base) {
+      const BaseFile& c = it->second;
+      if (SameFile(FileIdentity(path), c.dev, c.ino, c.size, c.mtime_ns)) return c;
+    }
   }
-  const std::string path = catalog_.ShardPath(full.job, base, full.rank);
-  auto info = ReadShardHeader(path);
+  auto fd = OpenRegularForRead(path);
+  Result<ShardInfo> info = fd.ok() ? ReadShardHeader(fd->get(), path) : Result<ShardInfo>(fd.status());
+  struct stat st {};
+  if (info.ok() && ::fstat(fd->get(), &st) != 0) info = IoError("stat " + path, errno);
   if (!info.ok()) {
     spdlog::info("version {} of job '{}' rank {}: base version {} cannot be read, writing whole: {}", full.version,
                  full.job, full.rank, base, info.status().message());
-    return nullptr;
+    return std::nullopt;
   }
   const ShardMeta& m = info->meta;
   if (info->base || m.job != full.job || m.version != base || m.rank != full.rank || m.world_size != full.world_size) {
-    return nullptr;
+    return std::nullopt;
   }
-  auto shared = std::make_shared<const ShardInfo>(std::move(info).value());
+  BaseFile file{base, std::make_shared<const ShardInfo>(std::move(info).value()), static_cast<std::uint64_t>(st.st_dev),
+                static_cast<std::uint64_t>(st.st_ino), static_cast<std::uint64_t>(st.st_size),
+                st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec};
   MutexLock lock(mu_);
-  headers_[key] = {base, shared};
-  return shared;
+  headers_[key] = file;
+  return file;
 }
 
 std::optional<DifferentialPlan> BaseChooser::Plan(const ShardInfo& full) {
@@ -106,7 +138,7 @@ std::optional<DifferentialPlan> BaseChooser::Plan(const ShardInfo& full) {
   if (!base) return std::nullopt;
   auto header = BaseHeader(m, *base);
   if (!header) return std::nullopt;
-  auto plan = PlanDifferential(full, *header);
+  auto plan = PlanDifferential(full, *header->info);
   if (!plan) return std::nullopt;
   // The reference first, then the check that the base is still there (see the header).
   const std::string dir = catalog_.VersionDir(m.job, m.version);
@@ -114,17 +146,23 @@ std::optional<DifferentialPlan> BaseChooser::Plan(const ShardInfo& full) {
   const std::string ref = JoinPath(base_dir, BaseRefName(m.version, catalog_.marker_owner()));
   Status s = storage_->MakeDirs(dir);
   if (s.ok()) s = storage_->WriteFileAtomic(ref, "");
-  if (s.ok() && !(storage_->Exists(JoinPath(base_dir, kCommittedMarker)) &&
-                  storage_->Exists(catalog_.ShardPath(m.job, *base, m.rank)))) {
+  // Still committed, and its shard still the file whose header the plan compared against.
+  if (s.ok() && !storage_->Exists(JoinPath(base_dir, kCommittedMarker))) {
     s = NotFound("base version " + std::to_string(*base) + " was deleted meanwhile");
+  }
+  if (s.ok() && !SameFile(FileIdentity(catalog_.ShardPath(m.job, *base, m.rank)), header->dev, header->ino,
+                          header->size, header->mtime_ns)) {
+    s = NotFound("base version " + std::to_string(*base) + "'s shard is not the file read before");
   }
   if (!s.ok()) {
     (void)storage_->Remove(ref);
     spdlog::info("version {} of job '{}' rank {}: written whole: {}", m.version, m.job, m.rank, s.message());
     MutexLock lock(mu_);
     std::erase(whole_[{m.job, m.rank}], *base);
+    headers_.erase({m.job, m.rank});
     return std::nullopt;
   }
+  plan->ref_path = ref;
   return plan;
 }
 
@@ -132,7 +170,11 @@ void BaseChooser::PersistedWhole(const ShardMeta& meta) {
   if (base_every_ == 0) return;
   MutexLock lock(mu_);
   auto& bases = whole_[{meta.job, meta.rank}];
-  if (!bases.empty() && bases.back() >= meta.version) bases.clear();  // a restarted run numbers again
+  if (!bases.empty() && bases.back() >= meta.version) {
+    // A rolled-back or restarted run numbers again: what it wrote before is no base.
+    bases.clear();
+    headers_.erase({meta.job, meta.rank});
+  }
   bases.push_back(meta.version);
   while (bases.size() > kBasesKept) bases.pop_front();
 }

@@ -48,6 +48,11 @@ struct DifferentialPlan {
   std::uint64_t file_bytes = 0;
   std::uint64_t stored_bytes = 0;  // of the items, in this file
   std::uint64_t item_bytes = 0;    // of all items
+  // The reference that keeps the base (removed if the shard is not written after all).
+  std::string ref_path;
+  // The source file the plan was made from (st_dev, st_ino; 0, 0 for a memory image): the
+  // copy refuses another file renamed over its path since.
+  std::uint64_t source_dev = 0, source_ino = 0;
 };
 
 // The plan to write the shard `full` (its parsed header) over `base` (the base's), or nullopt
@@ -70,15 +75,23 @@ class BaseChooser {
 
  private:
   using Key = std::pair<std::string, std::uint32_t>;  // job, rank
-  // The base's header, read from the persistent tier once per base.
-  std::shared_ptr<const ShardInfo> BaseHeader(const ShardMeta& full, std::uint64_t base) EXCLUDES(mu_);
+  // A base's header, and the file it was read from (a committed version's shard is never
+  // replaced, so the same file holds the same header; a rollback may number another file so).
+  struct BaseFile {
+    std::uint64_t version = 0;
+    std::shared_ptr<const ShardInfo> info;
+    std::uint64_t dev = 0, ino = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+  };
+  // The base's header, read from the persistent tier when its file is not the one cached.
+  std::optional<BaseFile> BaseHeader(const ShardMeta& full, std::uint64_t base) EXCLUDES(mu_);
 
   const std::shared_ptr<Storage> storage_;
   const Catalog& catalog_;
   const std::uint32_t base_every_;
   Mutex mu_;
   std::map<Key, std::deque<std::uint64_t>> whole_ GUARDED_BY(mu_);  // newest last, a few
-  std::map<Key, std::pair<std::uint64_t, std::shared_ptr<const ShardInfo>>> headers_ GUARDED_BY(mu_);
+  std::map<Key, BaseFile> headers_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

@@ -1,11 +1,15 @@
 #include "daemon/pipeline/promoter.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
 
 #include "daemon/metrics/daemon_metrics.h"
+#include "common/safe_file.h"
 #include "format/paths.h"
 
 namespace ckpt {
@@ -225,9 +229,23 @@ void Promoter::Promote(const Task& task) {
   const auto start = std::chrono::steady_clock::now();
   std::optional<DifferentialPlan> plan;
   if (bases_ != nullptr && bases_->base_every() > 0) {
-    auto full = src.image ? ParseImageHeader(*src.image) : ReadShardHeader(src.path);
+    struct stat st {};
+    Result<ShardInfo> full = Status::Ok();
+    if (src.image) {
+      full = ParseImageHeader(*src.image);
+    } else if (auto fd = OpenRegularForRead(src.path); !fd.ok()) {
+      full = fd.status();
+    } else if (::fstat(fd->get(), &st) != 0) {
+      full = IoError("stat " + src.path, errno);
+    } else {
+      full = ReadShardHeader(fd->get(), src.path);
+    }
     if (full.ok()) {
       plan = bases_->Plan(full.value());
+      if (plan && !src.image) {
+        plan->source_dev = static_cast<std::uint64_t>(st.st_dev);
+        plan->source_ino = static_cast<std::uint64_t>(st.st_ino);
+      }
     } else {
       spdlog::warn("{}: written whole, its header could not be read for a differential write: {}", ShardName(m),
                    full.status().message());
@@ -235,6 +253,8 @@ void Promoter::Promote(const Task& task) {
   }
   dst.differential = plan ? &*plan : nullptr;
   auto copied = copier_.Copy(src, dst);
+  // Not written: its reference would keep the base for nothing.
+  if (!copied.ok() && plan) (void)copier_.storage().Remove(plan->ref_path);
   if (!copied.ok() && abandon_) {
     std::string why;
     std::uint64_t by = 0;

@@ -1,6 +1,8 @@
 #include "daemon/pipeline/shard_copier.h"
 #include "common/align.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -30,6 +32,12 @@ Result<std::uint64_t> ShardCopier::Copy(const Source& src, const Target& dst) {
     auto fd = storage_->OpenForRead(src.path, read_direct);
     if (!fd.ok()) return fd.status();
     in = std::move(fd).value();
+    struct stat st {};
+    if (plan != nullptr && plan->source_ino != 0 &&
+        (::fstat(in.get(), &st) != 0 || static_cast<std::uint64_t>(st.st_dev) != plan->source_dev ||
+         static_cast<std::uint64_t>(st.st_ino) != plan->source_ino)) {
+      return FailedPrecondition(src.path + " was replaced after its differential write was planned");
+    }
   }
   auto out = storage_->CreateFile(tmp_path, dst.direct_io);
   if (!out.ok()) return out.status();

@@ -39,11 +39,13 @@ Status ElasticRun::RunTask(const Task& t, ElasticRestored& out, std::vector<std:
     } else {
       buf.resize(static_cast<std::size_t>(n));
       const auto [fd, at] = s.FileAt(item, lo);
+      const std::string& from =
+          s.files ? *s.files->Locate(static_cast<std::size_t>(&item - s.info.items.data())).path : s.src().path;
       std::uint64_t got = 0;
       while (got < n) {
-        auto r = storage_.ReadAt(fd, buf.data() + got, n - got, at + got, s.src().path);
+        auto r = storage_.ReadAt(fd, buf.data() + got, n - got, at + got, from);
         if (!r.ok()) return r.status();
-        if (r.value() == 0) return DataLoss(s.Where() + " ended early (truncated shard)");
+        if (r.value() == 0) return DataLoss(from + " ended early (truncated shard)");
         got += r.value();
       }
       read += n;
