@@ -160,6 +160,17 @@ TEST_CASE("a differential shard holds only the changed items and reads back whol
   CHECK(ReadItems(full.value())["trained.weight"] == Data(10, Items())[1]);
 }
 
+TEST_CASE("the base of a differential shard is found beside its version directory, whatever the path's form",
+          "[format][differential]") {
+  CHECK(ShardFiles::BasePath("/r/job/v0000000012/rank-00001.safetensors", 10) ==
+        "/r/job/v0000000010/rank-00001.safetensors");
+  CHECK(ShardFiles::BasePath("job/v0000000012/rank-00001.safetensors", 10) ==
+        "job/v0000000010/rank-00001.safetensors");
+  // Run from inside the version directory.
+  CHECK(ShardFiles::BasePath("rank-00001.safetensors", 10) == "./../v0000000010/rank-00001.safetensors");
+  CHECK(ShardFiles::BasePath("./rank-00001.safetensors", 10) == "./../v0000000010/rank-00001.safetensors");
+}
+
 TEST_CASE("a standard safetensors reading of a differential shard sees only the changed items, under their names",
           "[format][differential]") {
   TempDir dir;

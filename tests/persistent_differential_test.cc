@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,15 +40,33 @@ DaemonOptions Options(const TempDir& dir, const std::string& local, std::vector<
 
 // One step per run, so that no version is superseded before it is persisted: each run waits
 // for its version to commit, and the next resumes from it. 4 tensors of state_mib / 4, 3 frozen.
-ProcessResult Step(const DaemonProcess& daemon, std::uint64_t v, std::vector<std::string> extra = {},
-                   int state_mib = 4) {
+std::vector<std::string> StepArgs(const DaemonProcess& daemon, std::uint64_t v, std::vector<std::string> extra = {},
+                                  int state_mib = 4) {
   const bool restore = std::find(extra.begin(), extra.end(), "--resume-version") != extra.end();
   std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib",
-                                   std::to_string(state_mib), "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
-                                   std::to_string(v)};
+                                   std::to_string(state_mib), "--tensors", "4", "--frozen-tensors", "3",
+                                   "--compute-ms", "1", "--iters", std::to_string(v)};
   if (v > 1 || restore) args.push_back("--resume");
   args.insert(args.end(), extra.begin(), extra.end());
-  return RunProcess(args);
+  return args;
+}
+
+ProcessResult Step(const DaemonProcess& daemon, std::uint64_t v, std::vector<std::string> extra = {},
+                   int state_mib = 4) {
+  return RunProcess(StepArgs(daemon, v, std::move(extra), state_mib));
+}
+
+// Starts step `v` in the background and kills the daemon once it holds at the pause point
+// `gate` names (a CKPTD_TEST_PAUSE of the daemon's); the trainer is reaped, the gate removed.
+void KillWhenPaused(DaemonProcess& daemon, std::uint64_t v, const std::string& gate, const std::string& log,
+                    const std::function<void()>& meanwhile = {}) {
+  { std::ofstream(gate) << "hold"; }
+  const pid_t trainer = StartProcess(StepArgs(daemon, v), log);
+  REQUIRE(Eventually([&] { return fs::exists(gate + ".reached"); }, std::chrono::seconds(60)));
+  if (meanwhile) meanwhile();
+  daemon.Kill9();
+  (void)WaitProcess(trainer);
+  fs::remove(gate);
 }
 
 std::string Shard(const std::string& root, std::uint64_t v) {
@@ -235,16 +254,8 @@ TEST_CASE("a daemon killed in the middle of deleting versions leaves every commi
     DaemonProcess daemon(o);
     REQUIRE(Step(daemon, 1).exit_code == 0);
     REQUIRE(Step(daemon, 2).exit_code == 0);  // nothing deleted: 1 is 2's base
-    { std::ofstream(gate) << "hold"; }
     // Version 3 commits, and retention stops with version 2's COMMITTED removed, its files not yet.
-    std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib",
-                                     "4", "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
-                                     "3", "--resume"};
-    const pid_t trainer = StartProcess(args, dir.path() + "/trainer3.log");
-    REQUIRE(Eventually([&] { return fs::exists(gate + ".reached"); }, std::chrono::seconds(60)));
-    daemon.Kill9();
-    (void)WaitProcess(trainer);
-    fs::remove(gate);
+    KillWhenPaused(daemon, 3, gate, dir.path() + "/trainer3.log");
   }
   // Committed now: 1 (a base) and 3, which reads from it; 2 is half deleted, not committed.
   CHECK(fs::exists(root + "/toy/" + VersionDirName(1) + "/COMMITTED"));
@@ -282,22 +293,15 @@ TEST_CASE("a base referenced while retention was deleting it, and the daemon kil
     DaemonProcess daemon(o);
     REQUIRE(Step(daemon, 1).exit_code == 0);
     REQUIRE(Step(daemon, 2).exit_code == 0);
-    { std::ofstream(gate) << "hold"; }
     // Version 3 commits: retention deletes 2, then finds nothing reading 1 and stops there, with
     // 1's COMMITTED removed and its references not looked at again.
-    std::vector<std::string> args = {TOY_TRAINER_BINARY, "--socket", daemon.socket(), "--job", "toy", "--state-mib",
-                                     "4", "--tensors", "4", "--frozen-tensors", "3", "--compute-ms", "1", "--iters",
-                                     "3", "--resume"};
-    const pid_t trainer = StartProcess(args, dir.path() + "/trainer3.log");
-    REQUIRE(Eventually([&] { return fs::exists(gate + ".reached"); }, std::chrono::seconds(60)));
-    CHECK_FALSE(fs::exists(v1 + "/COMMITTED"));
-    CHECK(fs::exists(v1 + "/DELETING"));
-    // Meanwhile another node's daemon found version 1 still committed and wrote a version over it.
-    fs::create_directories(root + "/toy/" + VersionDirName(7));
-    { std::ofstream(v1 + "/" + BaseRefName(7, "othernode-12345678")); }
-    daemon.Kill9();
-    (void)WaitProcess(trainer);
-    fs::remove(gate);
+    KillWhenPaused(daemon, 3, gate, dir.path() + "/trainer3.log", [&] {
+      CHECK_FALSE(fs::exists(v1 + "/COMMITTED"));
+      CHECK(fs::exists(v1 + "/DELETING"));
+      // Meanwhile another node's daemon found version 1 still committed and wrote a version over it.
+      fs::create_directories(root + "/toy/" + VersionDirName(7));
+      { std::ofstream(v1 + "/" + BaseRefName(7, "othernode-12345678")); }
+    });
   }
   DaemonProcess again(Options(dir, dir.path() + "/local", flags));
   REQUIRE(Step(again, 3, {"--resume-version", "3"}).exit_code == 0);
