@@ -15,8 +15,9 @@
 namespace ckpt {
 namespace {
 
-// How many whole shards of a (job, rank) are remembered as bases.
-constexpr std::size_t kBasesKept = 4;
+// At most this many whole shards of a (job, rank) are remembered as bases: those fewer than
+// N versions old, which commits lagging behind may not have made bases yet.
+constexpr std::size_t kBasesKept = 64;
 
 }  // namespace
 
@@ -176,6 +177,9 @@ void BaseChooser::PersistedWhole(const ShardMeta& meta) {
     headers_.erase({meta.job, meta.rank});
   }
   bases.push_back(meta.version);
+  // Too old to be the base of a later version: gone. The others stay, however many, so that
+  // the newest committed one is still there when commits lag several versions behind.
+  while (!bases.empty() && bases.front() + base_every_ <= meta.version) bases.pop_front();
   while (bases.size() > kBasesKept) bases.pop_front();
 }
 
