@@ -14,6 +14,7 @@
 //                                                 format/shard_format.h) reads unchanged items
 //                                                 from this version: retention keeps it
 //   ROOT/JOB/v0000000042/DELETING                 retention is deleting the version
+//   ROOT/JOB/.deleted.v0000000042.RANDOM          a version retention is removing (a tombstone)
 //   ROOT/JOB/v0000000042/RESTORABLE               not committed yet, but every rank's
 //                                                 shard is replicated (restorable from memory)
 //   ROOT/JOB/ranks/rank-00003.5.REG               the rank's registration REG, its 5th (the highest
@@ -51,6 +52,10 @@ inline constexpr std::string_view kRestorableMarker = "RESTORABLE";
 // with it and without COMMITTED is a deletion a crash cut short, which the next retention
 // finishes.
 inline constexpr std::string_view kDeletingMarker = "DELETING";
+// A version directory retention is removing, renamed out of the tree first:
+// ROOT/JOB/.deleted.v0000000042.RANDOM (no reader lists it; the next retention removes it if
+// a crash left it).
+inline constexpr std::string_view kTombstonePrefix = ".deleted.";
 // A version that committed without every rank's shard held by the configured number of peers
 // (the replication wait timed out, or a newer version had committed first): its text says
 // which ranks were not replicated and why. Written before COMMITTED; for the operator and for

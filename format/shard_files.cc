@@ -28,8 +28,13 @@ std::string ShardFiles::BasePath(const std::string& path, std::uint64_t base) {
   // ROOT/JOB/vNNN/rank-R.safetensors -> ROOT/JOB/v<base>/rank-R.safetensors
   const auto [dir, name] = SplitPath(path);
   const auto [job_dir, version_dir] = SplitPath(dir);
-  // A directory not named like a version ("." when run from inside one): its parent.
-  const std::string parent = ParseVersionDirName(version_dir) ? job_dir : dir + "/..";
+  // A directory not named like a version ("." when run from inside one): its parent. A
+  // version a rollback set aside may be "vN.K" (the K-th set aside under that number).
+  const std::string number = version_dir.substr(0, version_dir.find('.', 1));
+  const bool named_version = ParseVersionDirName(number).has_value() &&
+                             (number.size() == version_dir.size() ||
+                              version_dir.find_first_not_of("0123456789", number.size() + 1) == std::string::npos);
+  const std::string parent = named_version ? job_dir : dir + "/..";
   return parent + "/" + VersionDirName(base) + "/" + name;
 }
 

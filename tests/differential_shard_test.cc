@@ -166,6 +166,11 @@ TEST_CASE("the base of a differential shard is found beside its version director
         "/r/job/v0000000010/rank-00001.safetensors");
   CHECK(ShardFiles::BasePath("job/v0000000012/rank-00001.safetensors", 10) ==
         "job/v0000000010/rank-00001.safetensors");
+  // A version a rollback set aside, under its number or as the second one of that number.
+  CHECK(ShardFiles::BasePath("/r/job/set-aside/v0000000012/rank-00001.safetensors", 10) ==
+        "/r/job/set-aside/v0000000010/rank-00001.safetensors");
+  CHECK(ShardFiles::BasePath("/r/job/set-aside/v0000000012.1/rank-00001.safetensors", 10) ==
+        "/r/job/set-aside/v0000000010/rank-00001.safetensors");
   // Run from inside the version directory.
   CHECK(ShardFiles::BasePath("rank-00001.safetensors", 10) == "./../v0000000010/rank-00001.safetensors");
   CHECK(ShardFiles::BasePath("./rank-00001.safetensors", 10) == "./../v0000000010/rank-00001.safetensors");

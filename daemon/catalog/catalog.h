@@ -232,8 +232,13 @@ class Catalog {
   // (a ref.* file in its directory: daemon/pipeline/differential.h); removes the references
   // of versions whose directories are gone.
   bool ReferencedAsBase(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
-  // Removes a version's directory and what is in it, its DELETING marker last.
+  // Renames a version's directory out of the tree (a tombstone), then removes it and what is
+  // in it.
   Status RemoveVersionDir(const std::string& job, std::uint64_t version) REQUIRES(commit_mu_);
+  // Removes `dir` and the files in it (NotFound: nothing to do).
+  Status RemoveTree(const std::string& dir) REQUIRES(commit_mu_);
+  // Removes the tombstones of deletions a crash cut short, reporting what it cannot.
+  void RemoveTombstones(const std::string& job) REQUIRES(commit_mu_);
   void Report(const std::string& message);
 
   std::shared_ptr<Storage> storage_;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/safe_file.h"
 #include "common/test_pause.h"
 #include "format/paths.h"
 
@@ -24,29 +25,27 @@ Status Catalog::ApplyRetention(const std::string& job) {
   const Retention kept = retention();
   const std::uint32_t keep_last = kept.keep_last, keep_every = kept.keep_every;
   if (keep_last == 0) return Status::Ok();
+  RemoveTombstones(job);
   auto versions = List(job);
   if (!versions.ok()) return versions.status();
-  // Deletions a crash cut short are finished first, so that the bases they read from may go
-  // too; but one cut short between its two looks for references may have been referenced in
-  // between: it is committed again, from the marker's text that DELETING holds.
+  // Deletions a crash cut short between retention's two looks for references (below): the
+  // version may have been referenced in between by a writer that found it committed, so it
+  // is committed again, from the marker's text that DELETING holds; else it goes.
   for (const auto& e : versions.value()) {
     const std::string deleting = JoinPath(VersionDir(job, e.version), kDeletingMarker);
     if (e.committed || !storage_->Exists(deleting)) continue;
+    Status s;
     if (!ReferencedAsBase(job, e.version)) {
-      if (Status s = RemoveVersionDir(job, e.version); !s.ok()) return s;
-      continue;
+      s = RemoveVersionDir(job, e.version);
+    } else if (auto text = storage_->ReadSmallFile(deleting); !text.ok()) {
+      s = text.status();
+    } else if (s = storage_->WriteFileAtomic(tree_.CommittedMarker(job, e.version), text.value()); s.ok()) {
+      (void)storage_->Remove(deleting);
     }
-    // Referenced: put back unless the deletion had passed its point of no return.
-    auto text = storage_->ReadSmallFile(deleting);
-    if (!text.ok()) return text.status().With("finish the deletion of version " + std::to_string(e.version));
-    // Emptied: cut short after the second look found no reference, files maybe half removed;
-    // no writer can have found it committed since, so it goes.
-    if (text->empty()) {
-      if (Status s = RemoveVersionDir(job, e.version); !s.ok()) return s;
-      continue;
+    if (!s.ok()) {
+      Report("job " + job + ": finishing the deletion of version " + std::to_string(e.version) +
+             " that a crash cut short failed: " + s.message() + " (retried after the next commit)");
     }
-    if (Status s = storage_->WriteFileAtomic(tree_.CommittedMarker(job, e.version), text.value()); !s.ok()) return s;
-    (void)storage_->Remove(deleting);
   }
   std::vector<std::uint64_t> committed;
   for (const auto& e : versions.value()) {
@@ -62,15 +61,18 @@ Status Catalog::ApplyRetention(const std::string& job) {
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     const std::uint64_t v = *it;
     if (pinned_.count({job, v}) != 0) continue;  // being restored; a later commit removes it
-    std::string dir = VersionDir(job, v);
     // A base that a version still on the tree reads from stays (daemon/pipeline/differential.h).
     if (ReferencedAsBase(job, v)) continue;
     const std::string marker = tree_.CommittedMarker(job, v);
-    const std::string deleting = JoinPath(dir, kDeletingMarker);
+    const std::string deleting = JoinPath(VersionDir(job, v), kDeletingMarker);
     auto marker_text = storage_->ReadSmallFile(marker);
-    if (!marker_text.ok()) return marker_text.status();
+    if (!marker_text.ok()) {
+      // Gone meanwhile, or unreadable: this version is left to the next retention.
+      Report("job " + job + ": retention skips version " + std::to_string(v) + ": " + marker_text.status().message());
+      continue;
+    }
     // DELETING first, holding the commit marker's text, so that a crash from here on leaves a
-    // deletion the next retention finishes (or undoes: see above); then the commit marker: a
+    // deletion the next retention finishes or undoes (above); then the commit marker: a
     // version half deleted is then simply not committed.
     if (Status s = storage_->WriteFileAtomic(deleting, marker_text.value()); !s.ok()) return s;
     if (Status s = storage_->Remove(marker); !s.ok()) return s;
@@ -81,25 +83,40 @@ Status Catalog::ApplyRetention(const std::string& job) {
       (void)storage_->Remove(deleting);
       continue;
     }
-    // The point of no return: from here a crash leaves a deletion the next retention finishes
-    // whatever references it finds (none can have found the version committed since).
-    if (Status s = storage_->WriteFileAtomic(deleting, ""); !s.ok()) return s;
     if (Status s = RemoveVersionDir(job, v); !s.ok()) return s;
   }
   return storage_->SyncDir(JobDir(job));
 }
 
 Status Catalog::RemoveVersionDir(const std::string& job, std::uint64_t version) {
-  const std::string dir = VersionDir(job, version);
+  // The point of no return: the directory leaves the tree in one rename, so that no writer
+  // finds the version (as a base) and no reference from it counts once it starts to go; its
+  // files go after, and a crash leaves a tombstone that the next retention removes.
+  const std::string tomb =
+      JoinPath(JobDir(job), std::string(kTombstonePrefix) + VersionDirName(version) + "." + RandomHex());
+  if (Status s = storage_->Rename(VersionDir(job, version), tomb); !s.ok()) return s;
+  (void)storage_->SyncDir(JobDir(job));
+  return RemoveTree(tomb);
+}
+
+Status Catalog::RemoveTree(const std::string& dir) {
   auto files = storage_->List(dir);
-  if (files.ok()) {
-    for (const auto& f : files.value()) {
-      if (f == kDeletingMarker) continue;  // last: until the rest is gone, the deletion is unfinished
-      if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
+  if (!files.ok()) return files.status().code() == StatusCode::kNotFound ? Status::Ok() : files.status();
+  for (const auto& f : files.value()) {
+    if (Status s = storage_->Remove(JoinPath(dir, f)); !s.ok()) return s;
+  }
+  return storage_->Remove(dir);
+}
+
+void Catalog::RemoveTombstones(const std::string& job) {
+  auto names = storage_->List(JobDir(job));
+  if (!names.ok()) return;
+  for (const auto& n : names.value()) {
+    if (!n.starts_with(kTombstonePrefix)) continue;
+    if (Status s = RemoveTree(JoinPath(JobDir(job), n)); !s.ok()) {
+      Report("job " + job + ": removing " + n + ", a version retention had deleted, failed: " + s.message());
     }
   }
-  (void)storage_->Remove(JoinPath(dir, kDeletingMarker));
-  return storage_->Remove(dir);
 }
 
 bool Catalog::ReferencedAsBase(const std::string& job, std::uint64_t version) {

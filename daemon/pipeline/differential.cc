@@ -156,7 +156,9 @@ std::optional<DifferentialPlan> BaseChooser::Plan(const ShardInfo& full) {
     s = NotFound("base version " + std::to_string(*base) + "'s shard is not the file read before");
   }
   if (!s.ok()) {
-    (void)storage_->Remove(ref);
+    // The reference stays: it is one per node and version, and another rank of this node may
+    // have found the base committed and be writing over it (it keeps the base only while this
+    // version's directory exists).
     spdlog::info("version {} of job '{}' rank {}: written whole: {}", m.version, m.job, m.rank, s.message());
     MutexLock lock(mu_);
     std::erase(whole_[{m.job, m.rank}], *base);

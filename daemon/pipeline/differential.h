@@ -48,7 +48,7 @@ struct DifferentialPlan {
   std::uint64_t file_bytes = 0;
   std::uint64_t stored_bytes = 0;  // of the items, in this file
   std::uint64_t item_bytes = 0;    // of all items
-  // The reference that keeps the base (removed if the shard is not written after all).
+  // The reference that keeps the base.
   std::string ref_path;
   // The source file the plan was made from (st_dev, st_ino; 0, 0 for a memory image): the
   // copy refuses another file renamed over its path since.

@@ -252,9 +252,9 @@ void Promoter::Promote(const Task& task) {
     }
   }
   dst.differential = plan ? &*plan : nullptr;
+  // A failed copy leaves its reference: another rank of this node may read from the same base
+  // (one reference per node and version).
   auto copied = copier_.Copy(src, dst);
-  // Not written: its reference would keep the base for nothing.
-  if (!copied.ok() && plan) (void)copier_.storage().Remove(plan->ref_path);
   if (!copied.ok() && abandon_) {
     std::string why;
     std::uint64_t by = 0;

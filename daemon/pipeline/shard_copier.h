@@ -45,7 +45,6 @@ class ShardCopier {
   // Copies and publishes; returns the bytes read from disk (0 from an image).
   Result<std::uint64_t> Copy(const Source& src, const Target& dst);
 
-  Storage& storage() { return *storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;
