@@ -392,8 +392,8 @@ TEST_CASE("ParseShardHeader refuses malformed or misplaced keys of format 3", "[
   auto info = ParseJson(j, data);
   CHECK(info.status().code() == StatusCode::kDataLoss);
   CHECK_THAT(info.status().message(), Contains("only format 3 has"));
-  j["__metadata__"]["ckpt.format_version"] = "4";
-  CHECK_THAT(ParseJson(j, data).status().message(), Contains("knows 1, 2 and 3"));
+  j["__metadata__"]["ckpt.format_version"] = "5";
+  CHECK_THAT(ParseJson(j, data).status().message(), Contains("knows 1 to 4"));
 }
 
 TEST_CASE("a layout that planning cannot store is refused", "[format]") {

@@ -314,7 +314,8 @@ TEST_CASE("a base referenced while retention was deleting it, and the daemon kil
   CHECK(verify.exit_code == 0);
 }
 
-TEST_CASE("--persistent-base-every without a local tier is refused at start, saying why", "[differential]") {
+TEST_CASE("the flag --persistent-base-every without a local tier is refused at start, saying why",
+          "[differential]") {
   TempDir dir("pdiffflag");
   ProcessResult r = RunProcess({CKPTD_BINARY, "--root", dir.path() + "/p", "--create-root", "--socket",
                                 dir.path() + "/s.sock", "--persistent-base-every", "4", "--check-config"});
