@@ -99,6 +99,15 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
   copier_ = std::make_unique<ShardCopier>(storage_, *pool_, config_.writers);
   tiers_ = std::make_unique<TierSet>(storage_, *catalog_, persistent_direct_io_, local_.get(), *memory_,
                                      *copier_, pool_->chunk_bytes());
+  if (config_.erasure_k > 0) {
+    // Shards are protected by parity on the group's daemons; without replicas, the group
+    // serves --peer-listen itself.
+    auto erasure = ErasureGroup::Create(config_, *memory_, config_.replicas == 0,
+                                        [this](const std::string& m) { errors_.Record(m); });
+    if (!erasure.ok()) return erasure.status();
+    erasure_ = std::move(erasure).value();
+    tiers_->SetPeers(erasure_.get());
+  }
   if (config_.replicas > 0) {
     // Shards go to peers' memory, and restores read peers' memory.
     const HostPool* pool = pool_.get();
@@ -107,9 +116,11 @@ Status Daemon::Build(std::shared_ptr<Storage> storage, std::unique_ptr<RegionImp
         config_, *memory_,
         Replicator::Hooks{[this](const std::string& m) { errors_.Record(m); }, [pool] { return pool->used_bytes(); },
                           pool_->pool_bytes(),
-                          [claims = replica_claims_.get()](const ShardMeta& m) { claims->Submit(m); }});
+                          [claims = replica_claims_.get()](const ShardMeta& m) { claims->Submit(m); }},
+        erasure_ ? erasure_->store() : nullptr);
     if (!replicator.ok()) return replicator.status();
     replicator_ = std::move(replicator).value();
+    replicator_->SetErasure(erasure_.get());
     tiers_->SetPeers(replicator_.get());
     warm_start_ = std::make_unique<WarmStart>(*replicator_, *tiers_, config_.warm_start_mib_per_s << 20,
                                               [this](const std::string& m) { errors_.Record(m); });
@@ -258,6 +269,7 @@ void Daemon::Shutdown() {
   if (sessions_) sessions_->Stop();
   if (warm_start_) warm_start_->Stop();  // its pulls read through the replicator
   if (replicator_) replicator_->Stop();
+  if (erasure_) erasure_->Stop();
   // Shards that finish during the stop are not replicated any more: their versions commit on
   // persistence (under-replicated, said so) rather than wait for claims that never come.
   if (commits_) commits_->ReplicationStopped();
@@ -286,6 +298,7 @@ void Daemon::OnPublished(const std::shared_ptr<ShardJob>& shard) {
                                  "the memory tier did not keep it (--memory-mib too small for it: see the log)");
     }
   }
+  if (erasure_ && shard->image) erasure_->Enqueue(shard->image);
   if (shard->image) {
     memory_->Complete(shard->image);
     // The tier owns it now: a shard kept for status must not pin its buffer.

@@ -36,6 +36,7 @@
 #include "daemon/pipeline/shard_copier.h"
 #include "daemon/pipeline/shard_registry.h"
 #include "daemon/pipeline/snapshot_engine.h"
+#include "daemon/replication/erasure_group.h"
 #include "daemon/replication/replicator.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/job_owners.h"
@@ -93,6 +94,7 @@ class Daemon {
   RestoreCounters& restore_counters() { return restore_counters_; }
   // Peer replication; null with --replicas 0.
   Replicator* replicator() { return replicator_.get(); }
+  ErasureGroup* erasure() { return erasure_.get(); }
   // Warm starts from peers (daemon/replication/warm_start.h); null with --replicas 0.
   WarmStart* warm_start() { return warm_start_.get(); }
 
@@ -139,6 +141,7 @@ class Daemon {
   std::unique_ptr<MemoryTier> memory_;
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<ReplicaClaims> replica_claims_;  // with replicator_
+  std::unique_ptr<ErasureGroup> erasure_;   // null without --erasure
   std::unique_ptr<Replicator> replicator_;  // null with --replicas 0
   std::unique_ptr<WarmStart> warm_start_;   // with replicator_
   ShardRegistry shards_;

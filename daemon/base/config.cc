@@ -114,6 +114,7 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_version_flag("--version", std::string("ckptd ") + CKPTD_VERSION);
   std::string& config_file = c.config_file;
+  std::string erasure_spec;  // --erasure K+M, parsed below
   app.add_option("--config", config_file, "Read options from this file (key = value, same names as flags)")
       ->configurable(false);
   app.add_flag("--check-config", c.check_config,
@@ -268,6 +269,10 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
                "Send a replica as a delta on the version the peer holds (only the chunks that changed); "
                "--no-replica-deltas sends every replica whole")
       ->capture_default_str();
+  app.add_option("--erasure", erasure_spec,
+                 "K+M: protect this daemon's shards with a Reed-Solomon code over groups of K+M daemons of "
+                 "--peers (in its order), each holding M/K of parity for the others, so that any M lost nodes "
+                 "of a group are rebuilt from the rest (besides or instead of --replicas; 'off' or empty: off)");
   app.add_flag("--warm-start", c.warm_start,
                "At start, pull the shards this node's ranks last committed back from peers' memory into this "
                "daemon's memory tier (needs --replicas)");
@@ -382,6 +387,40 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
       return fail(peers.status().message());
     }
     if (auto secret = PeerSecret::Load(c.peer_secret); !secret.ok()) return fail(secret.status().message());
+  }
+  if (!erasure_spec.empty() && erasure_spec != "off") {
+    unsigned k = 0, m = 0;
+    char plus = 0;
+    std::istringstream in(erasure_spec);
+    std::string rest;
+    if (!(in >> k >> plus >> m) || plus != '+' || (in >> rest) || k < 1 || m < 1 || k + m > 32) {
+      return fail("--erasure '" + erasure_spec +
+                  "': expected K+M with K >= 1 data and M >= 1 parity daemons, K + M at most 32 (e.g. 4+1)");
+    }
+    c.erasure_k = k;
+    c.erasure_m = m;
+    const std::string flag = "--erasure " + erasure_spec;
+    if (c.peer_listen.empty()) return fail(flag + " needs --peer-listen ADDR:PORT");
+    if (auto addr = ParseListenAddress(c.peer_listen); !addr.ok()) return fail("--peer-listen: " + addr.status().message());
+    if (c.peer_secret.empty()) return fail(flag + " needs --peer-secret FILE (the secret the peer daemons share)");
+    if (c.peers.empty()) return fail(flag + " needs --peers");
+    if (c.memory_mib == 0 || c.memory_versions == 0) {
+      return fail(flag + " needs a memory tier (--memory-mib and --memory-versions above 0): a rebuild reads the "
+                  "other daemons' shards from their memory");
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const char* slurm = std::getenv("SLURM_JOB_NODELIST");
+    auto peers = ResolvePeers(c.peers, c.peer_listen, c.replicas, slurm ? slurm : "", host);
+    if (!peers.ok()) return fail(peers.status().message());
+    const std::size_t n = peers.value().addresses.size();
+    if (n % (k + m) != 0) {
+      return fail(flag + ": --peers names " + std::to_string(n) + " daemons, not a multiple of K+M = " +
+                  std::to_string(k + m) + " (the ring is cut into groups of K+M in its order)");
+    }
+    if (auto secret = PeerSecret::Load(c.peer_secret); !secret.ok()) return fail(secret.status().message());
+  } else {
+    c.erasure_k = c.erasure_m = 0;
   }
   if (c.warm_start && c.replicas == 0) {
     return fail("--warm-start needs --replicas (it pulls shards from peers' memory)");

@@ -145,6 +145,13 @@ struct Config {
   // chunks whose checksums changed), not whole: on by default; off, every replica is sent
   // whole (a comparison, or a peer that should not be trusted to keep its base).
   bool replica_deltas = true;
+  // Erasure-coded peer redundancy (--erasure K+M; daemon/replication/erasure_group.h): the
+  // --peers ring is cut into groups of K+M daemons in its order; each daemon's shards are cut
+  // in K chunks folded into parity held by the group's other daemons, so that any M lost
+  // daemons' shards of a group are rebuilt from the rest. 0: off. Besides or instead of
+  // --replicas.
+  std::uint32_t erasure_k = 0;
+  std::uint32_t erasure_m = 0;
   // Connections the peer server holds at once: in all, and from one remote address (the
   // rest are closed as they come). 0 for the total: derived from the open-file limit.
   std::uint32_t peer_max_connections = 0;

@@ -87,6 +87,30 @@ Status ErasureCode::Encode(std::span<const std::uint8_t* const> data, std::span<
   return Status::Ok();
 }
 
+Status ErasureCode::Accumulate(unsigned index, unsigned row, const std::uint8_t* data, std::uint8_t* parity,
+                               std::uint64_t bytes) const {
+  if (k_ == 0) return InvalidArgument("Accumulate on an empty erasure code");
+  if (index >= k_ || row >= m_) {
+    return InvalidArgument(CodeName(k_, m_) + ": no data fragment " + std::to_string(index) + " or parity row " +
+                           std::to_string(row));
+  }
+  if (bytes % kFragmentAlignment != 0) {
+    return InvalidArgument(CodeName(k_, m_) + ": Accumulate over " + std::to_string(bytes) +
+                           " bytes, not a multiple of " + std::to_string(kFragmentAlignment));
+  }
+  if (bytes > 0 && (data == nullptr || parity == nullptr)) return InvalidArgument("Accumulate on a null fragment");
+  // The tables of one parity row are 32 bytes per data fragment, rows one after another.
+  unsigned char* tables = const_cast<unsigned char*>(parity_tables_.data()) + std::size_t{32} * k_ * row;
+  for (std::uint64_t done = 0; done < bytes;) {
+    const std::uint64_t piece = std::min(kMaxCallBytes, bytes - done);
+    unsigned char* dst = parity + done;
+    ec_encode_data_update(static_cast<int>(piece), static_cast<int>(k_), 1, static_cast<int>(index), tables,
+                          const_cast<unsigned char*>(data + done), &dst);
+    done += piece;
+  }
+  return Status::Ok();
+}
+
 Status ErasureCode::Rebuild(std::span<const std::uint8_t* const> fragments,
                             std::span<std::uint8_t* const> out, std::uint64_t fragment_bytes) const {
   const unsigned n = k_ + m_;

@@ -65,6 +65,13 @@ class ErasureCode {
   Status Rebuild(std::span<const std::uint8_t* const> fragments, std::span<std::uint8_t* const> out,
                  std::uint64_t fragment_bytes) const;
 
+  // Folds data fragment `index` (< k) into parity fragment `row` (< m): parity ^= its
+  // coefficient times data, over `bytes` bytes. Starting from zeros and folding in each data
+  // fragment once, in any order, gives what Encode gives; a data fragment never folded in
+  // counts as zeros. `bytes` a multiple of kFragmentAlignment. InvalidArgument otherwise.
+  Status Accumulate(unsigned index, unsigned row, const std::uint8_t* data, std::uint8_t* parity,
+                    std::uint64_t bytes) const;
+
  private:
   ErasureCode(unsigned k, unsigned m);
 

@@ -10,14 +10,21 @@
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "common/names.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/replication/parity_store.h"
 #include "daemon/replication/peer_protocol.h"
 #include "daemon/replication/piece_wire.h"
 #include "daemon/replication/shard_stream.h"
 #include "daemon/base/throttled_log.h"
+#include "format/checksum.h"
 #include "proto/grpc_status.h"
 
 namespace ckpt {
 namespace {
+
+// The pieces of the erasure calls' bytes.
+constexpr std::uint64_t kErasurePiece = 4 << 20;
+// The largest chunk PutChunk takes (its receiver holds it whole until its MAC is checked).
+constexpr std::uint64_t kMaxErasureChunk = std::uint64_t{16} << 30;
 
 // The peer server's threads at most (the sync API runs each call on one): a call beyond is
 // refused (RESOURCE_EXHAUSTED) rather than given a thread. A replacement node restoring
@@ -35,8 +42,9 @@ grpc::Status ToPeerGrpc(const Status& st) { return ToGrpc(st, GrpcService::kPeer
 // The Peer service: every call is checked against the shared secret first.
 class PeerServiceImpl final : public v1::Peer::Service {
  public:
-  PeerServiceImpl(MemoryTier& memory, const PeerSecret& secret, std::string self_address)
+  PeerServiceImpl(MemoryTier& memory, ParityStore* parity, const PeerSecret& secret, std::string self_address)
       : memory_(memory),
+        parity_(parity),
         secret_(secret),
         self_(std::move(self_address)),
         corrupt_replicas_([] {
@@ -243,6 +251,135 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
 
+  // PutChunk: one data chunk of a group member's shard, folded into this daemon's parity.
+  grpc::Status PutChunk(grpc::ServerContext* ctx, grpc::ServerReader<v1::ChunkPiece>* reader,
+                        v1::PutChunkReply* reply) override {
+    v1::ChunkPiece piece;
+    if (!reader->Read(&piece)) return ToPeerGrpc(InvalidArgument("PutChunk: no piece"));
+    const v1::StripeMember member = piece.member();
+    const std::string subject = PeerSecret::ShardSubject(member.job(), member.version(), member.rank(), member.origin());
+    std::string nonce;
+    if (Status st = Auth(ctx, "PutChunk", subject, &nonce); !st.ok()) return Refuse(st);
+    if (parity_ == nullptr) {
+      return ToPeerGrpc(FailedPrecondition("this daemon holds no parity (it runs without --erasure)"));
+    }
+    if (std::string why = CheckJobId(member.job()); !why.empty()) return ToPeerGrpc(InvalidArgument(why));
+    if (member.chunk_bytes() == 0 || member.chunk_bytes() > kMaxErasureChunk) {
+      return ToPeerGrpc(InvalidArgument("PutChunk: a chunk of " + std::to_string(member.chunk_bytes()) +
+                                        " bytes (1 to " + std::to_string(kMaxErasureChunk) + " taken)"));
+    }
+    std::vector<std::uint8_t> chunk(member.chunk_bytes(), 0);
+    PeerSecret::ImageMac mac = secret_.StartImage();
+    std::uint64_t at = 0;
+    for (;;) {
+      if (piece.offset() != at || piece.data().size() > chunk.size() - at) {
+        return ToPeerGrpc(DataLoss("PutChunk: a piece at " + std::to_string(piece.offset()) + " of " +
+                                   std::to_string(piece.data().size()) + " bytes, expected one at " +
+                                   std::to_string(at) + " inside the chunk"));
+      }
+      std::memcpy(chunk.data() + at, piece.data().data(), piece.data().size());
+      mac.Update(piece.data().data(), piece.data().size());
+      at += piece.data().size();
+      if (piece.last()) break;
+      if (!reader->Read(&piece)) return ToPeerGrpc(DataLoss("PutChunk: the stream ended before its last piece"));
+    }
+    if (!PeerSecret::SameMac(mac.Finish(ChunkBinding("PutChunk", nonce, member)), piece.mac())) {
+      return Refuse(PermissionDenied("PutChunk: the chunk's MAC does not match (not sent by a daemon of the cluster)"));
+    }
+    if (Checksum::Of(chunk.data(), chunk.size()) != member.chunk_xxh3()) {
+      return ToPeerGrpc(DataLoss("PutChunk: the chunk does not match its checksum"));
+    }
+    if (Status st = parity_->Fold(member, chunk.data()); !st.ok()) return ToPeerGrpc(st);
+    reply->set_parity_bytes_held(parity_->parity_bytes());
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             secret_.Proof("PutChunk", nonce, ChunkBinding("PutChunk", nonce, member)));
+    return grpc::Status::OK;
+  }
+
+  // GetParity: the parity this daemon holds for the stripe, and its members.
+  grpc::Status GetParity(grpc::ServerContext* ctx, const v1::GetParityRequest* req,
+                         grpc::ServerWriter<v1::ParityPiece>* writer) override {
+    const std::string subject = PeerSecret::ShardSubject(req->job(), req->version(), req->rank(), req->origin());
+    std::string nonce;
+    if (Status st = Auth(ctx, "GetParity", subject, &nonce); !st.ok()) return Refuse(st);
+    if (parity_ == nullptr) return ToPeerGrpc(NotFound("this daemon holds no parity (it runs without --erasure)"));
+    auto held = parity_->Find(req->job(), req->version(), req->stripe(), req->origin(), req->rank());
+    if (!held) {
+      return ToPeerGrpc(NotFound("no parity of stripe " + std::to_string(req->stripe()) + " of " +
+                                 DescribeShard(req->job(), req->version(), req->rank()) + " from " + req->origin()));
+    }
+    v1::ParityPiece first;
+    for (const auto& m : held->members) *first.add_members() = m;
+    first.set_row(held->row);
+    first.set_parity_bytes(held->parity->size());
+    first.set_parity_xxh3(held->parity_xxh3);
+    const std::string binding = ParityBinding(nonce, first);
+    PeerSecret::ImageMac mac = secret_.StartImage();
+    const std::vector<std::uint8_t>& bytes = *held->parity;
+    std::uint64_t at = 0;
+    v1::ParityPiece piece = first;
+    do {
+      const std::uint64_t n = std::min<std::uint64_t>(kErasurePiece, bytes.size() - at);
+      piece.set_offset(at);
+      piece.set_data(reinterpret_cast<const char*>(bytes.data()) + at, n);
+      if (at == 0 && n > 0 && parity_->corrupt_for_tests()) (*piece.mutable_data())[0] ^= 0x5a;
+      mac.Update(piece.data().data(), piece.data().size());
+      at += n;
+      if (at == bytes.size()) {
+        piece.set_last(true);
+        piece.set_mac(mac.Finish(binding));
+      }
+      if (!writer->Write(piece)) return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+      piece.Clear();
+    } while (at < bytes.size());
+    return grpc::Status::OK;
+  }
+
+  // GetChunk: a byte range of a shard image held here, for a rebuild on another daemon.
+  grpc::Status GetChunk(grpc::ServerContext* ctx, const v1::GetChunkRequest* req,
+                        grpc::ServerWriter<v1::ChunkPiece>* writer) override {
+    std::string nonce;
+    if (Status st = Auth(ctx, "GetChunk", KeySubject(req->key()), &nonce); !st.ok()) return Refuse(st);
+    if (Status st = CheckShardKey(req->key()); !st.ok()) return ToPeerGrpc(st);
+    const auto& k = req->key();
+    auto image = memory_.Find(k.job(), k.version(), k.rank());
+    if (!image || !image->complete) return ToPeerGrpc(NotFound(DescribeShard(k.job(), k.version(), k.rank()) + " is not held here"));
+    if (req->offset() > image->file_bytes || req->length() > image->file_bytes - req->offset()) {
+      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the range is not inside the image");
+    }
+    const std::string binding = RangeBinding(nonce, k.job(), k.version(), k.rank(), req->offset(), req->length());
+    PeerSecret::ImageMac mac = secret_.StartImage();
+    std::uint64_t at = 0;
+    v1::ChunkPiece piece;
+    do {
+      const std::uint64_t n = std::min<std::uint64_t>(kErasurePiece, req->length() - at);
+      piece.set_offset(req->offset() + at);
+      piece.set_data(image->data() + req->offset() + at, n);
+      mac.Update(piece.data().data(), piece.data().size());
+      at += n;
+      if (at == req->length()) {
+        piece.set_last(true);
+        piece.set_mac(mac.Finish(binding));
+      }
+      if (!writer->Write(piece)) return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+      piece.Clear();
+    } while (at < req->length());
+    metrics::Metrics().ReplicationBytesAdd(metrics::ReplicationBytes::kServed, req->length());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DropParity(grpc::ServerContext* ctx, const v1::DropParityRequest* req,
+                          v1::DropJobReply* reply) override {
+    const std::string subject = PeerSecret::JobSubject(req->job(), "");
+    std::string nonce;
+    if (Status st = Auth(ctx, "DropParity", subject, &nonce); !st.ok()) return Refuse(st);
+    if (std::string why = CheckJobId(req->job()); !why.empty()) return ToPeerGrpc(InvalidArgument(why));
+    reply->set_dropped(parity_ ? parity_->Drop(req->job(), req->version(), req->drop_all()) : 0);
+    ctx->AddTrailingMetadata(PeerSecret::kProofKey,
+                             secret_.Proof("DropParity", nonce, PeerSecret::DropAnswer(subject, reply->dropped(), 0)));
+    return grpc::Status::OK;
+  }
+
  private:
   static std::string KeySubject(const v1::ShardKey& k) {
     return PeerSecret::ShardSubject(k.job(), k.version(), k.rank(), "");
@@ -267,6 +404,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return ToPeerGrpc(st);
   }
   MemoryTier& memory_;
+  ParityStore* const parity_;  // null without --erasure
   const PeerSecret& secret_;
   const std::string self_;       // this daemon's address in --peers
   const bool corrupt_replicas_;  // test seam: CKPTD_TEST_CORRUPT_REPLICAS=1
@@ -274,10 +412,10 @@ class PeerServiceImpl final : public v1::Peer::Service {
 };
 
 Result<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& listen, PeerAcceptor::Limits limits,
-                                                      MemoryTier& memory, const PeerSecret& secret,
-                                                      std::string self_address) {
+                                                      MemoryTier& memory, ParityStore* parity,
+                                                      const PeerSecret& secret, std::string self_address) {
   std::unique_ptr<PeerServer> s(new PeerServer());
-  s->service_ = std::make_unique<PeerServiceImpl>(memory, secret, std::move(self_address));
+  s->service_ = std::make_unique<PeerServiceImpl>(memory, parity, secret, std::move(self_address));
   grpc::ServerBuilder builder;
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(kMaxPeerMessage);

@@ -9,7 +9,9 @@
 // before own shards). GetShard serves an image, own or replica, to a restore on another
 // daemon (shard_stream.h says what it checks). HasShard says whether one is held; DropNewer
 // and DropJob drop images; ListReplicas lists the replicas of a job one origin sent (what a
-// warm start of that node pulls back, warm_start.h). Out: each answer carries this daemon's proof of the secret bound
+// warm start of that node pulls back, warm_start.h). With --erasure (`parity` set), PutChunk
+// folds a member's chunk into the parity held here (parity_store.h), GetParity serves it,
+// GetChunk serves a byte range of an image held here to a rebuild, DropParity drops parity. Out: each answer carries this daemon's proof of the secret bound
 // to the call's nonce, so that the caller knows a ckptd of its cluster answered.
 //
 // Connections come through a PeerAcceptor (within its limits), and gRPC runs each call on a
@@ -32,16 +34,17 @@ class Server;
 namespace ckpt {
 
 class PeerServiceImpl;
+class ParityStore;
 
 class PeerServer {
  public:
   // Serves the Peer service on `listen` ("ADDR:PORT"; port 0 picks one), with `limits` on
-  // the connections. `memory` and `secret` must outlive the server; `self_address` is this
+  // the connections. `memory`, `parity` (null without --erasure) and `secret` must outlive the server; `self_address` is this
   // daemon's address in --peers, which the callers' tokens must name. InvalidArgument for a
   // bad address, IoError if it cannot listen there.
   static Result<std::unique_ptr<PeerServer>> Start(const std::string& listen, PeerAcceptor::Limits limits,
-                                                   MemoryTier& memory, const PeerSecret& secret,
-                                                   std::string self_address);
+                                                   MemoryTier& memory, ParityStore* parity,
+                                                   const PeerSecret& secret, std::string self_address);
   // Stops accepting connections, then shuts the server down (calls in flight get 200 ms).
   ~PeerServer();
   PeerServer(const PeerServer&) = delete;

@@ -43,7 +43,8 @@ Replicator::Replicator(PeerList peers, PeerSecret secret, MemoryTier& memory, Ho
       progress_timeout_(progress_timeout),
       deltas_(deltas) {}
 
-Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, MemoryTier& memory, Hooks hooks) {
+Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, MemoryTier& memory, Hooks hooks,
+                                                      ParityStore* parity) {
   auto secret = PeerSecret::Load(config.peer_secret);
   if (!secret.ok()) return secret.status();
   char host[256] = {};
@@ -68,7 +69,7 @@ Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, Mem
     const rlim_t open_files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
     limits.total = static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 4, 16, 4096));
   }
-  auto server = PeerServer::Start(config.peer_listen, limits, memory, r->secret_, r->peers_.self_address());
+  auto server = PeerServer::Start(config.peer_listen, limits, memory, parity, r->secret_, r->peers_.self_address());
   if (!server.ok()) return server.status();
   r->server_ = std::move(server).value();
   r->bound_ = r->server_->bound();

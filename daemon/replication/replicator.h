@@ -85,6 +85,9 @@ class HasShardReply;
 
 namespace ckpt {
 
+class ErasureGroup;
+class ParityStore;
+
 class Replicator : public PeerShards {
  public:
   struct Hooks {
@@ -98,7 +101,12 @@ class Replicator : public PeerShards {
   };
   // Reads the secret, resolves the peers and starts the server and the sender.
   // InvalidArgument for a configuration error (exit 2).
-  static Result<std::unique_ptr<Replicator>> Create(const Config& config, MemoryTier& memory, Hooks hooks);
+  // `parity`: the parity store the peer server folds erasure chunks into (--erasure), or null.
+  static Result<std::unique_ptr<Replicator>> Create(const Config& config, MemoryTier& memory, Hooks hooks,
+                                                    ParityStore* parity = nullptr);
+  // With --erasure too: a rebuild from the group is the restore source after the replicas
+  // (Holding names ErasureGroup::kSource last; Fetch and DropNewer pass it on).
+  void SetErasure(ErasureGroup* erasure) { erasure_ = erasure; }
   ~Replicator() override;
   // Stops the server and the sender (what is queued is not sent). Idempotent.
   void Stop() EXCLUDES(mu_);
@@ -264,6 +272,7 @@ class Replicator : public PeerShards {
   const bool deltas_;  // --replica-deltas
   std::string bound_;
   std::unique_ptr<PeerServer> server_;
+  ErasureGroup* erasure_ = nullptr;  // set once, before any restore
   std::atomic<std::uint64_t> replicated_{0}, failures_{0};
   ThrottledLog unproven_log_, send_log_;
 

@@ -11,15 +11,14 @@
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "common/align.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/replication/erasure_group.h"
 #include "daemon/replication/peer_protocol.h"
 #include "daemon/replication/progress_watch.h"
 #include "daemon/replication/shard_stream.h"
 #include "proto/grpc_status.h"
 
 namespace ckpt {
-namespace {
 
-// A buffer outside the memory tier's budget, for a fetched image that is only restored.
 std::shared_ptr<MemoryImage> StandaloneImage(const ShardMeta& meta, std::uint64_t file_bytes) {
   const std::uint64_t cap = AlignUp(std::max<std::uint64_t>(file_bytes, 1), 4096);
   // Plain 4 KiB pages, faulted in by the copy. Measured on the 2-core VM (DESIGN-NOTES,
@@ -34,8 +33,6 @@ std::shared_ptr<MemoryImage> StandaloneImage(const ShardMeta& meta, std::uint64_
                                         delete img;
                                       });
 }
-
-}  // namespace
 
 grpc::Status Replicator::AskHasShard(const std::string& peer, const std::string& job, std::uint64_t version,
                                      std::uint32_t rank, v1::HasShardReply* reply) {
@@ -87,6 +84,7 @@ std::vector<std::string> Replicator::Holding(const std::string& job, std::uint64
       NoteError(peer, why);
     }
   }
+  if (erasure_ != nullptr) out.push_back(ErasureGroup::kSource);
   return out;
 }
 
@@ -122,6 +120,7 @@ bool Replicator::AnyHolds(const std::string& job, std::uint64_t version, std::ui
 
 void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) {
   ForgetNewer(job, rank, version);
+  if (erasure_ != nullptr) erasure_->DropNewer(job, rank, version);
   for (std::size_t i : peers_.Ring()) {
     const std::string& peer = peers_.addresses[i];
     if (RecentlySilent(peer)) continue;  // a lost node: its memory is gone with it
@@ -154,6 +153,7 @@ void Replicator::DropNewer(const std::string& job, std::uint32_t rank, std::uint
 
 Result<std::shared_ptr<MemoryImage>> Replicator::Fetch(const std::string& peer, const std::string& job,
                                                        std::uint64_t version, std::uint32_t rank) {
+  if (erasure_ != nullptr && peer == ErasureGroup::kSource) return erasure_->Rebuild(job, version, rank);
   return FetchWith(peer, job, version, rank, FetchOptions{});
 }
 

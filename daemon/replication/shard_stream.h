@@ -123,4 +123,8 @@ bool SendImage(const std::shared_ptr<MemoryImage>& image, const std::string& ori
                PieceSums sums, PeerSecret::ImageMac mac, const std::string& binding, const WritePiece& write,
                const std::function<void()>& pace, const DeltaPlan& delta = {});
 
+// A buffer outside the memory tier's budget, for an image fetched or rebuilt only to be
+// restored; null if it cannot be mapped.
+std::shared_ptr<MemoryImage> StandaloneImage(const ShardMeta& meta, std::uint64_t file_bytes);
+
 }  // namespace ckpt

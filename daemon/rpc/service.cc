@@ -338,6 +338,7 @@ void CheckpointService::FinishJobHere(const std::string& job, v1::FinishJobReply
     reply->set_peers_told(told.told);
     reply->set_peers_dropped(told.dropped);
   }
+  if (ErasureGroup* e = daemon_.erasure()) e->OnJobFinished(job);
   spdlog::info(
       "job {} finished: dropped {} memory image(s) ({} bytes); {} of {} peer(s) dropped the replicas sent "
       "them",

@@ -360,6 +360,16 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
   reply->set_restored_bytes_peer(restored.from_peer);
   reply->set_restores_uncommitted(restored.uncommitted);
   AddTiers(daemon, visible, reply);
+  if (ErasureGroup* e = daemon.erasure()) {
+    reply->set_erasure(e->Describe());
+    reply->set_erasure_parity_bytes(e->parity_bytes());
+    const ErasureGroup::Counters c = e->counters();
+    reply->set_erasure_chunks_sent(c.chunks_sent);
+    reply->set_erasure_send_failures(c.send_failures);
+    reply->set_erasure_rebuilds(c.rebuilds);
+    reply->set_erasure_rebuild_failures(c.rebuild_failures);
+    reply->set_erasure_corrupt_fragments(c.corrupt_fragments);
+  }
   if (Replicator* r = daemon.replicator()) {
     reply->set_replicas(r->replicas());
     reply->set_peer_address(r->peers().self_address());

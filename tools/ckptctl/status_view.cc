@@ -135,9 +135,19 @@ std::string TierSummary(const ckpt::v1::StatusReply& r) {
   return out + Format(" %u promotion(s) pending", r.promotions_pending());
 }
 
+std::string ErasureLines(const ckpt::v1::StatusReply& r) {
+  if (r.erasure().empty()) return "";
+  return Format("\nerasure coding: %s; holds %s of parity for the group; %" PRIu64 " chunk(s) sent, %" PRIu64
+                " failed; %" PRIu64 " shard(s) rebuilt from the group, %" PRIu64 " rebuild(s) failed, %" PRIu64
+                " corrupt parity row(s) or chunk(s) found\n",
+                r.erasure().c_str(), Human(r.erasure_parity_bytes()).c_str(), r.erasure_chunks_sent(),
+                r.erasure_send_failures(), r.erasure_rebuilds(), r.erasure_rebuild_failures(),
+                r.erasure_corrupt_fragments());
+}
+
 std::string ReplicationLines(const ckpt::v1::StatusReply& r) {
-  if (r.replicas() == 0) return "";
-  std::string out = Format(
+  if (r.replicas() == 0) return ErasureLines(r);
+  std::string out = ErasureLines(r) + Format(
       "\nreplication: %u replica(s) per shard, this daemon %s; %" PRIu64 " shard(s) replicated, %" PRIu64
       " failed; %s restored from peers; %" PRIu64 " restore(s) of a version not committed yet\n",
       r.replicas(), r.peer_address().c_str(), r.replicated_shards(), r.replication_failures(),

@@ -1,0 +1,222 @@
+// Erasure-coded peer redundancy (ckptd --erasure K+M), with real ckptd processes on loopback
+// TCP standing for the nodes of a job (support/peer_cluster.h): a lost node's shards rebuilt
+// from the rest of its group, byte-exact; corrupt parity found by its checksum; the flags.
+#include <ckpt/client.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "support/daemon_process.h"
+#include "support/eventually.h"
+#include "support/peer_cluster.h"
+#include "support/test_dirs.h"
+
+using namespace ckpt;
+using namespace ckpt::test;
+
+namespace {
+
+// Saves `v` on every rank and waits until it is committed and every node sent the chunks of
+// its shards of it to their holders (`chunks_each`: each node's count of chunks sent by then).
+void SaveProtected(Cluster& c, Job& job, std::uint64_t v, std::uint64_t chunks_each) {
+  job.Snapshot(v);
+  for (auto& r : job.ranks) r->client->wait_durable(v, Level::kCommitted);
+  for (int i = 0; i < static_cast<int>(c.daemons.size()); ++i) {
+    INFO("node " << i);
+    REQUIRE(Eventually([&] {
+      auto st = c[i].Status();
+      return st.erasure_chunks_sent() + st.erasure_send_failures() >= chunks_each;
+    }));
+    CHECK(c[i].Status().erasure_send_failures() == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("erasure 4+1 over 5 nodes: a lost node's shards are rebuilt from the other four, byte-exact, with a "
+          "quarter of a replica's memory, and protection resumes with the replacement",
+          "[erasure]") {
+  TempDir dir("ec41");
+  Cluster c(dir, 5, 0);
+  c.extra_args = {"--erasure", "4+1"};
+  c.StartAll();
+  Job job("ec41", 10);
+  job.Launch(c);
+  // Each node publishes 2 shards a version, cut in 4 chunks, each sent to 1 holder.
+  for (std::uint64_t v = 1; v <= 3; ++v) SaveProtected(c, job, v, v * 2 * 4);
+  // Each node holds parity for the versions the memory tier keeps (--memory-versions 1, so
+  // 2) of its 2 slots, one stripe each: 4 stripes of a quarter of a shard. A full replica of
+  // the same would be 2 ranks x 2 versions x a shard.
+  const double shard = static_cast<double>(kTensors * kTensorBytes);
+  for (int i = 0; i < 5; ++i) {
+    auto st = c[i].Status();
+    INFO("node " << i << ": " << st.erasure());
+    CHECK_THAT(st.erasure(), Catch::Contains("4+1, position " + std::to_string(i)));
+    const double replica = 2 * 2 * shard;
+    CHECK(static_cast<double>(st.erasure_parity_bytes()) >= 0.25 * replica);
+    CHECK(static_cast<double>(st.erasure_parity_bytes()) <= 0.26 * replica);
+  }
+
+  c.Lose(2);
+  c.Start(2);  // the replacement node: empty memory
+  job.Launch(c);
+  auto tiers = job.RestoreAll(3);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 2 ? "peer" : "memory"));
+  }
+  auto fresh = c[2].Status();
+  CHECK(fresh.erasure_rebuilds() == 2);
+  CHECK(fresh.erasure_rebuild_failures() == 0);
+  CHECK(fresh.restored_bytes_persistent() == 0);
+  CHECK(fresh.bytes_read_total() == 0);  // no file read at all
+
+  // Training goes on; the replacement holds its part again, so the next loss is rebuilt too.
+  std::vector<std::uint64_t> sent(5);
+  for (int i = 0; i < 5; ++i) sent[i] = c[i].Status().erasure_chunks_sent();
+  job.Snapshot(4);
+  for (auto& r : job.ranks) r->client->wait_durable(4, Level::kCommitted);
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(Eventually([&] { return c[i].Status().erasure_chunks_sent() >= sent[i] + 8; }));
+  }
+  c.Lose(3);
+  c.Start(3);
+  job.Launch(c);
+  tiers = job.RestoreAll(4);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 3 ? "peer" : "memory"));
+  }
+  CHECK(c[3].Status().erasure_rebuilds() == 2);
+  CHECK(c[3].Status().restored_bytes_persistent() == 0);
+}
+
+TEST_CASE("erasure 3+2: two nodes lost at once are both rebuilt from the other three", "[erasure]") {
+  TempDir dir("ec32");
+  Cluster c(dir, 5, 0);
+  c.extra_args = {"--erasure", "3+2"};
+  c.StartAll();
+  Job job("ec32", 10);
+  job.Launch(c);
+  // 2 shards a version, 3 chunks each, each to 2 holders.
+  for (std::uint64_t v = 1; v <= 2; ++v) SaveProtected(c, job, v, v * 2 * 3 * 2);
+  c.Lose(1);
+  c.Lose(4);
+  c.Start(1);
+  c.Start(4);
+  job.Launch(c);
+  auto tiers = job.RestoreAll(2);
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    const int node = job.NodeOf(r);
+    CHECK(tiers[r] == (node == 1 || node == 4 ? "peer" : "memory"));
+  }
+  for (int i : {1, 4}) {
+    auto st = c[i].Status();
+    CHECK(st.erasure_rebuilds() == 2);
+    CHECK(st.restored_bytes_persistent() == 0);
+  }
+}
+
+TEST_CASE("corrupt parity is found by its checksum: the rebuild fails naming it, and the restore reads the "
+          "persistent tier, byte-exact",
+          "[erasure]") {
+  TempDir dir("eccorrupt");
+  Cluster c(dir, 5, 0);
+  c.extra_args = {"--erasure", "4+1"};
+  for (auto& e : c.env) e = {"CKPTD_TEST_CORRUPT_PARITY=1"};  // every holder serves a flipped byte
+  c.StartAll();
+  Job job("eccorrupt", 10);
+  job.Launch(c);
+  for (std::uint64_t v = 1; v <= 2; ++v) SaveProtected(c, job, v, v * 2 * 4);
+  c.Lose(1);
+  c.Start(1);
+  job.Launch(c);
+  auto tiers = job.RestoreAll(2);  // byte-exact, checked there
+  for (std::uint32_t r = 0; r < job.world; ++r) {
+    INFO("rank " << r);
+    CHECK(tiers[r] == (job.NodeOf(r) == 1 ? "persistent" : "memory"));
+  }
+  auto st = c[1].Status();
+  CHECK(st.erasure_rebuilds() == 0);
+  CHECK(st.erasure_rebuild_failures() == 2);
+  CHECK(st.erasure_corrupt_fragments() >= 2);
+  CHECK_THAT(ErrorsOf(st), Catch::Contains("does not match its checksum (corrupt)"));
+  CHECK(st.restored_bytes_persistent() == 2 * kTensors * kTensorBytes);
+  // The other daemons serve on, and the job goes on protected.
+  SaveProtected(c, job, 3, 0);
+}
+
+TEST_CASE("erasure and replicas together: the replica is read first, the group rebuilds when the replica is bad",
+          "[erasure]") {
+  TempDir dir("ecrepl");
+  Cluster c(dir, 5, 1);
+  c.extra_args = {"--erasure", "4+1"};
+  c.env[3] = {"CKPTD_TEST_CORRUPT_REPLICAS=1"};  // node 3 keeps node 2's replicas corrupt
+  c.StartAll();
+  Job job("ecrepl", 10);
+  job.Launch(c);
+  auto save = [&](std::uint64_t v) {
+    std::vector<std::uint64_t> sent(5);
+    for (int i = 0; i < 5; ++i) sent[i] = c[i].Status().erasure_chunks_sent();
+    job.Save(v);  // committed and replicated
+    for (int i = 0; i < 5; ++i) REQUIRE(Eventually([&] { return c[i].Status().erasure_chunks_sent() >= sent[i] + 8; }));
+  };
+  save(1);
+  save(2);
+  // Node 0's replicas (on node 1) are intact: read first, nothing rebuilt.
+  c.Lose(0);
+  c.Start(0);
+  job.Launch(c);
+  auto tiers = job.RestoreAll(2);
+  for (std::uint32_t r = 0; r < job.world; ++r) CHECK(tiers[r] == (job.NodeOf(r) == 0 ? "peer" : "memory"));
+  CHECK(c[0].Status().erasure_rebuilds() == 0);
+  save(3);
+  // Node 2's replicas (on node 3) fail their checks: the group rebuilds its shards.
+  c.Lose(2);
+  c.Start(2);
+  job.Launch(c);
+  tiers = job.RestoreAll(3);
+  for (std::uint32_t r = 0; r < job.world; ++r) CHECK(tiers[r] == (job.NodeOf(r) == 2 ? "peer" : "memory"));
+  auto st = c[2].Status();
+  CHECK(st.erasure_rebuilds() == 2);
+  CHECK(st.restored_bytes_persistent() == 0);
+}
+
+TEST_CASE("erasure flags: what is missing or wrong is named, exit 2", "[erasure]") {
+  TempDir dir("ecflags");
+  const std::string secret = WriteSecret(dir.path() + "/s", "a shared secret of the test cluster");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {CKPTD_BINARY, "--socket", dir.path() + "/x.sock", "--root", dir.path(),
+                                     "--check-config"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv);
+  };
+  for (const char* bad : {"4", "4+0", "0+1", "4x1", "30+3", "4+1+1"}) {
+    INFO(bad);
+    auto r = run({"--erasure", bad});
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--erasure '" + std::string(bad) + "': expected K+M"));
+  }
+  auto r = run({"--erasure", "4+1"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--erasure 4+1 needs --peer-listen ADDR:PORT"));
+  r = run({"--erasure", "4+1", "--peer-listen", "127.0.0.1:1"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--erasure 4+1 needs --peer-secret FILE"));
+  r = run({"--erasure", "4+1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--erasure 4+1 needs --peers"));
+  r = run({"--erasure", "2+1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret, "--peers",
+           "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--peers names 4 daemons, not a multiple of K+M = 3"));
+  r = run({"--erasure", "2+1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret, "--peers",
+           "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--memory-mib", "0"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--erasure 2+1 needs a memory tier"));
+  r = run({"--erasure", "2+1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret, "--peers",
+           "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"});
+  CHECK(r.exit_code == 0);
+}
