@@ -5,6 +5,7 @@
 #
 # Usage: bench/capacity.sh [--out FILE.json] [--build DIR] [--dir DIR] [--mib N] [--steps N]
 #                          [--frozen-percent P] [--compute-ms MS] [--memory-mib N] [--base-every N]
+#                          [--ec-mib N] [--ec-steps N] [--only erasure]
 #   --dir             where the persistent and local tiers go (default /tmp/ckptd-capacity)
 #   --mib             state per rank, MiB (default 1024, in 20 tensors)
 #   --steps           iterations, each checkpointed (default 20)
@@ -41,9 +42,21 @@
 #                 peer refused (at its first piece, before any data) counts as the whole image
 #                 that followed.
 #   erasure       ckpt-erasure-bench (k=4, m=1) on 256 MiB: encode and decode GB/s next to a
-#                 memcpy of the same bytes. The daemon does not yet keep parity for its peers,
-#                 so the fields that need it (peer_memory_ratio, node loss rebuilt, rebuild
-#                 times) are null, each with the reason in "not_measured".
+#                 memcpy of the same bytes. Then five daemons (one group of --erasure 4+1), one
+#                 rank each of --ec-mib MiB (default 256: five ranks, their replicas and
+#                 parity fit this machine's memory), --ec-steps steps (default 4), twice:
+#                 ecrepl  --replicas 1 and --erasure 4+1 together: peer_memory_ratio is the
+#                         parity the five daemons hold / the replicas they hold, same versions
+#                         (ckptctl status: erasure_parity_bytes, peers' held_bytes); then node
+#                         2 is lost (kill -9, a fresh daemon in its place) and its rank
+#                         restored from the replica: replica.rebuild_ms.
+#                 ec      --erasure 4+1 alone: node 2 lost the same way, its rank rebuilt from
+#                         the other four: erasure.rebuild_ms, and node_loss_restored_byte_exact
+#                         (the trainer checks every byte; the tier must be "peer", the daemon's
+#                         log must say it rebuilt). rebuild_ms is the trainer's restore_ms
+#                         (the whole restore, same state, same machine), and the daemon's own
+#                         time for the fetch or the rebuild is beside it.
+#   --only erasure  runs the erasure part alone (its fields only).
 # JSON to --out (default bench/out/capacity.json) and docs/results/capacity.json. Everything it
 # starts and makes is removed however it ends (bench/cleanup.sh).
 set -euo pipefail
@@ -57,6 +70,9 @@ frozen_percent=90
 compute_ms=5000
 memory_mib=""
 base_every=10
+ec_mib=256
+ec_steps=4
+only=""
 tensors=20
 args="$*"
 while [ $# -gt 0 ]; do
@@ -70,6 +86,9 @@ while [ $# -gt 0 ]; do
     --compute-ms) compute_ms="$2"; shift 2 ;;
     --memory-mib) memory_mib="$2"; shift 2 ;;
     --base-every) base_every="$2"; shift 2 ;;
+    --ec-mib) ec_mib="$2"; shift 2 ;;
+    --ec-steps) ec_steps="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -171,6 +190,7 @@ finish() {
   stop "$1_n1"
 }
 
+if [ "$only" != erasure ]; then
 run differential --persistent-base-every "$base_every"
 # The persistent tier's bytes of each committed version, before the restores below set newer
 # versions aside.
@@ -208,15 +228,89 @@ for name in full full2 differential2; do
   finish "$name"
   rm -rf "${work:?}/$name"
 done
+else
+  : >"$work/persistent.txt"
+  : >"$work/restores.txt"
+fi
 
 echo "== erasure code k=4 m=1, 256 MiB"
 bench_run "$build/ckpt-erasure-bench" --mib 256 --repeats 5 --out "$work/erasure.json" >>"$work/erasure.log" 2>&1
 tail -n 12 "$work/erasure.log"
 
+# The erasure part: five daemons, one group of 4+1, one rank each.
+ec_ports=()
+ec_start() {  # RUN NODE FLAGS...: node NODE of RUN
+  local run=$1 node=$2
+  shift 2
+  start "${run}_n$node" --root "$work/$run/persistent" --memory-mib "$ec_memory_mib" --keep-last 2 \
+    --peer-listen "127.0.0.1:${ec_ports[$node]}" --peers "$ec_peers" --peer-secret "$work/secret" "$@"
+}
+ec_trainer() {  # RUN NODE TAG [flags]
+  local run=$1 node=$2 tag=$3
+  shift 3
+  bench_run "$build/ckpt-toy-trainer" --socket "$work/${run}_n$node.sock" --job ec --rank "$node" --world-size 5 \
+    --state-mib "$ec_mib" --tensors 8 --quiet --summary "$work/$tag.json" "$@" >>"$work/trainers.log" 2>&1
+}
+ec_status() {  # RUN NODE: ckptctl status --json of the node
+  "$build/ckptctl" --socket "$work/${1}_n$2.sock" status --json
+}
+# ec_run RUN FLAGS...: five nodes train ec_steps steps; then every node has sent its chunks.
+ec_run() {
+  local run=$1 i t pids=()
+  shift
+  ec_ports=()
+  for i in 0 1 2 3 4; do ec_ports+=("$(free_port)"); done
+  ec_peers=$(printf '127.0.0.1:%s,' "${ec_ports[@]}")
+  ec_peers=${ec_peers%,}
+  for i in 0 1 2 3 4; do ec_start "$run" "$i" "$@"; done
+  echo "== $run: $ec_steps steps of $ec_mib MiB per rank, 5 nodes, $*"
+  for i in 0 1 2 3 4; do
+    ec_trainer "$run" "$i" "$run-r$i" --iters "$ec_steps" --compute-ms 1000 &
+    t=$!
+    bench_track "$t"
+    pids+=("$t")
+  done
+  for t in "${pids[@]}"; do bench_wait "$t"; done
+  # Every node has sent the chunks of what it published (a version published while the one
+  # before was still being sent supersedes it: the newest is what matters).
+  for i in 0 1 2 3 4; do
+    for _ in $(seq 1200); do
+      [ "$(ec_status "$run" "$i" | python3 -c 'import json,sys; print(int(json.load(sys.stdin).get("erasure_pending", 0)))')" = 0 ] && break
+      sleep 0.1
+    done
+  done
+}
+# ec_lose RUN FLAGS...: node 2 lost (kill -9) and replaced by a fresh daemon; its rank restores.
+ec_lose() {
+  local run=$1
+  shift
+  kill -KILL "$(eval echo "\$pid_${run}_n2")"
+  wait "$(eval echo "\$pid_${run}_n2")" 2>/dev/null || true
+  ec_start "$run" 2 "$@"
+  if ec_trainer "$run" 2 "$run-restore" --resume --iters "$ec_steps"; then
+    echo ok >"$work/$run-restore.ok"
+  fi
+}
+ec_stop() {
+  local i
+  for i in 0 1 2 3 4; do stop "${1}_n$i"; done
+  rm -rf "${work:?}/$1"
+}
+ec_memory_mib=$((ec_mib * 8 + 256))
+ec_run ecrepl --replicas 1 --erasure 4+1
+for i in 0 1 2 3 4; do ec_status ecrepl "$i" >"$work/ecrepl-status-$i.json"; done
+ec_lose ecrepl --replicas 1 --erasure 4+1
+ec_stop ecrepl
+ec_run ec --erasure 4+1
+ec_lose ec --erasure 4+1
+ec_status ec 2 >"$work/ec-status-lost.json"
+ec_stop ec
+
 python3 - "$work" "$out" "$here/docs/results/capacity.json" "$mib" "$steps" "$tensors" "$frozen" "$compute_ms" \
-  "$memory_mib" "bench/capacity.sh $args" "$base_every" <<'PY'
+  "$memory_mib" "bench/capacity.sh $args" "$base_every" "$ec_mib" "$ec_steps" "$ec_memory_mib" <<'PY'
 import datetime, glob, json, os, platform, re, statistics, sys
-work, out, docs_out, mib, steps, tensors, frozen, compute_ms, memory_mib, command, base_every = sys.argv[1:]
+(work, out, docs_out, mib, steps, tensors, frozen, compute_ms, memory_mib, command, base_every, ec_mib, ec_steps,
+ ec_memory_mib) = sys.argv[1:]
 mib, steps, tensors, frozen = int(mib), int(steps), int(tensors), int(frozen)
 
 def med(xs):
@@ -249,13 +343,38 @@ pers = persistent()
 full_bytes = pers[0]["bytes"] if pers else None
 pers_ratios = [p["bytes"] / full_bytes for p in pers[1:]] if full_bytes else []
 restores = [line.split() for line in open(os.path.join(work, "restores.txt"))]
+def summary(tag):
+    path = os.path.join(work, f"{tag}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
 stall = {}
 for kind, runs in (("differential", ("differential", "differential2")), ("full", ("full", "full2"))):
-    xs = [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for run in runs for r in (0, 1)]
-    xs = [x for x in xs if x is not None]  # null: a run without a stall (one step)
+    xs = [(summary(f"{run}-r{r}") or {}).get("stall_ms_p50") for run in runs for r in (0, 1)]
+    xs = [x for x in xs if x is not None]  # null: a run without a stall (one step), or not run
     stall[kind] = statistics.median(xs) if xs else None
 erasure = json.load(open(os.path.join(work, "erasure.json")))
 code = next((c for c in erasure.get("codes", []) if c.get("k") == 4 and c.get("m") == 1), None)
+
+# The node-loss runs: what the five daemons held, and node 2's restore.
+def status(tag):
+    return json.load(open(os.path.join(work, f"{tag}.json")))
+def num(d, key):
+    return int(d.get(key, 0) or 0)
+ec_status = [status(f"ecrepl-status-{i}") for i in range(5)]
+parity_held = sum(num(s, "erasure_parity_bytes") for s in ec_status)
+replicas_held = sum(num(p, "held_bytes") for s in ec_status for p in s.get("peers", []))
+def daemon_ms(run, pattern):
+    ms = None
+    for line in open(os.path.join(work, f"{run}_n2.log"), errors="replace"):
+        m = re.search(pattern, line)
+        if m:
+            ms = float(m[1])
+    return ms
+ecrepl_restore, ec_restore = summary("ecrepl-restore") or {}, summary("ec-restore") or {}
+ec_lost = status("ec-status-lost")
+rebuilt_ms = daemon_ms("ec", r"erasure: rebuilt .* bytes in (\d+) ms")
+fetched_ms = daemon_ms("ecrepl", r"replication: fetched .* bytes in (\d+) ms")
+ec_exact = (os.path.exists(os.path.join(work, "ec-restore.ok")) and ec_restore.get("restore_tier") == "peer"
+            and num(ec_lost, "erasure_rebuilds") >= 1 and rebuilt_ms is not None)
 
 result = {
     "command": command,
@@ -272,7 +391,7 @@ result = {
                                 if stall["differential"] is not None and stall["full"] else None),
         "trainer_stall_ms_p50": {"differential": stall["differential"], "full": stall["full"]},
         "trainer_stall_ms_p50_by_run": {
-            run: [json.load(open(os.path.join(work, f"{run}-r{r}.json")))["stall_ms_p50"] for r in (0, 1)]
+            run: [(summary(f"{run}-r{r}") or {}).get("stall_ms_p50") for r in (0, 1)]
             for run in ("differential", "full", "full2", "differential2")},
         "versions_replicated": len({x["version"] for x in diff_peer}),
         "versions_replicated_second_run": len({x["version"] for x in diff2_peer}),
@@ -292,19 +411,22 @@ result = {
         "encode_gbps": code and code.get("encode_gbps"),
         "decode_gbps": code and code.get("decode_gbps"),
         "memcpy_gbps": code and code.get("memcpy_gbps"),
-        "peer_memory_ratio": None,
-        "node_loss_restored_byte_exact": None,
-        "rebuild_ms": None,
+        "peer_memory_ratio": round(parity_held / replicas_held, 4) if replicas_held else None,
+        "parity_bytes_held": parity_held,
+        "replica_bytes_held": replicas_held,
+        "node_loss_restored_byte_exact": ec_exact,
+        "rebuild_ms": ec_restore.get("restore_ms"),
+        "daemon_rebuild_ms": rebuilt_ms,
+        "restore_tier": ec_restore.get("restore_tier"),
+        "rebuilds": num(ec_lost, "erasure_rebuilds"),
+        "rebuild_failures": num(ec_lost, "erasure_rebuild_failures"),
+        "setup": {"nodes": 5, "ranks": 5, "k": 4, "m": 1, "state_bytes_per_rank": int(ec_mib) * 2**20,
+                  "steps": int(ec_steps), "memory_mib_per_daemon": int(ec_memory_mib)},
         "codec": code,
     },
-    "replica": {"rebuild_ms": None},
-    "not_measured": {
-        "erasure.peer_memory_ratio": "the daemon does not yet keep erasure-coded parity for its peers",
-        "erasure.node_loss_restored_byte_exact": "the daemon does not yet rebuild a node from parity",
-        "erasure.rebuild_ms": "the daemon does not yet rebuild a node from parity",
-        "replica.rebuild_ms": "compared only with erasure.rebuild_ms; bench/replication.sh times a node "
-                              "restored from a peer's replica",
-    },
+    "replica": {"rebuild_ms": ecrepl_restore.get("restore_ms"), "daemon_fetch_ms": fetched_ms,
+                "restore_tier": ecrepl_restore.get("restore_tier")},
+    "not_measured": {},
 }
 if pers_ratios and min(pers_ratios) > 0.9:
     result["not_measured"]["differential.persistent_bytes_ratio"] = (
@@ -326,6 +448,12 @@ print(f"| differential.trainer_stall_ratio | {d['trainer_stall_ratio']} | "
       f"(p50 {f2(d['trainer_stall_ms_p50']['differential'])} vs {f2(d['trainer_stall_ms_p50']['full'])} ms)")
 print(f"| erasure.encode_gbps / decode_gbps | {f2(e['encode_gbps'])} / {f2(e['decode_gbps'])} | "
       f"(memcpy {f2(e['memcpy_gbps'])} GB/s)")
+print(f"| erasure.peer_memory_ratio | {e['peer_memory_ratio']} | (target <= 0.30; parity {e['parity_bytes_held']} "
+      f"vs replicas {e['replica_bytes_held']} bytes held)")
+print(f"| erasure.node_loss_restored_byte_exact | {e['node_loss_restored_byte_exact']} | "
+      f"(tier {e['restore_tier']}, {e['rebuilds']} rebuild(s), {e['rebuild_failures']} failed)")
+print(f"| replica.rebuild_ms vs erasure.rebuild_ms | {f2(result['replica']['rebuild_ms'])} vs {f2(e['rebuild_ms'])} | "
+      f"(daemon: fetch {result['replica']['daemon_fetch_ms']} ms, rebuild {e['daemon_rebuild_ms']} ms)")
 for k, why in result["not_measured"].items():
     print(f"   {k}: {why}")
 print(f"written to {out} and {docs_out}")

@@ -371,6 +371,7 @@ void Daemon::OnCommitted(const std::string& job, std::uint64_t version) {
   ++versions_committed_;
   metrics::Metrics().Committed(job);
   if (replicator_) replicator_->OnCommitted(job, version);
+  if (erasure_) erasure_->OnCommitted(job, version);
   memory_->OnCommitted(job, version);
   if (local_) local_->ApplyRetention(job);
 }

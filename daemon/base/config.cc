@@ -389,13 +389,25 @@ std::optional<Config> Parse(const std::function<void(CLI::App&)>& parse, int* ex
     if (auto secret = PeerSecret::Load(c.peer_secret); !secret.ok()) return fail(secret.status().message());
   }
   if (!erasure_spec.empty() && erasure_spec != "off") {
+    // Digits only: no sign, no overflow (K + M is at most 32 anyway).
     unsigned k = 0, m = 0;
-    char plus = 0;
-    std::istringstream in(erasure_spec);
-    std::string rest;
-    if (!(in >> k >> plus >> m) || plus != '+' || (in >> rest) || k < 1 || m < 1 || k + m > 32) {
+    const std::size_t plus = erasure_spec.find('+');
+    auto digits = [](const std::string& t) {
+      return !t.empty() && t.size() <= 2 && std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    };
+    const std::string ks = plus == std::string::npos ? "" : erasure_spec.substr(0, plus);
+    const std::string ms = plus == std::string::npos ? "" : erasure_spec.substr(plus + 1);
+    if (digits(ks) && digits(ms)) {
+      k = static_cast<unsigned>(std::stoul(ks));
+      m = static_cast<unsigned>(std::stoul(ms));
+    }
+    if (!digits(ks) || !digits(ms) || k < 1 || m < 1 || k + m > 32) {
       return fail("--erasure '" + erasure_spec +
                   "': expected K+M with K >= 1 data and M >= 1 parity daemons, K + M at most 32 (e.g. 4+1)");
+    }
+    if (m >= k) {
+      return fail("--erasure '" + erasure_spec + "': M must be below K (with M >= K the parity takes as much memory "
+                  "as M/K replicas, at least one: use --replicas instead)");
     }
     c.erasure_k = k;
     c.erasure_m = m;

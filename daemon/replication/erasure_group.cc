@@ -13,6 +13,7 @@
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "daemon/base/peer_list.h"
 #include "daemon/replication/peer_protocol.h"
+#include "daemon/replication/progress_watch.h"
 #include "daemon/replication/shard_stream.h"
 #include "format/checksum.h"
 #include "proto/grpc_status.h"
@@ -23,6 +24,8 @@ namespace {
 constexpr std::uint64_t kPiece = 4 << 20;
 constexpr std::chrono::minutes kTransferDeadline{5};
 constexpr std::size_t kQueueMax = 1024;  // queued shards at most (the oldest go first)
+// The largest shard image a member entry may describe (a rebuild maps one of this size).
+constexpr std::uint64_t kMaxShardBytes = std::uint64_t{1} << 40;
 
 // The xxh3-64 of `n` bytes at `data` followed by zeros up to `padded` bytes.
 std::uint64_t PaddedChecksum(const void* data, std::uint64_t n, std::uint64_t padded) {
@@ -79,8 +82,10 @@ Result<std::unique_ptr<ErasureGroup>> ErasureGroup::Create(const Config& config,
   g.members.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
                    all.begin() + static_cast<std::ptrdiff_t>(first + n));
   g.self = static_cast<unsigned>(peers.value().self - first);
-  std::unique_ptr<ErasureGroup> e(new ErasureGroup(std::move(code).value(), std::move(g), config.memory_versions + 1,
-                                                   std::move(secret).value(), memory, std::move(error)));
+  std::unique_ptr<ErasureGroup> e(new ErasureGroup(std::move(code).value(), std::move(g), config.memory_versions,
+                                                   config.memory_mib << 20, std::move(secret).value(), memory,
+                                                   std::chrono::seconds(config.peer_progress_timeout_s),
+                                                   std::move(error)));
   if (start_server) {
     PeerAcceptor::Limits limits;
     limits.per_address = config.peer_max_connections_per_address;
@@ -100,11 +105,14 @@ Result<std::unique_ptr<ErasureGroup>> ErasureGroup::Create(const Config& config,
   return e;
 }
 
-ErasureGroup::ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, PeerSecret secret,
-                           MemoryTier& memory, std::function<void(const std::string&)> error)
-    : store_(std::move(code), std::move(geometry), versions_kept, EnvIs("CKPTD_TEST_CORRUPT_PARITY", "1")),
+ErasureGroup::ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept,
+                           std::uint64_t max_parity_bytes, PeerSecret secret, MemoryTier& memory,
+                           std::chrono::milliseconds progress_timeout, std::function<void(const std::string&)> error)
+    : store_(std::move(code), std::move(geometry), versions_kept, max_parity_bytes,
+             EnvIs("CKPTD_TEST_CORRUPT_PARITY", "1")),
       secret_(std::move(secret)),
       memory_(memory),
+      progress_timeout_(progress_timeout),
       error_(std::move(error)) {}
 
 ErasureGroup::~ErasureGroup() { Stop(); }
@@ -113,6 +121,7 @@ void ErasureGroup::Stop() {
   {
     MutexLock lock(mu_);
     stopping_ = true;
+    if (sending_ != nullptr) sending_->TryCancel();  // the send in flight
   }
   changed_.SignalAll();
   if (sender_.joinable()) sender_.join();
@@ -127,9 +136,10 @@ std::string ErasureGroup::Describe() const {
          " of the group (" + members + ")";
 }
 
-ErasureGroup::Counters ErasureGroup::counters() const {
+ErasureGroup::Counters ErasureGroup::counters() {
+  MutexLock lock(mu_);
   return Counters{chunks_sent_.load(), send_failures_.load(), rebuilds_.load(), rebuild_failures_.load(),
-                  corrupt_.load()};
+                  corrupt_.load(), queue_.size() + (busy_ ? 1 : 0)};
 }
 
 void ErasureGroup::Note(const std::string& message) {
@@ -161,8 +171,14 @@ void ErasureGroup::Enqueue(std::shared_ptr<MemoryImage> image) {
     std::erase_if(queue_, [&](const Queued& q) {
       return q.meta.job == m.job && q.meta.rank == m.rank && q.meta.version < m.version;
     });
-    if (queue_.size() >= kQueueMax) queue_.pop_front();
+    if (queue_.size() >= kQueueMax) {
+      ++send_failures_;
+      log_.Warn("erasure: " + DescribeShard(queue_.front().meta.job, queue_.front().meta.version,
+                                            queue_.front().meta.rank) + " not protected: too many shards queued");
+      queue_.pop_front();
+    }
     queue_.push_back(Queued{m, image});
+    dropped_above_.erase(m.job);  // a new version: a later rollback drops again
   }
   changed_.Signal();
 }
@@ -189,15 +205,16 @@ void ErasureGroup::SendLoop() {
     Queued q;
     {
       MutexLock lock(mu_);
+      busy_ = false;
       while (!stopping_ && queue_.empty()) changed_.Wait(mu_);
       if (stopping_) return;
       q = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     std::shared_ptr<MemoryImage> image = q.image.lock();
     if (!image) continue;  // the memory tier dropped it: a newer version replaced it
-    if (Status st = SendShard(image, SlotOf(q.meta)); !st.ok()) {
-      ++send_failures_;
+    if (Status st = SendShard(image, SlotOf(q.meta)); !st.ok() && st.code() != StatusCode::kCancelled) {
       Note("protecting " + DescribeShard(q.meta.job, q.meta.version, q.meta.rank) + ": " + st.message());
     }
   }
@@ -209,6 +226,10 @@ Status ErasureGroup::SendShard(const std::shared_ptr<MemoryImage>& image, std::u
   const std::uint64_t chunk = StripeFragmentBytes(length, g.k);
   Status first_error;
   for (unsigned c = 0; c < g.k; ++c) {
+    {
+      MutexLock lock(mu_);
+      if (stopping_) return Cancelled("the daemon is stopping");
+    }
     const std::uint64_t begin = std::min<std::uint64_t>(length, c * chunk);
     const std::uint64_t n = std::min<std::uint64_t>(length, begin + chunk) - begin;
     v1::StripeMember member;
@@ -229,9 +250,10 @@ Status ErasureGroup::SendShard(const std::shared_ptr<MemoryImage>& image, std::u
       Status st = SendChunk(holder, member, image->data() + begin, n);
       if (st.ok()) {
         ++chunks_sent_;
-      } else if (first_error.ok()) {
-        first_error = st.With("chunk " + std::to_string(c) + " to " + holder);
+        continue;
       }
+      ++send_failures_;
+      if (first_error.ok()) first_error = st.With("chunk " + std::to_string(c) + " to " + holder);
     }
   }
   return first_error;
@@ -246,9 +268,23 @@ Status ErasureGroup::SendChunk(const std::string& holder, const v1::StripeMember
       PeerSecret::ShardSubject(member.job(), member.version(), member.rank(), member.origin());
   const std::string token = secret_.Token("PutChunk", PeerSecret::Addressed(subject, holder));
   ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+  ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
   ctx.set_deadline(std::chrono::system_clock::now() + kTransferDeadline);
   const std::string nonce = PeerSecret::NonceOf(token);
   v1::PutChunkReply reply;
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return Cancelled("the daemon is stopping");
+    sending_ = &ctx;
+  }
+  struct Clear {
+    ErasureGroup* self;
+    ~Clear() {
+      MutexLock lock(self->mu_);
+      self->sending_ = nullptr;
+    }
+  } clear{this};
+  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   std::unique_ptr<grpc::ClientWriter<v1::ChunkPiece>> writer(stub->PutChunk(&ctx, &reply));
   PeerSecret::ImageMac mac = secret_.StartImage();
   v1::ChunkPiece piece;
@@ -266,10 +302,13 @@ Status ErasureGroup::SendChunk(const std::string& holder, const v1::StripeMember
       piece.set_mac(mac.Finish(ChunkBinding("PutChunk", nonce, member)));
     }
     written = writer->Write(piece);
+    watch.Progress();
     piece.Clear();
   } while (written && at < n);
   writer->WritesDone();
   grpc::Status st = writer->Finish();
+  if (watch.fired()) return Unreachable("PutChunk: " + holder + " moved no byte for " +
+                                        std::to_string(watch.limit().count() / 1000) + " s: given up");
   if (!st.ok()) return FromGrpc(st, "PutChunk");
   return secret_.CheckProof(ProofOf(ctx), "PutChunk", nonce, ChunkBinding("PutChunk", nonce, member));
 }
@@ -287,9 +326,14 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Fetch(const std::string& peer
 void ErasureGroup::DropNewer(const std::string& job, std::uint32_t, std::uint64_t version) {
   {
     MutexLock lock(mu_);
+    // Every rank of the job restores the same version: the group is told once.
+    if (auto it = dropped_above_.find(job); it != dropped_above_.end() && it->second == version) return;
+    dropped_above_[job] = version;
     for (auto it = slots_.begin(); it != slots_.end();) {
       it = it->first.first == job && it->first.second > version ? slots_.erase(it) : std::next(it);
     }
+    // What is queued above it belongs to the timeline left.
+    std::erase_if(queue_, [&](const Queued& q) { return q.meta.job == job && q.meta.version > version; });
   }
   store_.Drop(job, version, false);
   for (const std::string& peer : geometry().members) {
@@ -312,7 +356,14 @@ void ErasureGroup::DropNewer(const std::string& job, std::uint32_t, std::uint64_
   }
 }
 
+void ErasureGroup::OnCommitted(const std::string& job, std::uint64_t version) { store_.OnCommitted(job, version); }
+
 void ErasureGroup::OnJobFinished(const std::string& job) {
+  {
+    MutexLock lock(mu_);
+    std::erase_if(slots_, [&](const auto& e) { return e.first.first == job; });
+    dropped_above_.erase(job);
+  }
   store_.Drop(job, 0, true);
   for (const std::string& peer : geometry().members) {
     if (peer == geometry().members[geometry().self]) continue;
@@ -330,6 +381,28 @@ void ErasureGroup::OnJobFinished(const std::string& job) {
   }
 }
 
+Status ErasureGroup::CheckMembers(const v1::ParityPiece& first, const std::string& job, std::uint64_t version,
+                                  unsigned stripe) const {
+  const ErasureGeometry& g = geometry();
+  if (first.members_size() != static_cast<int>(g.k)) return DataLoss("not one member entry per data position");
+  if (first.row() >= g.m || g.HolderOf(stripe, first.row()) == g.self) return DataLoss("no such parity row");
+  std::uint64_t width = 0;
+  for (int p = 0; p < first.members_size(); ++p) {
+    const v1::StripeMember& m = first.members(p);
+    if (m.origin().empty()) continue;  // never folded in
+    if (m.job() != job || m.version() != version || m.stripe() != stripe || m.position() != static_cast<unsigned>(p) ||
+        m.origin() != g.members[g.DataAt(stripe, p)]) {
+      return DataLoss("member entry " + std::to_string(p) + " names another place");
+    }
+    if (m.file_bytes() > kMaxShardBytes || m.chunk_bytes() != StripeFragmentBytes(m.file_bytes(), g.k)) {
+      return DataLoss("member entry " + std::to_string(p) + " has sizes that do not fit each other");
+    }
+    width = std::max<std::uint64_t>(width, m.chunk_bytes());
+  }
+  if (first.parity_bytes() != width) return DataLoss("the parity's size is not its widest member's chunk");
+  return Status::Ok();
+}
+
 Result<ErasureGroup::Row> ErasureGroup::ReadParity(const std::string& holder, const std::string& job,
                                                    std::uint64_t version, unsigned stripe, std::uint32_t rank) {
   const std::string self = geometry().members[geometry().self];
@@ -345,6 +418,7 @@ Result<ErasureGroup::Row> ErasureGroup::ReadParity(const std::string& holder, co
   req.set_stripe(stripe);
   req.set_origin(self);
   req.set_rank(rank);
+  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   std::unique_ptr<grpc::ClientReader<v1::ParityPiece>> reader(stub->GetParity(&ctx, req));
   v1::ParityPiece first, piece;
   Row row;
@@ -359,12 +433,14 @@ Result<ErasureGroup::Row> ErasureGroup::ReadParity(const std::string& holder, co
       first.clear_last();
       first.clear_mac();
       got_first = true;
-      if (first.parity_bytes() > (std::uint64_t{16} << 30) || first.members_size() != static_cast<int>(geometry().k)) {
-        bad = DataLoss("parity of stripe " + std::to_string(stripe) + " from " + holder + " is malformed");
+      // Checked before a byte is reserved: the sizes must be those the member entries imply.
+      if (Status st = CheckMembers(first, job, version, stripe); !st.ok()) {
+        bad = DataLoss("parity of stripe " + std::to_string(stripe) + " from " + holder + ": " + st.message());
         break;
       }
       row.bytes.reserve(first.parity_bytes());
     }
+    watch.Progress();
     if (piece.offset() != row.bytes.size() || piece.data().size() > first.parity_bytes() - row.bytes.size()) {
       bad = DataLoss("parity of stripe " + std::to_string(stripe) + " from " + holder + ": a piece out of place");
       break;
@@ -376,6 +452,10 @@ Result<ErasureGroup::Row> ErasureGroup::ReadParity(const std::string& holder, co
   if (!bad.ok() || (got_first && !last)) ctx.TryCancel();
   grpc::Status st = reader->Finish();
   if (!bad.ok()) return bad;
+  if (watch.fired()) {
+    return Unreachable("parity of stripe " + std::to_string(stripe) + ": " + holder + " moved no byte for " +
+                       std::to_string(watch.limit().count() / 1000) + " s: given up");
+  }
   if (!st.ok()) return FromGrpc(st, "parity of stripe " + std::to_string(stripe) + " from " + holder);
   if (!got_first || !last || row.bytes.size() != first.parity_bytes()) {
     return DataLoss("parity of stripe " + std::to_string(stripe) + " from " + holder + " ended early");
@@ -409,6 +489,7 @@ Result<std::vector<std::uint8_t>> ErasureGroup::ReadRange(const std::string& pee
   req.mutable_key()->set_rank(rank);
   req.set_offset(offset);
   req.set_length(length);
+  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   std::unique_ptr<grpc::ClientReader<v1::ChunkPiece>> reader(stub->GetChunk(&ctx, req));
   std::vector<std::uint8_t> out;
   out.reserve(length);
@@ -423,11 +504,15 @@ Result<std::vector<std::uint8_t>> ErasureGroup::ReadRange(const std::string& pee
     out.insert(out.end(), piece.data().begin(), piece.data().end());
     mac.Update(piece.data().data(), piece.data().size());
     last = piece.last();
+    watch.Progress();
   }
   if (bad || !last) ctx.TryCancel();
   grpc::Status st = reader->Finish();
   const std::string what = DescribeShard(job, version, rank) + " bytes from " + peer;
   if (bad) return DataLoss(what + ": a piece out of place");
+  if (watch.fired()) {
+    return Unreachable(what + ": moved no byte for " + std::to_string(watch.limit().count() / 1000) + " s: given up");
+  }
   if (!st.ok()) return FromGrpc(st, what);
   if (!last || out.size() != length) return DataLoss(what + ": the stream ended early");
   if (!PeerSecret::SameMac(mac.Finish(RangeBinding(PeerSecret::NonceOf(token), job, version, rank, offset, length)),
@@ -445,6 +530,12 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
   const std::string self = g.members[g.self];
   const std::string what = "rebuild of " + DescribeShard(job, version, rank) + " from its erasure-coding group";
   auto fail = [&](const Status& st) -> Result<std::shared_ptr<MemoryImage>> {
+    if (st.code() == StatusCode::kNotFound) {
+      // No parity of that version (an old one, or one this daemon's ranks did not write):
+      // not a failure of the group, the restore reads the next source.
+      spdlog::info("erasure: {}: {}", what, st.message());
+      return st;
+    }
     ++rebuild_failures_;
     Note(what + ": " + st.message());
     return st;
@@ -457,11 +548,13 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
     std::vector<bool> have_row(g.m, false);
     std::vector<v1::StripeMember> members;
     std::string row_errors;
+    bool only_not_found = true;  // every holder said it has no such parity
     for (unsigned j = 0; j < g.m; ++j) {
       const std::string& holder = g.members[g.HolderOf(s, j)];
       auto row = ReadParity(holder, job, version, s, rank);
       if (!row.ok()) {
         row_errors += (row_errors.empty() ? "" : "; ") + row.status().message();
+        only_not_found = only_not_found && row.status().code() == StatusCode::kNotFound;
         continue;
       }
       if (row.value().row >= g.m || have_row[row.value().row]) continue;
@@ -471,7 +564,8 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
       have_row[r] = true;
     }
     if (members.empty()) {
-      return fail(NotFound("no parity of stripe " + std::to_string(s) + " could be read (" + row_errors + ")"));
+      const std::string why = "no parity of stripe " + std::to_string(s) + " could be read (" + row_errors + ")";
+      return fail(only_not_found ? NotFound(why) : DataLoss(why));
     }
     const v1::StripeMember& me = members[c];
     if (me.origin() != self || me.rank() != rank || me.job() != job || me.version() != version) {
@@ -483,8 +577,10 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
       if (!image) return fail(ResourceExhausted("cannot map " + std::to_string(me.file_bytes()) + " bytes for the rebuilt shard"));
       own_chunk = me.chunk_bytes();
     }
-    if (me.file_bytes() != image->file_bytes || me.chunk_bytes() != own_chunk) {
-      return fail(DataLoss("stripe " + std::to_string(s) + " records another size of this shard"));
+    if (me.file_bytes() != image->file_bytes || me.chunk_bytes() != own_chunk ||
+        me.registration() != image->meta.session || me.world_size() != image->meta.world_size) {
+      return fail(DataLoss("stripe " + std::to_string(s) + " records another size or registration of this shard "
+                           "than stripe " + std::to_string(g.StripeOf(g.self, 0))));
     }
     std::uint64_t width = 0;
     for (const auto& m : members) width = std::max<std::uint64_t>(width, m.chunk_bytes());

@@ -61,6 +61,7 @@
 
 namespace grpc {
 class Channel;
+class ClientContext;
 }  // namespace grpc
 
 namespace ckpt {
@@ -88,13 +89,17 @@ class ErasureGroup : public PeerShards {
   // This daemon published `image`'s shard: send its chunks to their holders.
   void Enqueue(std::shared_ptr<MemoryImage> image) EXCLUDES(mu_);
   // The job finished: every daemon of the group drops its parity (DropParity).
-  void OnJobFinished(const std::string& job);
+  void OnJobFinished(const std::string& job) EXCLUDES(mu_);
+  // `version` of `job` committed: the parity held for it follows the memory tiers' retention.
+  void OnCommitted(const std::string& job, std::uint64_t version);
 
   // PeerShards.
   std::vector<std::string> Holding(const std::string& job, std::uint64_t version, std::uint32_t rank) override;
   Result<std::shared_ptr<MemoryImage>> Fetch(const std::string& peer, const std::string& job, std::uint64_t version,
                                              std::uint32_t rank) override;
   bool AnyHolds(const std::string&, std::uint64_t, std::uint32_t, const std::string&) override { return false; }
+  // A restore of `version` left the timeline above it: the queued sends above it are dropped,
+  // and every daemon of the group drops its parity above it (once per job and version).
   void DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) override EXCLUDES(mu_);
 
   // The shard rebuilt from the group (what Fetch(kSource, ...) does).
@@ -106,13 +111,15 @@ class ErasureGroup : public PeerShards {
     std::uint64_t rebuilds = 0;
     std::uint64_t rebuild_failures = 0;
     std::uint64_t corrupt_fragments = 0;  // parity rows or chunks that failed their checks
+    std::uint64_t pending = 0;            // shards queued or being sent
   };
-  Counters counters() const;
+  Counters counters() EXCLUDES(mu_);
   std::uint64_t parity_bytes() const { return store_.parity_bytes(); }
 
  private:
-  ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, PeerSecret secret,
-               MemoryTier& memory, std::function<void(const std::string&)> error);
+  ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, std::uint64_t max_parity_bytes,
+               PeerSecret secret, MemoryTier& memory, std::chrono::milliseconds progress_timeout,
+               std::function<void(const std::string&)> error);
   void SendLoop() EXCLUDES(mu_);
   Status SendShard(const std::shared_ptr<MemoryImage>& image, std::uint32_t slot);
   Status SendChunk(const std::string& holder, const v1::StripeMember& member, const char* data, std::uint64_t n);
@@ -130,10 +137,15 @@ class ErasureGroup : public PeerShards {
   Result<std::vector<std::uint8_t>> ReadRange(const std::string& peer, const std::string& job, std::uint64_t version,
                                               std::uint32_t rank, std::uint64_t offset, std::uint64_t length);
   void Note(const std::string& message);
+  // Whether a GetParity reply's member entries fit the stripe asked for and each other, and
+  // the parity's size is what they imply.
+  Status CheckMembers(const v1::ParityPiece& first, const std::string& job, std::uint64_t version,
+                      unsigned stripe) const;
 
   ParityStore store_;
   const PeerSecret secret_;
   MemoryTier& memory_;
+  const std::chrono::milliseconds progress_timeout_;  // --peer-progress-timeout-s
   const std::function<void(const std::string&)> error_;
   std::unique_ptr<PeerServer> server_;
   ThrottledLog log_;
@@ -147,9 +159,14 @@ class ErasureGroup : public PeerShards {
     std::weak_ptr<MemoryImage> image;
   };
   std::deque<Queued> queue_ GUARDED_BY(mu_);
+  bool busy_ GUARDED_BY(mu_) = false;  // the sender is sending a shard
   // Per (job, version), the slot of each rank published, in publishing order.
   std::map<std::pair<std::string, std::uint64_t>, std::map<std::uint32_t, std::uint32_t>> slots_ GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ GUARDED_BY(mu_);
+  // Per job, the version the group was last told to drop the parity above (DropNewer): the
+  // ranks of a restore ask once each, the group is told once.
+  std::map<std::string, std::uint64_t> dropped_above_ GUARDED_BY(mu_);
+  grpc::ClientContext* sending_ GUARDED_BY(mu_) = nullptr;  // the PutChunk in flight (Stop cancels it)
   std::thread sender_;
 };
 

@@ -77,10 +77,11 @@ std::string RangeBinding(const std::string& nonce, const std::string& job, std::
 }
 
 ParityStore::ParityStore(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept,
-                         bool corrupt_for_tests)
+                         std::uint64_t max_bytes, bool corrupt_for_tests)
     : code_(std::move(code)),
       geometry_(std::move(geometry)),
       versions_kept_(std::max<std::uint32_t>(versions_kept, 1)),
+      max_bytes_(max_bytes),
       corrupt_for_tests_(corrupt_for_tests) {}
 
 Status ParityStore::Fold(const v1::StripeMember& member, const std::uint8_t* chunk) {
@@ -100,7 +101,27 @@ Status ParityStore::Fold(const v1::StripeMember& member, const std::uint8_t* chu
     return InvalidArgument(what + ": its chunk size does not fit its image's size");
   }
   MutexLock lock(mu_);
-  Stripe& s = stripes_[Key{member.job(), member.version(), member.slot(), member.stripe()}];
+  const Key key{member.job(), member.version(), member.slot(), member.stripe()};
+  const std::uint64_t current = stripes_.count(key) ? stripes_[key].parity->size() : 0;
+  if (member.chunk_bytes() > current && bytes_ + (member.chunk_bytes() - current) > max_bytes_) {
+    // Room from the jobs folded into least recently, never from this one.
+    std::vector<std::pair<std::uint64_t, std::string>> order;
+    for (const auto& [job, at] : last_fold_) {
+      if (job != member.job()) order.emplace_back(at, job);
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [at, job] : order) {
+      if (bytes_ + (member.chunk_bytes() - current) <= max_bytes_) break;
+      spdlog::warn("erasure: dropped the parity of job {} for room (at most {} bytes of parity)", job, max_bytes_);
+      DropJobLocked(job);
+    }
+    if (bytes_ + (member.chunk_bytes() - current) > max_bytes_) {
+      return ResourceExhausted(what + ": no room for its parity (" + std::to_string(bytes_) + " of at most " +
+                               std::to_string(max_bytes_) + " bytes held)");
+    }
+  }
+  last_fold_[member.job()] = ++folds_;
+  Stripe& s = stripes_[key];
   if (s.members.empty()) s.members.resize(g.k);
   v1::StripeMember& at = s.members[member.position()];
   if (!at.origin().empty()) {
@@ -132,8 +153,13 @@ void ParityStore::Retain(const std::string& job) {
   for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0}); it != stripes_.end() && std::get<0>(it->first) == job; ++it) {
     versions.insert(std::get<1>(it->first));
   }
-  if (versions.size() <= versions_kept_) return;
-  const std::uint64_t oldest_kept = *std::prev(versions.end(), versions_kept_);
+  std::uint64_t oldest_kept = 0;
+  if (auto c = committed_.find(job); c != committed_.end() && c->second.size() >= versions_kept_) {
+    oldest_kept = *c->second.begin();  // the oldest of the newest versions_kept commits
+  }
+  const std::size_t cap = versions_kept_ + kUncommittedKept;
+  if (versions.size() > cap) oldest_kept = std::max(oldest_kept, *std::prev(versions.end(), cap));
+  if (oldest_kept == 0) return;
   for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0});
        it != stripes_.end() && std::get<0>(it->first) == job && std::get<1>(it->first) < oldest_kept;) {
     bytes_ -= it->second.parity->size();
@@ -167,6 +193,12 @@ std::optional<ParityStore::Held> ParityStore::Find(const std::string& job, std::
 std::uint32_t ParityStore::Drop(const std::string& job, std::uint64_t version, bool all) {
   MutexLock lock(mu_);
   std::uint32_t n = 0;
+  if (all) {
+    last_fold_.erase(job);
+    committed_.erase(job);
+  } else if (auto c = committed_.find(job); c != committed_.end()) {
+    c->second.erase(c->second.upper_bound(version), c->second.end());  // the timeline above is left
+  }
   for (auto it = stripes_.lower_bound(Key{job, all ? 0 : version + 1, 0, 0});
        it != stripes_.end() && std::get<0>(it->first) == job;) {
     bytes_ -= it->second.parity->size();
@@ -174,6 +206,23 @@ std::uint32_t ParityStore::Drop(const std::string& job, std::uint64_t version, b
     ++n;
   }
   return n;
+}
+
+void ParityStore::OnCommitted(const std::string& job, std::uint64_t version) {
+  MutexLock lock(mu_);
+  auto& c = committed_[job];
+  c.insert(version);
+  while (c.size() > versions_kept_) c.erase(c.begin());
+  Retain(job);
+}
+
+void ParityStore::DropJobLocked(const std::string& job) {
+  for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0}); it != stripes_.end() && std::get<0>(it->first) == job;) {
+    bytes_ -= it->second.parity->size();
+    it = stripes_.erase(it);
+  }
+  last_fold_.erase(job);
+  committed_.erase(job);
 }
 
 std::uint64_t ParityStore::parity_bytes() const {

@@ -18,8 +18,14 @@
 // holds only what came since, and a rebuild that needs an older member fails its checksum
 // and falls back to the next source.
 //
-// Per job, the stripes of the newest `versions_kept` versions are kept (those whose shards
-// the members' memory tiers still hold); older ones are dropped as newer ones come.
+// Retention follows the members' memory tiers, which keep a job's newest `versions_kept`
+// committed versions and every newer one: once this daemon has seen that many commits of the
+// job (OnCommitted), the stripes of versions below the oldest of them are dropped. Beyond
+// that, a job keeps stripes of at most versions_kept + kUncommittedKept versions (the oldest
+// go first), and the store at most `max_bytes` of parity: when a fold would pass it, the
+// parity of the jobs folded into least recently goes first (a job killed without finishing
+// leaves its parity until then), and a chunk that would still not fit is refused
+// (ResourceExhausted).
 //
 // Thread-safety: every method may run concurrently. A parity handed out by Find is a
 // snapshot: a later fold writes a copy.
@@ -29,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -66,7 +73,9 @@ std::string RangeBinding(const std::string& nonce, const std::string& job, std::
 
 class ParityStore {
  public:
-  ParityStore(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, bool corrupt_for_tests);
+  static constexpr std::uint32_t kUncommittedKept = 16;
+  ParityStore(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, std::uint64_t max_bytes,
+              bool corrupt_for_tests);
 
   const ErasureGeometry& geometry() const { return geometry_; }
   const ErasureCode& code() const { return code_; }
@@ -88,6 +97,8 @@ class ParityStore {
                            const std::string& origin, std::uint32_t rank) EXCLUDES(mu_);
   // Drops the job's stripes above `version` (every one with `all`); how many.
   std::uint32_t Drop(const std::string& job, std::uint64_t version, bool all) EXCLUDES(mu_);
+  // `version` of `job` committed (retention, above).
+  void OnCommitted(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
 
   std::uint64_t parity_bytes() const EXCLUDES(mu_);
   std::uint64_t stripes() const EXCLUDES(mu_);
@@ -103,14 +114,22 @@ class ParityStore {
     std::uint64_t parity_xxh3 = 0;
   };
   void Retain(const std::string& job) REQUIRES(mu_);
+  // Drops every stripe of `job`.
+  void DropJobLocked(const std::string& job) REQUIRES(mu_);
 
   const ErasureCode code_;
   const ErasureGeometry geometry_;
   const std::uint32_t versions_kept_;
+  const std::uint64_t max_bytes_;
   const bool corrupt_for_tests_;
   mutable Mutex mu_;
   std::map<Key, Stripe> stripes_ GUARDED_BY(mu_);
   std::uint64_t bytes_ GUARDED_BY(mu_) = 0;
+  // Per job, the newest versions_kept versions seen to commit.
+  std::map<std::string, std::set<std::uint64_t>> committed_ GUARDED_BY(mu_);
+  // Per job, when a chunk was last folded into it (a counter): the eviction order.
+  std::map<std::string, std::uint64_t> last_fold_ GUARDED_BY(mu_);
+  std::uint64_t folds_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckpt

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "common/names.h"
@@ -254,12 +255,19 @@ class PeerServiceImpl final : public v1::Peer::Service {
   // PutChunk: one data chunk of a group member's shard, folded into this daemon's parity.
   grpc::Status PutChunk(grpc::ServerContext* ctx, grpc::ServerReader<v1::ChunkPiece>* reader,
                         v1::PutChunkReply* reply) override {
+    // The subject comes in metadata and is authenticated before a byte of the stream is read;
+    // the first piece must then name the same chunk.
+    const auto& md = ctx->client_metadata();
+    auto said = md.find(PeerSecret::kSubjectKey);
+    const std::string subject = said == md.end() ? std::string() : std::string(said->second.data(), said->second.size());
+    std::string nonce;
+    if (Status st = Auth(ctx, "PutChunk", subject, &nonce); !st.ok()) return Refuse(st);
     v1::ChunkPiece piece;
     if (!reader->Read(&piece)) return ToPeerGrpc(InvalidArgument("PutChunk: no piece"));
     const v1::StripeMember member = piece.member();
-    const std::string subject = PeerSecret::ShardSubject(member.job(), member.version(), member.rank(), member.origin());
-    std::string nonce;
-    if (Status st = Auth(ctx, "PutChunk", subject, &nonce); !st.ok()) return Refuse(st);
+    if (PeerSecret::ShardSubject(member.job(), member.version(), member.rank(), member.origin()) != subject) {
+      return Refuse(PermissionDenied("PutChunk: the first piece names another chunk than the call's token"));
+    }
     if (parity_ == nullptr) {
       return ToPeerGrpc(FailedPrecondition("this daemon holds no parity (it runs without --erasure)"));
     }

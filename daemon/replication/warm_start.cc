@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/names.h"
+#include "daemon/replication/erasure_group.h"
 #include "daemon/replication/peer_protocol.h"
 #include "format/checksum.h"
 #include "format/shard_format.h"
@@ -280,6 +281,9 @@ void WarmStart::Pull(Task& task) {
   }
   std::vector<std::string> peers = task.peers;
   if (peers.empty()) peers = peers_.Holding(job, version, rank);
+  // A rebuild from the erasure-coding group is a restore's source, not a warm start's (it
+  // reads from every daemon of the group; the restore does it when a trainer asks).
+  std::erase(peers, std::string(ErasureGroup::kSource));
   std::string errors;
   for (const std::string& peer : peers) {
     if (cancel_) return;

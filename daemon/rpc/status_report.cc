@@ -369,6 +369,7 @@ void FillStatusReport(Daemon& daemon, const PeerCredentials& viewer, v1::StatusR
     reply->set_erasure_rebuilds(c.rebuilds);
     reply->set_erasure_rebuild_failures(c.rebuild_failures);
     reply->set_erasure_corrupt_fragments(c.corrupt_fragments);
+    reply->set_erasure_pending(c.pending);
   }
   if (Replicator* r = daemon.replicator()) {
     reply->set_replicas(r->replicas());
