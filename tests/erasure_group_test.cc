@@ -17,6 +17,14 @@ using namespace ckpt::test;
 
 namespace {
 
+// The value of one sample line of `ckptctl metrics` ("NAME{LABELS} VALUE"), or -1.
+double Metric(const std::string& socket, const std::string& series) {
+  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
+  const auto at = m.output.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(m.output.substr(at + series.size() + 2));
+}
+
 // Saves `v` on every rank and waits until it is committed and every node sent the chunks of
 // its shards of it to their holders (`chunks_each`: each node's count of chunks sent by then).
 void SaveProtected(Cluster& c, Job& job, std::uint64_t v, std::uint64_t chunks_each) {
@@ -71,6 +79,13 @@ TEST_CASE("erasure 4+1 over 5 nodes: a lost node's shards are rebuilt from the o
   CHECK(fresh.erasure_rebuild_failures() == 0);
   CHECK(fresh.restored_bytes_persistent() == 0);
   CHECK(fresh.bytes_read_total() == 0);  // no file read at all
+  // What the operator sees: ckptctl status and the metrics.
+  ProcessResult text = RunProcess({CKPTCTL_BINARY, "--socket", c.socket(2), "status"});
+  CHECK_THAT(text.output, Catch::Contains("erasure coding: 4+1, position 2 of the group"));
+  CHECK_THAT(text.output, Catch::Contains("2 shard(s) rebuilt from the group, 0 rebuild(s) failed"));
+  CHECK(Metric(c.socket(2), "ckptd_erasure_events_total{event=\"rebuilt\"}") == 2);
+  CHECK(Metric(c.socket(2), "ckptd_erasure_events_total{event=\"rebuild_failed\"}") == 0);
+  CHECK(Metric(c.socket(0), "ckptd_erasure_parity_bytes") > 0);
 
   // Training goes on; the replacement holds its part again, so the next loss is rebuilt too.
   std::vector<std::uint64_t> sent(5);
@@ -144,6 +159,7 @@ TEST_CASE("corrupt parity is found by its checksum: the rebuild fails naming it,
   CHECK(st.erasure_corrupt_fragments() >= 2);
   CHECK_THAT(ErrorsOf(st), Catch::Contains("does not match its checksum (corrupt)"));
   CHECK(st.restored_bytes_persistent() == 2 * kTensors * kTensorBytes);
+  CHECK(Metric(c.socket(1), "ckptd_erasure_events_total{event=\"corrupt\"}") >= 2);
   // The other daemons serve on, and the job goes on protected.
   SaveProtected(c, job, 3, 0);
 }

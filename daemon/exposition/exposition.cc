@@ -99,6 +99,24 @@ std::string RenderMetrics(Daemon& daemon, const LabelFilter& filter) {
             "Shards queued or being promoted from the local to the persistent tier.",
             daemon.promoter() ? static_cast<double>(daemon.promoter()->pending()) : 0.0);
   if (WarmStart* warm = daemon.warm_start()) warm->RenderMetrics(out);
+  if (ErasureGroup* erasure = daemon.erasure()) {
+    const ErasureGroup::Counters c = erasure->counters();
+    GaugeLine(out, "ckptd_erasure_parity_bytes",
+              "Bytes of erasure-coding parity this daemon holds for its group's other daemons.",
+              static_cast<double>(erasure->parity_bytes()));
+    GaugeLine(out, "ckptd_erasure_pending_shards",
+              "Shards of this daemon whose chunks wait to be sent to their parity holders, the one being sent "
+              "included.",
+              static_cast<double>(c.pending));
+    out.Header("ckptd_erasure_events_total", "counter",
+               "Erasure coding, by event: chunks sent to a parity holder and sends that failed, shards rebuilt "
+               "from the group and rebuilds that failed, parity rows or chunks found corrupt by their checksums.");
+    out.Sample("ckptd_erasure_events_total", {{"event", "chunk_sent"}}, c.chunks_sent);
+    out.Sample("ckptd_erasure_events_total", {{"event", "send_failed"}}, c.send_failures);
+    out.Sample("ckptd_erasure_events_total", {{"event", "rebuilt"}}, c.rebuilds);
+    out.Sample("ckptd_erasure_events_total", {{"event", "rebuild_failed"}}, c.rebuild_failures);
+    out.Sample("ckptd_erasure_events_total", {{"event", "corrupt"}}, c.corrupt_fragments);
+  }
   return out.Take();
 }
 
