@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 
 #include "ckpt/v1/peer.grpc.pb.h"
 #include "daemon/base/peer_list.h"
@@ -541,85 +540,56 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
     Note(what + ": " + st.message());
     return st;
   };
-  // The K stripes holding this daemon's chunks are independent: each is read and decoded on
-  // a thread of its own, first its parity rows (which say what the stripe holds), then, once
-  // every stripe agreed on the shard, its other members' chunks.
-  struct Stripe {
-    unsigned c = 0, s = 0;
-    std::vector<Row> rows;
-    std::vector<bool> have_row;
+  std::shared_ptr<MemoryImage> image;
+  std::uint64_t own_chunk = 0;
+  for (unsigned c = 0; c < g.k; ++c) {
+    const unsigned s = g.StripeOf(g.self, c);
+    std::vector<Row> rows(g.m);
+    std::vector<bool> have_row(g.m, false);
     std::vector<v1::StripeMember> members;
     std::string row_errors;
     bool only_not_found = true;  // every holder said it has no such parity
-  };
-  std::vector<Stripe> stripes(g.k);
-  {
-    std::vector<std::future<void>> reads;
-    for (unsigned c = 0; c < g.k; ++c) {
-      reads.push_back(std::async(std::launch::async, [&, c] {
-        Stripe& st = stripes[c];
-        st.c = c;
-        st.s = g.StripeOf(g.self, c);
-        st.rows.resize(g.m);
-        st.have_row.assign(g.m, false);
-        for (unsigned j = 0; j < g.m; ++j) {
-          const std::string& holder = g.members[g.HolderOf(st.s, j)];
-          auto row = ReadParity(holder, job, version, st.s, rank);
-          if (!row.ok()) {
-            st.row_errors += (st.row_errors.empty() ? "" : "; ") + row.status().message();
-            st.only_not_found = st.only_not_found && row.status().code() == StatusCode::kNotFound;
-            continue;
-          }
-          if (row.value().row >= g.m || st.have_row[row.value().row]) continue;
-          if (st.members.empty()) st.members = row.value().members;
-          const unsigned r = row.value().row;
-          st.rows[r] = std::move(row).value();
-          st.have_row[r] = true;
-        }
-      }));
+    for (unsigned j = 0; j < g.m; ++j) {
+      const std::string& holder = g.members[g.HolderOf(s, j)];
+      auto row = ReadParity(holder, job, version, s, rank);
+      if (!row.ok()) {
+        row_errors += (row_errors.empty() ? "" : "; ") + row.status().message();
+        only_not_found = only_not_found && row.status().code() == StatusCode::kNotFound;
+        continue;
+      }
+      if (row.value().row >= g.m || have_row[row.value().row]) continue;
+      if (members.empty()) members = row.value().members;
+      const unsigned r = row.value().row;
+      rows[r] = std::move(row).value();
+      have_row[r] = true;
     }
-    for (auto& f : reads) f.get();
-  }
-  std::shared_ptr<MemoryImage> image;
-  std::uint64_t own_chunk = 0;
-  for (const Stripe& st : stripes) {
-    if (st.members.empty()) {
-      const std::string why = "no parity of stripe " + std::to_string(st.s) + " could be read (" + st.row_errors + ")";
-      return fail(st.only_not_found ? NotFound(why) : DataLoss(why));
+    if (members.empty()) {
+      const std::string why = "no parity of stripe " + std::to_string(s) + " could be read (" + row_errors + ")";
+      return fail(only_not_found ? NotFound(why) : DataLoss(why));
     }
-    const v1::StripeMember& me = st.members[st.c];
+    const v1::StripeMember& me = members[c];
     if (me.origin() != self || me.rank() != rank || me.job() != job || me.version() != version) {
-      return fail(DataLoss("stripe " + std::to_string(st.s) + " holds no chunk " + std::to_string(st.c) +
-                           " of this shard"));
+      return fail(DataLoss("stripe " + std::to_string(s) + " holds no chunk " + std::to_string(c) + " of this shard"));
     }
     if (!image) {
       ShardMeta meta{job, version, rank, me.world_size(), me.registration()};
       image = StandaloneImage(meta, me.file_bytes());
-      if (!image) {
-        return fail(ResourceExhausted("cannot map " + std::to_string(me.file_bytes()) + " bytes for the rebuilt shard"));
-      }
+      if (!image) return fail(ResourceExhausted("cannot map " + std::to_string(me.file_bytes()) + " bytes for the rebuilt shard"));
       own_chunk = me.chunk_bytes();
     }
     if (me.file_bytes() != image->file_bytes || me.chunk_bytes() != own_chunk ||
         me.registration() != image->meta.session || me.world_size() != image->meta.world_size) {
-      return fail(DataLoss("stripe " + std::to_string(st.s) + " records another size or registration of this shard "
-                           "than stripe " + std::to_string(stripes[0].s)));
+      return fail(DataLoss("stripe " + std::to_string(s) + " records another size or registration of this shard "
+                           "than stripe " + std::to_string(g.StripeOf(g.self, 0))));
     }
-  }
-  if (!image) return fail(NotFound("nothing to rebuild"));
-  // Each stripe: the other members' chunks, checked, then the decode of this daemon's chunk
-  // into its place in the image (the places do not overlap).
-  auto decode = [&](Stripe& st) -> Status {
-    const unsigned c = st.c, s = st.s;
-    const v1::StripeMember& me = st.members[c];
     std::uint64_t width = 0;
-    for (const auto& m : st.members) width = std::max<std::uint64_t>(width, m.chunk_bytes());
+    for (const auto& m : members) width = std::max<std::uint64_t>(width, m.chunk_bytes());
     std::vector<std::vector<std::uint8_t>> bufs(g.n());
     std::vector<const std::uint8_t*> fragments(g.n(), nullptr);
     std::string missing;
     for (unsigned p = 0; p < g.k; ++p) {
       if (p == c) continue;
-      const v1::StripeMember& m = st.members[p];
+      const v1::StripeMember& m = members[p];
       bufs[p].assign(width, 0);
       if (m.origin().empty()) {  // never folded in: zeros
         fragments[p] = bufs[p].data();
@@ -642,36 +612,28 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
       fragments[p] = bufs[p].data();
     }
     for (unsigned j = 0; j < g.m; ++j) {
-      if (!st.have_row[j]) continue;
-      st.rows[j].bytes.resize(width, 0);
-      fragments[g.k + j] = st.rows[j].bytes.data();
+      if (!have_row[j]) continue;
+      rows[j].bytes.resize(width, 0);
+      fragments[g.k + j] = rows[j].bytes.data();
     }
     std::vector<std::uint8_t> lost(width, 0);
     std::vector<std::uint8_t*> out(g.n(), nullptr);
     out[c] = lost.data();
-    if (Status r = code.Rebuild(fragments, out, width); !r.ok()) {
-      std::string why = r.message();
-      if (!st.row_errors.empty()) why += "; " + st.row_errors;
+    if (Status st = code.Rebuild(fragments, out, width); !st.ok()) {
+      std::string why = st.message();
+      if (!row_errors.empty()) why += "; " + row_errors;
       if (!missing.empty()) why += "; " + missing;
-      return DataLoss("stripe " + std::to_string(s) + ": " + why);
+      return fail(DataLoss("stripe " + std::to_string(s) + ": " + why));
     }
     if (Checksum::Of(lost.data(), own_chunk) != me.chunk_xxh3()) {
-      return DataLoss("chunk " + std::to_string(c) + " decoded from stripe " + std::to_string(s) +
-                      " does not match its checksum (the stripe holds other bytes than this shard's)");
+      return fail(DataLoss("chunk " + std::to_string(c) + " decoded from stripe " + std::to_string(s) +
+                           " does not match its checksum (the stripe holds other bytes than this shard's)"));
     }
     const std::uint64_t begin = std::min<std::uint64_t>(image->file_bytes, c * own_chunk);
     const std::uint64_t n = std::min<std::uint64_t>(image->file_bytes, begin + own_chunk) - begin;
     std::memcpy(image->data() + begin, lost.data(), n);
-    return Status::Ok();
-  };
-  std::vector<std::future<Status>> decodes;
-  for (Stripe& st : stripes) decodes.push_back(std::async(std::launch::async, [&decode, &st] { return decode(st); }));
-  Status first;
-  for (auto& f : decodes) {
-    Status r = f.get();
-    if (first.ok() && !r.ok()) first = r;
   }
-  if (!first.ok()) return fail(first);
+  if (!image) return fail(NotFound("nothing to rebuild"));
   image->complete = true;
   ++rebuilds_;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
