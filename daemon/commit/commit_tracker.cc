@@ -202,6 +202,12 @@ void CommitTracker::RolledBack(const std::string& job, std::uint64_t version) {
   }
 }
 
+std::uint64_t CommitTracker::NewestFinished(const std::string& job) {
+  MutexLock lock(mu_);
+  auto it = finished_.find(job);
+  return it == finished_.end() || it->second.empty() ? 0 : *it->second.rbegin();
+}
+
 void CommitTracker::Forget(const std::string& job, std::uint64_t version) {
   std::vector<std::shared_ptr<ShardJob>> shards;
   {

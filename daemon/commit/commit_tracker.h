@@ -92,6 +92,10 @@ class CommitTracker {
   // A rank of `job` rolled back to `version`: versions above it will be committed again, and
   // the ones awaited now never will (they were set aside).
   void RolledBack(const std::string& job, std::uint64_t version) EXCLUDES(mu_);
+  // The newest version of `job` whose commit this daemon finished (0: none); RolledBack
+  // forgets those above its version. One above the job's newest committed version on
+  // storage was set aside by a rollback that another daemon made (see Restorer).
+  std::uint64_t NewestFinished(const std::string& job) EXCLUDES(mu_);
   // A rank restored `version` from peers' memory before it was committed: it never commits
   // now (the ranks register again), so it is no longer awaited, and this daemon's shards of
   // it are let go without an error to report (a marker that comes late is ignored).

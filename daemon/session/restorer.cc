@@ -33,6 +33,8 @@ std::optional<GlobalLayout> RegisteredLayout(const Session& s, std::size_t i) RE
 }  // namespace
 
 Status Restorer::RollBack(Session& s, std::uint64_t v) {
+  // Where another daemon of the job rolled it back first, nothing is left to move (the
+  // catalog follows), and what remains is this daemon's own part below.
   auto moved = tiers_.persistent().SetAsideNewerThan(s.job, v);
   if (!moved.ok()) return moved.status().With("set aside versions newer than " + std::to_string(v));
   spdlog::info("job {}: rolled back to version {}, {} newer version(s) set aside", s.job, v, moved.value());
@@ -346,6 +348,15 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
   }
   const double wait_ms = MsSince(phase);
   phase = std::chrono::steady_clock::now();
+  // A rollback is done by the daemon of the first rank that restores: it sets the newer
+  // versions aside on the shared directory, so the choice below (which reads the newest
+  // committed version from storage) finds no newer one on the other daemons of the job. Each
+  // of them still holds its own state of the versions set aside (commits it finished, markers,
+  // awaited versions, memory images), which the new timeline's versions of the same numbers
+  // must not meet: a version it saw committed above the one restored says the job rolled
+  // back. Read before the choice, so that a version of the timeline left that commits
+  // meanwhile is chosen (or, asked for by number, rolled back from) as it would be anyway.
+  const std::uint64_t seen_committed = commits_.NewestFinished(s.job);
   auto chosen = Choose(s, requested, /*uncommitted_ok=*/true);
   if (!chosen.ok()) return chosen.status();
   // The fast path serves a registration that is this rank's shard, item for item.
@@ -386,7 +397,7 @@ Result<Restored> Restorer::RestoreUncounted(Session& s, std::uint64_t requested,
     // v itself never commits now (the ranks register again): it is not awaited, and this
     // rank's shard of it, if this session wrote it, has no failure to report later.
     commits_.Forget(s.job, v);
-  } else if (v < chosen->latest) {
+  } else if (v < chosen->latest || v < seen_committed) {
     if (Status st = RollBack(s, v); !st.ok()) return st;
   }
   // This rank's own versions above v belong to the timeline it left: their failure (set
