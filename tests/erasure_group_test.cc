@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/replication/parity_store.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
 #include "support/peer_cluster.h"
@@ -291,4 +292,92 @@ TEST_CASE("erasure flags: what is missing or wrong is named, exit 2", "[erasure]
   r = run({"--erasure", "2+1", "--peer-listen", "127.0.0.1:1", "--peer-secret", secret, "--peers",
            "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"});
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("erasure geometry: every stripe has each daemon once, a holder is never a data member of its stripe, "
+          "and each daemon's K chunks go to K stripes",
+          "[erasure]") {
+  for (unsigned k = 1; k < 32; ++k) {
+    for (unsigned m = 1; k + m <= 32; ++m) {
+      ErasureGeometry g;
+      g.k = k;
+      g.m = m;
+      for (unsigned s = 0; s < g.n(); ++s) {
+        std::vector<int> seen(g.n(), 0);
+        for (unsigned c = 0; c < k; ++c) {
+          ++seen[g.DataAt(s, c)];
+          REQUIRE(g.StripeOf(g.DataAt(s, c), c) == s);
+        }
+        for (unsigned j = 0; j < m; ++j) ++seen[g.HolderOf(s, j)];
+        REQUIRE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      }
+      for (unsigned p = 0; p < g.n(); ++p) {
+        std::vector<int> stripes(g.n(), 0);
+        for (unsigned c = 0; c < k; ++c) ++stripes[g.StripeOf(p, c)];
+        REQUIRE(std::count(stripes.begin(), stripes.end(), 1) == static_cast<long>(k));
+      }
+    }
+  }
+}
+
+TEST_CASE("parity retention follows the commits, late chunks are refused, and the cap never drops parity for "
+          "nothing",
+          "[erasure]") {
+  ErasureGeometry g;
+  g.k = 4;
+  g.m = 1;
+  g.members = {"a:1", "b:1", "c:1", "d:1", "e:1"};
+  g.self = 0;  // holds stripe 0, whose data positions are b, c, d, e
+  auto code = ErasureCode::Create(4, 1);
+  REQUIRE(code.ok());
+  auto member = [&](const std::string& job, std::uint64_t version, std::uint64_t file_bytes) {
+    v1::StripeMember m;
+    m.set_job(job);
+    m.set_version(version);
+    m.set_stripe(0);
+    m.set_position(0);
+    m.set_origin("b:1");
+    m.set_file_bytes(file_bytes);
+    m.set_chunk_bytes(StripeFragmentBytes(file_bytes, 4));
+    return m;
+  };
+  std::vector<std::uint8_t> chunk(1 << 20, 7);
+  SECTION("retention") {
+    ParityStore store(std::move(code).value(), g, 1, std::uint64_t{1} << 30, false);
+    for (std::uint64_t v = 1; v <= 20; ++v) REQUIRE(store.Fold(member("j", v, 256), chunk.data()).ok());
+    CHECK(store.stripes() == ParityStore::kUncommittedKept);  // nothing committed yet: the newest 16
+    store.OnCommitted("j", 18);
+    CHECK(store.stripes() == 3);  // 18, and 19 and 20 above it
+    CHECK(store.Fold(member("j", 10, 256), chunk.data()).code() == StatusCode::kFailedPrecondition);
+    for (std::uint64_t v = 21; v <= 40; ++v) REQUIRE(store.Fold(member("j", v, 256), chunk.data()).ok());
+    // The newest committed version stays, whatever comes above it.
+    CHECK(store.Find("j", 18, 0, "b:1", 0).has_value());
+    CHECK(store.stripes() == 1 + ParityStore::kUncommittedKept);
+    // Another chunk at a folded place (a version written again) starts the stripe over.
+    v1::StripeMember again = member("j", 40, 256);
+    again.set_chunk_xxh3(1);
+    REQUIRE(store.Fold(again, chunk.data()).ok());
+    CHECK(store.Find("j", 40, 0, "b:1", 0)->members[0].chunk_xxh3() == 1);
+    // A member at a position that is another daemon's, or a stripe this one holds no row of.
+    v1::StripeMember wrong = member("j", 41, 256);
+    wrong.set_origin("c:1");
+    CHECK(store.Fold(wrong, chunk.data()).code() == StatusCode::kInvalidArgument);
+    wrong = member("j", 41, 256);
+    wrong.set_stripe(1);
+    CHECK(store.Fold(wrong, chunk.data()).code() == StatusCode::kInvalidArgument);
+  }
+  SECTION("cap") {
+    const std::uint64_t row = StripeFragmentBytes(4096, 4);  // 1024
+    ParityStore store(std::move(code).value(), g, 1, 2 * row, false);
+    REQUIRE(store.Fold(member("old", 1, 4096), chunk.data()).ok());
+    REQUIRE(store.Fold(member("new", 1, 4096), chunk.data()).ok());
+    CHECK(store.parity_bytes() == 2 * row);
+    // Too big even with every other job dropped: refused, nothing dropped.
+    CHECK(store.Fold(member("new", 2, 4 * 4096), chunk.data()).code() == StatusCode::kResourceExhausted);
+    CHECK(store.Find("old", 1, 0, "b:1", 0).has_value());
+    // Room from the job folded into least recently.
+    REQUIRE(store.Fold(member("new", 2, 4096), chunk.data()).ok());
+    CHECK_FALSE(store.Find("old", 1, 0, "b:1", 0).has_value());
+    CHECK(store.parity_bytes() == 2 * row);
+  }
 }

@@ -24,8 +24,8 @@ namespace {
 constexpr std::uint64_t kPiece = 4 << 20;
 constexpr std::chrono::minutes kTransferDeadline{5};
 constexpr std::size_t kQueueMax = 1024;  // queued shards at most (the oldest go first)
-// The largest shard image a member entry may describe (a rebuild maps one of this size).
-constexpr std::uint64_t kMaxShardBytes = std::uint64_t{1} << 40;
+// The largest chunk a holder takes (PutChunk refuses larger ones), so the largest parity row.
+constexpr std::uint64_t kMaxChunkBytes = kMaxErasureChunkBytes;
 
 // The xxh3-64 of `n` bytes at `data` followed by zeros up to `padded` bytes.
 std::uint64_t PaddedChecksum(const void* data, std::uint64_t n, std::uint64_t padded) {
@@ -222,6 +222,13 @@ void ErasureGroup::SendLoop() {
 
 Status ErasureGroup::SendShard(const std::shared_ptr<MemoryImage>& image, std::uint32_t slot) {
   const ErasureGeometry& g = geometry();
+  std::uint64_t generation = 0;
+  {
+    MutexLock lock(mu_);
+    generation = generation_[image->meta.job];
+    sending_job_ = image->meta.job;
+    sending_version_ = image->meta.version;
+  }
   const std::uint64_t length = image->file_bytes;
   const std::uint64_t chunk = StripeFragmentBytes(length, g.k);
   Status first_error;
@@ -229,6 +236,13 @@ Status ErasureGroup::SendShard(const std::shared_ptr<MemoryImage>& image, std::u
     {
       MutexLock lock(mu_);
       if (stopping_) return Cancelled("the daemon is stopping");
+      // A restore left the timeline since this shard was queued: the rest is not sent.
+      if (generation_[image->meta.job] != generation) {
+        if (auto d = dropped_above_.find(image->meta.job);
+            d != dropped_above_.end() && image->meta.version > d->second) {
+          return Cancelled("a restore left the timeline of this version");
+        }
+      }
     }
     const std::uint64_t begin = std::min<std::uint64_t>(length, c * chunk);
     const std::uint64_t n = std::min<std::uint64_t>(length, begin + chunk) - begin;
@@ -284,7 +298,9 @@ Status ErasureGroup::SendChunk(const std::string& holder, const v1::StripeMember
       self->sending_ = nullptr;
     }
   } clear{this};
-  ProgressWatch watch(progress_timeout_, [&ctx] { ctx.TryCancel(); });
+  // Watched while the pieces go; the holder's answer then takes its checks and the fold, of
+  // time that grows with the chunk, within the call's deadline.
+  auto watch = std::make_unique<ProgressWatch>(progress_timeout_, [&ctx] { ctx.TryCancel(); });
   std::unique_ptr<grpc::ClientWriter<v1::ChunkPiece>> writer(stub->PutChunk(&ctx, &reply));
   PeerSecret::ImageMac mac = secret_.StartImage();
   v1::ChunkPiece piece;
@@ -302,13 +318,17 @@ Status ErasureGroup::SendChunk(const std::string& holder, const v1::StripeMember
       piece.set_mac(mac.Finish(ChunkBinding("PutChunk", nonce, member)));
     }
     written = writer->Write(piece);
-    watch.Progress();
+    watch->Progress();
     piece.Clear();
   } while (written && at < n);
   writer->WritesDone();
+  const bool stalled = watch->fired();
+  watch.reset();
   grpc::Status st = writer->Finish();
-  if (watch.fired()) return Unreachable("PutChunk: " + holder + " moved no byte for " +
-                                        std::to_string(watch.limit().count() / 1000) + " s: given up");
+  if (stalled) {
+    return Unreachable("PutChunk: " + holder + " moved no byte for " + std::to_string(progress_timeout_.count() / 1000) +
+                       " s: given up");
+  }
   if (!st.ok()) return FromGrpc(st, "PutChunk");
   return secret_.CheckProof(ProofOf(ctx), "PutChunk", nonce, ChunkBinding("PutChunk", nonce, member));
 }
@@ -329,6 +349,9 @@ void ErasureGroup::DropNewer(const std::string& job, std::uint32_t, std::uint64_
     // Every rank of the job restores the same version: the group is told once.
     if (auto it = dropped_above_.find(job); it != dropped_above_.end() && it->second == version) return;
     dropped_above_[job] = version;
+    ++generation_[job];
+    // The shard being sent, if above it, stops: its remaining chunks belong to the timeline left.
+    if (sending_ != nullptr && sending_job_ == job && sending_version_ > version) sending_->TryCancel();
     for (auto it = slots_.begin(); it != slots_.end();) {
       it = it->first.first == job && it->first.second > version ? slots_.erase(it) : std::next(it);
     }
@@ -389,12 +412,16 @@ Status ErasureGroup::CheckMembers(const v1::ParityPiece& first, const std::strin
   std::uint64_t width = 0;
   for (int p = 0; p < first.members_size(); ++p) {
     const v1::StripeMember& m = first.members(p);
-    if (m.origin().empty()) continue;  // never folded in
+    if (m.origin().empty()) {  // never folded in: an empty entry
+      if (m.chunk_bytes() != 0 || m.file_bytes() != 0) return DataLoss("an empty member entry with sizes");
+      continue;
+    }
     if (m.job() != job || m.version() != version || m.stripe() != stripe || m.position() != static_cast<unsigned>(p) ||
         m.origin() != g.members[g.DataAt(stripe, p)]) {
       return DataLoss("member entry " + std::to_string(p) + " names another place");
     }
-    if (m.file_bytes() > kMaxShardBytes || m.chunk_bytes() != StripeFragmentBytes(m.file_bytes(), g.k)) {
+    if (m.chunk_bytes() > kMaxChunkBytes || m.file_bytes() > kMaxChunkBytes * g.k ||
+        m.chunk_bytes() != StripeFragmentBytes(m.file_bytes(), g.k)) {
       return DataLoss("member entry " + std::to_string(p) + " has sizes that do not fit each other");
     }
     width = std::max<std::uint64_t>(width, m.chunk_bytes());
@@ -438,7 +465,6 @@ Result<ErasureGroup::Row> ErasureGroup::ReadParity(const std::string& holder, co
         bad = DataLoss("parity of stripe " + std::to_string(stripe) + " from " + holder + ": " + st.message());
         break;
       }
-      row.bytes.reserve(first.parity_bytes());
     }
     watch.Progress();
     if (piece.offset() != row.bytes.size() || piece.data().size() > first.parity_bytes() - row.bytes.size()) {
@@ -524,6 +550,19 @@ Result<std::vector<std::uint8_t>> ErasureGroup::ReadRange(const std::string& pee
 
 Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& job, std::uint64_t version,
                                                            std::uint32_t rank) {
+  try {
+    return RebuildShard(job, version, rank);
+  } catch (const std::exception& e) {  // an allocation or a thread the machine could not give
+    ++rebuild_failures_;
+    const std::string m = "rebuild of " + DescribeShard(job, version, rank) + " from its erasure-coding group: " +
+                          e.what();
+    Note(m);
+    return ResourceExhausted(m);
+  }
+}
+
+Result<std::shared_ptr<MemoryImage>> ErasureGroup::RebuildShard(const std::string& job, std::uint64_t version,
+                                                                std::uint32_t rank) {
   const auto start = std::chrono::steady_clock::now();
   const ErasureGeometry& g = geometry();
   const ErasureCode& code = store_.code();
@@ -559,6 +598,16 @@ Result<std::shared_ptr<MemoryImage>> ErasureGroup::Rebuild(const std::string& jo
       }
       if (row.value().row >= g.m || have_row[row.value().row]) continue;
       if (members.empty()) members = row.value().members;
+      // A row folded from other members than the first (a send to one holder failed) would
+      // decode garbage: only rows of the same members are used.
+      if (!std::equal(members.begin(), members.end(), row.value().members.begin(), row.value().members.end(),
+                      [](const v1::StripeMember& a, const v1::StripeMember& b) {
+                        return a.SerializeAsString() == b.SerializeAsString();
+                      })) {
+        row_errors += (row_errors.empty() ? "" : "; ") + std::string("parity row from ") + holder +
+                      " was folded from other members";
+        continue;
+      }
       const unsigned r = row.value().row;
       rows[r] = std::move(row).value();
       have_row[r] = true;

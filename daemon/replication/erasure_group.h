@@ -35,8 +35,8 @@
 //
 // What is not done: the parity a lost daemon held is not re-encoded for the versions
 // before its replacement joined (the next version the job writes is encoded over the whole
-// group again); the parity is outside --memory-mib (it is bounded by --memory-versions + 1
-// versions per job). Thread-safe.
+// group again); the parity is held beside --memory-mib, under a cap of its own
+// (parity_store.h). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -102,7 +102,8 @@ class ErasureGroup : public PeerShards {
   // and every daemon of the group drops its parity above it (once per job and version).
   void DropNewer(const std::string& job, std::uint32_t rank, std::uint64_t version) override EXCLUDES(mu_);
 
-  // The shard rebuilt from the group (what Fetch(kSource, ...) does).
+  // The shard rebuilt from the group (what Fetch(kSource, ...) does). One stripe at a time:
+  // the memory it takes beside the image is about (K + M + 1) / K of the shard.
   Result<std::shared_ptr<MemoryImage>> Rebuild(const std::string& job, std::uint64_t version, std::uint32_t rank);
 
   struct Counters {
@@ -137,6 +138,8 @@ class ErasureGroup : public PeerShards {
   Result<std::vector<std::uint8_t>> ReadRange(const std::string& peer, const std::string& job, std::uint64_t version,
                                               std::uint32_t rank, std::uint64_t offset, std::uint64_t length);
   void Note(const std::string& message);
+  Result<std::shared_ptr<MemoryImage>> RebuildShard(const std::string& job, std::uint64_t version,
+                                                    std::uint32_t rank);
   // Whether a GetParity reply's member entries fit the stripe asked for and each other, and
   // the parity's size is what they imply.
   Status CheckMembers(const v1::ParityPiece& first, const std::string& job, std::uint64_t version,
@@ -167,6 +170,10 @@ class ErasureGroup : public PeerShards {
   // ranks of a restore ask once each, the group is told once.
   std::map<std::string, std::uint64_t> dropped_above_ GUARDED_BY(mu_);
   grpc::ClientContext* sending_ GUARDED_BY(mu_) = nullptr;  // the PutChunk in flight (Stop cancels it)
+  std::string sending_job_ GUARDED_BY(mu_);                  // the shard being sent
+  std::uint64_t sending_version_ GUARDED_BY(mu_) = 0;
+  // Per job, bumped by DropNewer: a shard being sent checks it before each chunk.
+  std::map<std::string, std::uint64_t> generation_ GUARDED_BY(mu_);
   std::thread sender_;
 };
 

@@ -101,23 +101,34 @@ Status ParityStore::Fold(const v1::StripeMember& member, const std::uint8_t* chu
     return InvalidArgument(what + ": its chunk size does not fit its image's size");
   }
   MutexLock lock(mu_);
+  if (member.version() < OldestKeptLocked(member.job())) {
+    // Late: the members' memory tiers no longer hold that version.
+    return FailedPrecondition(what + ": older than the versions the group keeps");
+  }
   const Key key{member.job(), member.version(), member.slot(), member.stripe()};
-  const std::uint64_t current = stripes_.count(key) ? stripes_[key].parity->size() : 0;
-  if (member.chunk_bytes() > current && bytes_ + (member.chunk_bytes() - current) > max_bytes_) {
-    // Room from the jobs folded into least recently, never from this one.
-    std::vector<std::pair<std::uint64_t, std::string>> order;
-    for (const auto& [job, at] : last_fold_) {
-      if (job != member.job()) order.emplace_back(at, job);
+  auto held = stripes_.find(key);
+  const std::uint64_t current = held == stripes_.end() ? 0 : held->second.parity->size();
+  const std::uint64_t grow = member.chunk_bytes() > current ? member.chunk_bytes() - current : 0;
+  if (bytes_ + grow > max_bytes_) {
+    // Room from the other jobs, those folded into least recently first; nothing is dropped
+    // unless dropping them all would make room.
+    std::map<std::string, std::uint64_t> job_bytes;
+    for (const auto& [k, st] : stripes_) {
+      if (std::get<0>(k) != member.job()) job_bytes[std::get<0>(k)] += st.parity->size();
     }
-    std::sort(order.begin(), order.end());
-    for (const auto& [at, job] : order) {
-      if (bytes_ + (member.chunk_bytes() - current) <= max_bytes_) break;
-      spdlog::warn("erasure: dropped the parity of job {} for room (at most {} bytes of parity)", job, max_bytes_);
-      DropJobLocked(job);
-    }
-    if (bytes_ + (member.chunk_bytes() - current) > max_bytes_) {
+    std::uint64_t others = 0;
+    for (const auto& [job, b] : job_bytes) others += b;
+    if (bytes_ - others + grow > max_bytes_) {
       return ResourceExhausted(what + ": no room for its parity (" + std::to_string(bytes_) + " of at most " +
                                std::to_string(max_bytes_) + " bytes held)");
+    }
+    std::vector<std::pair<std::uint64_t, std::string>> order;
+    for (const auto& [job, b] : job_bytes) order.emplace_back(last_fold_.count(job) ? last_fold_[job] : 0, job);
+    std::sort(order.begin(), order.end());
+    for (const auto& [at, job] : order) {
+      if (bytes_ + grow <= max_bytes_) break;
+      spdlog::warn("erasure: dropped the parity of job {} for room (at most {} bytes of parity)", job, max_bytes_);
+      DropJobLocked(job);
     }
   }
   last_fold_[member.job()] = ++folds_;
@@ -148,22 +159,35 @@ Status ParityStore::Fold(const v1::StripeMember& member, const std::uint8_t* chu
   return Status::Ok();
 }
 
+std::uint64_t ParityStore::OldestKeptLocked(const std::string& job) const {
+  auto c = committed_.find(job);
+  // The oldest of the newest versions_kept commits, once that many were seen.
+  return c != committed_.end() && c->second.size() >= versions_kept_ ? *c->second.begin() : 0;
+}
+
 void ParityStore::Retain(const std::string& job) {
   std::set<std::uint64_t> versions;
   for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0}); it != stripes_.end() && std::get<0>(it->first) == job; ++it) {
     versions.insert(std::get<1>(it->first));
   }
-  std::uint64_t oldest_kept = 0;
-  if (auto c = committed_.find(job); c != committed_.end() && c->second.size() >= versions_kept_) {
-    oldest_kept = *c->second.begin();  // the oldest of the newest versions_kept commits
+  std::set<std::uint64_t> drop;
+  const std::uint64_t oldest_kept = OldestKeptLocked(job);
+  for (std::uint64_t v : versions) {
+    if (v < oldest_kept) drop.insert(v);
   }
-  const std::size_t cap = versions_kept_ + kUncommittedKept;
-  if (versions.size() > cap) oldest_kept = std::max(oldest_kept, *std::prev(versions.end(), cap));
-  if (oldest_kept == 0) return;
-  for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0});
-       it != stripes_.end() && std::get<0>(it->first) == job && std::get<1>(it->first) < oldest_kept;) {
-    bytes_ -= it->second.parity->size();
-    it = stripes_.erase(it);
+  // Of the versions above the newest committed one, the newest kUncommittedKept.
+  auto c = committed_.find(job);
+  const std::uint64_t newest_committed = c == committed_.end() || c->second.empty() ? 0 : *c->second.rbegin();
+  std::vector<std::uint64_t> above(versions.upper_bound(newest_committed), versions.end());
+  if (above.size() > kUncommittedKept) drop.insert(above.begin(), above.end() - kUncommittedKept);
+  if (drop.empty()) return;
+  for (auto it = stripes_.lower_bound(Key{job, 0, 0, 0}); it != stripes_.end() && std::get<0>(it->first) == job;) {
+    if (drop.count(std::get<1>(it->first)) != 0) {
+      bytes_ -= it->second.parity->size();
+      it = stripes_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

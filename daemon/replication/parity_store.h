@@ -20,12 +20,13 @@
 //
 // Retention follows the members' memory tiers, which keep a job's newest `versions_kept`
 // committed versions and every newer one: once this daemon has seen that many commits of the
-// job (OnCommitted), the stripes of versions below the oldest of them are dropped. Beyond
-// that, a job keeps stripes of at most versions_kept + kUncommittedKept versions (the oldest
-// go first), and the store at most `max_bytes` of parity: when a fold would pass it, the
-// parity of the jobs folded into least recently goes first (a job killed without finishing
-// leaves its parity until then), and a chunk that would still not fit is refused
-// (ResourceExhausted).
+// job (OnCommitted), the stripes of versions below the oldest of them are dropped, and a
+// chunk of such a version is refused (FailedPrecondition: late). Of the versions above the
+// newest committed one, the newest kUncommittedKept are kept. The store holds at most
+// `max_bytes` of parity: when a fold would pass it, the parity of the other jobs, those
+// folded into least recently first, is dropped whole (a job killed without finishing leaves
+// its parity until then), unless dropping them all would not make room: then the chunk is
+// refused (ResourceExhausted) and nothing is dropped.
 //
 // Thread-safety: every method may run concurrently. A parity handed out by Find is a
 // snapshot: a later fold writes a copy.
@@ -46,6 +47,10 @@
 #include "daemon/replication/erasure_code.h"
 
 namespace ckpt {
+
+// The largest chunk a holder takes (PutChunk holds one whole until its MAC is checked), so
+// the largest parity row: shards up to K x this are protected.
+inline constexpr std::uint64_t kMaxErasureChunkBytes = std::uint64_t{16} << 30;
 
 // The group geometry: K data and M parity positions, the daemons at them (--peers entries).
 struct ErasureGeometry {
@@ -114,6 +119,8 @@ class ParityStore {
     std::uint64_t parity_xxh3 = 0;
   };
   void Retain(const std::string& job) REQUIRES(mu_);
+  // The oldest version of `job` kept (0: no bound yet).
+  std::uint64_t OldestKeptLocked(const std::string& job) const REQUIRES(mu_);
   // Drops every stripe of `job`.
   void DropJobLocked(const std::string& job) REQUIRES(mu_);
 

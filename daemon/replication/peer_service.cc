@@ -24,8 +24,6 @@ namespace {
 
 // The pieces of the erasure calls' bytes.
 constexpr std::uint64_t kErasurePiece = 4 << 20;
-// The largest chunk PutChunk takes (its receiver holds it whole until its MAC is checked).
-constexpr std::uint64_t kMaxErasureChunk = std::uint64_t{16} << 30;
 
 // The peer server's threads at most (the sync API runs each call on one): a call beyond is
 // refused (RESOURCE_EXHAUSTED) rather than given a thread. A replacement node restoring
@@ -272,9 +270,9 @@ class PeerServiceImpl final : public v1::Peer::Service {
       return ToPeerGrpc(FailedPrecondition("this daemon holds no parity (it runs without --erasure)"));
     }
     if (std::string why = CheckJobId(member.job()); !why.empty()) return ToPeerGrpc(InvalidArgument(why));
-    if (member.chunk_bytes() == 0 || member.chunk_bytes() > kMaxErasureChunk) {
+    if (member.chunk_bytes() == 0 || member.chunk_bytes() > kMaxErasureChunkBytes) {
       return ToPeerGrpc(InvalidArgument("PutChunk: a chunk of " + std::to_string(member.chunk_bytes()) +
-                                        " bytes (1 to " + std::to_string(kMaxErasureChunk) + " taken)"));
+                                        " bytes (1 to " + std::to_string(kMaxErasureChunkBytes) + " taken)"));
     }
     std::vector<std::uint8_t> chunk(member.chunk_bytes(), 0);
     PeerSecret::ImageMac mac = secret_.StartImage();
