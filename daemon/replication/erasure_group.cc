@@ -83,7 +83,7 @@ Result<std::unique_ptr<ErasureGroup>> ErasureGroup::Create(const Config& config,
                    all.begin() + static_cast<std::ptrdiff_t>(first + n));
   g.self = static_cast<unsigned>(peers.value().self - first);
   std::unique_ptr<ErasureGroup> e(new ErasureGroup(std::move(code).value(), std::move(g), config.memory_versions,
-                                                   config.memory_mib << 20, std::move(secret).value(), memory,
+                                                   config.memory_mib << 20, std::move(secret).value(),
                                                    std::chrono::seconds(config.peer_progress_timeout_s),
                                                    std::move(error)));
   if (start_server) {
@@ -106,12 +106,11 @@ Result<std::unique_ptr<ErasureGroup>> ErasureGroup::Create(const Config& config,
 }
 
 ErasureGroup::ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept,
-                           std::uint64_t max_parity_bytes, PeerSecret secret, MemoryTier& memory,
+                           std::uint64_t max_parity_bytes, PeerSecret secret,
                            std::chrono::milliseconds progress_timeout, std::function<void(const std::string&)> error)
     : store_(std::move(code), std::move(geometry), versions_kept, max_parity_bytes,
              EnvIs("CKPTD_TEST_CORRUPT_PARITY", "1")),
       secret_(std::move(secret)),
-      memory_(memory),
       progress_timeout_(progress_timeout),
       error_(std::move(error)) {}
 
@@ -150,14 +149,7 @@ void ErasureGroup::Note(const std::string& message) {
 std::shared_ptr<grpc::Channel> ErasureGroup::ChannelTo(const std::string& peer) {
   MutexLock lock(mu_);
   auto& ch = channels_[peer];
-  if (!ch) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxPeerMessage);
-    args.SetMaxSendMessageSize(kMaxPeerMessage);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    ch = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
-  }
+  if (!ch) ch = NewPeerChannel(peer);
   return ch;
 }
 
@@ -359,6 +351,10 @@ void ErasureGroup::DropNewer(const std::string& job, std::uint32_t, std::uint64_
     std::erase_if(queue_, [&](const Queued& q) { return q.meta.job == job && q.meta.version > version; });
   }
   store_.Drop(job, version, false);
+  TellGroupToDrop(job, version, false);
+}
+
+void ErasureGroup::TellGroupToDrop(const std::string& job, std::uint64_t version, bool all) {
   for (const std::string& peer : geometry().members) {
     if (peer == geometry().members[geometry().self]) continue;
     auto stub = v1::Peer::NewStub(ChannelTo(peer));
@@ -370,11 +366,12 @@ void ErasureGroup::DropNewer(const std::string& job, std::uint32_t, std::uint64_
     v1::DropParityRequest req;
     req.set_job(job);
     req.set_version(version);
+    req.set_drop_all(all);
     v1::DropJobReply reply;
     grpc::Status st = stub->DropParity(&ctx, req, &reply);
     if (!st.ok()) {
-      spdlog::info("erasure: peer {} did not drop the parity of job {} above version {}: {}", peer, job, version,
-                   st.error_message());
+      spdlog::info("erasure: peer {} did not drop the parity of job {}{}: {}", peer, job,
+                   all ? "" : " above version " + std::to_string(version), st.error_message());
     }
   }
 }
@@ -388,20 +385,7 @@ void ErasureGroup::OnJobFinished(const std::string& job) {
     dropped_above_.erase(job);
   }
   store_.Drop(job, 0, true);
-  for (const std::string& peer : geometry().members) {
-    if (peer == geometry().members[geometry().self]) continue;
-    auto stub = v1::Peer::NewStub(ChannelTo(peer));
-    grpc::ClientContext ctx;
-    const std::string subject = PeerSecret::JobSubject(job, "");
-    const std::string token = secret_.Token("DropParity", PeerSecret::Addressed(subject, peer));
-    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-    v1::DropParityRequest req;
-    req.set_job(job);
-    req.set_drop_all(true);
-    v1::DropJobReply reply;
-    (void)stub->DropParity(&ctx, req, &reply);
-  }
+  TellGroupToDrop(job, 0, true);
 }
 
 Status ErasureGroup::CheckMembers(const v1::ParityPiece& first, const std::string& job, std::uint64_t version,

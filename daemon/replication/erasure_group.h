@@ -119,7 +119,7 @@ class ErasureGroup : public PeerShards {
 
  private:
   ErasureGroup(ErasureCode code, ErasureGeometry geometry, std::uint32_t versions_kept, std::uint64_t max_parity_bytes,
-               PeerSecret secret, MemoryTier& memory, std::chrono::milliseconds progress_timeout,
+               PeerSecret secret, std::chrono::milliseconds progress_timeout,
                std::function<void(const std::string&)> error);
   void SendLoop() EXCLUDES(mu_);
   Status SendShard(const std::shared_ptr<MemoryImage>& image, std::uint32_t slot);
@@ -138,6 +138,9 @@ class ErasureGroup : public PeerShards {
   Result<std::vector<std::uint8_t>> ReadRange(const std::string& peer, const std::string& job, std::uint64_t version,
                                               std::uint32_t rank, std::uint64_t offset, std::uint64_t length);
   void Note(const std::string& message);
+  // Asks every other daemon of the group to drop its parity of `job` above `version` (every
+  // version with `all`); one that does not answer within 3 s is logged.
+  void TellGroupToDrop(const std::string& job, std::uint64_t version, bool all);
   Result<std::shared_ptr<MemoryImage>> RebuildShard(const std::string& job, std::uint64_t version,
                                                     std::uint32_t rank);
   // Whether a GetParity reply's member entries fit the stripe asked for and each other, and
@@ -147,7 +150,6 @@ class ErasureGroup : public PeerShards {
 
   ParityStore store_;
   const PeerSecret secret_;
-  MemoryTier& memory_;
   const std::chrono::milliseconds progress_timeout_;  // --peer-progress-timeout-s
   const std::function<void(const std::string&)> error_;
   std::unique_ptr<PeerServer> server_;

@@ -1,10 +1,21 @@
 #include "daemon/replication/peer_protocol.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include "ckpt/v1/peer.pb.h"
 #include "common/names.h"
 #include "daemon/base/peer_secret.h"
 
 namespace ckpt {
+
+std::shared_ptr<grpc::Channel> NewPeerChannel(const std::string& peer) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxPeerMessage);
+  args.SetMaxSendMessageSize(kMaxPeerMessage);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
+}
 
 std::string DescribeShard(const std::string& job, std::uint64_t version, std::uint32_t rank) {
   return "job " + job + " version " + std::to_string(version) + " rank " + std::to_string(rank);

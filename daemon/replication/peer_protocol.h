@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "common/status.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
 
 namespace ckpt {
 
@@ -42,6 +47,11 @@ inline constexpr int kGetShardMethodIndex = 1;
 
 // A peer that could not be reached or failed otherwise.
 inline Status Unreachable(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
+
+// A channel to the peer daemon at `peer` ("HOST:PORT"): messages up to kMaxPeerMessage, and a
+// short reconnect backoff, so that a dead peer is found out quickly and a restarted one is
+// reached again at once.
+std::shared_ptr<grpc::Channel> NewPeerChannel(const std::string& peer);
 
 // "job J version V rank R", as messages name a shard.
 std::string DescribeShard(const std::string& job, std::uint64_t version, std::uint32_t rank);

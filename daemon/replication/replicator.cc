@@ -100,15 +100,7 @@ void Replicator::Stop() {
 std::shared_ptr<grpc::Channel> Replicator::ChannelTo(const std::string& peer) {
   MutexLock lock(mu_);
   auto& ch = channels_[peer];
-  if (!ch) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxPeerMessage);
-    args.SetMaxSendMessageSize(kMaxPeerMessage);
-    // A dead peer is found out quickly, and a restarted one reached again at once.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    ch = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
-  }
+  if (!ch) ch = NewPeerChannel(peer);
   return ch;
 }
 
