@@ -2,12 +2,16 @@
 // TCP standing for the nodes of a job (support/peer_cluster.h): a lost node's shards rebuilt
 // from the rest of its group, byte-exact; corrupt parity found by its checksum; the flags.
 #include <ckpt/client.h>
+#include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
+#include "ckpt/v1/peer.grpc.pb.h"
+#include "daemon/base/peer_secret.h"
 #include "daemon/replication/parity_store.h"
+#include "format/checksum.h"
 #include "support/daemon_process.h"
 #include "support/eventually.h"
 #include "support/peer_cluster.h"
@@ -17,14 +21,6 @@ using namespace ckpt;
 using namespace ckpt::test;
 
 namespace {
-
-// The value of one sample line of `ckptctl metrics` ("NAME{LABELS} VALUE"), or -1.
-double Metric(const std::string& socket, const std::string& series) {
-  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
-  const auto at = m.output.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(m.output.substr(at + series.size() + 2));
-}
 
 // Saves `v` on every rank and waits until it is committed and every node sent the chunks of
 // its shards of it to their holders (`chunks_each`: each node's count of chunks sent by then).
@@ -252,6 +248,85 @@ TEST_CASE("a restore that leaves the timeline above it drops the group's parity 
     CHECK(got.tier == (job.NodeOf(r->rank) == 4 ? "peer" : "memory"));
   }
   CHECK(c[4].Status().erasure_rebuilds() == 2);
+}
+
+TEST_CASE("a PutChunk without the secret, for another chunk than its token's, with a bad MAC or to a daemon "
+          "holding no row of its stripe is refused, and nothing is folded",
+          "[erasure]") {
+  TempDir dir("ecput");
+  Cluster c(dir, 5, 0);
+  c.extra_args = {"--erasure", "4+1"};
+  c.Start(0);
+  auto stub = v1::Peer::NewStub(grpc::CreateChannel(c.addresses[0], grpc::InsecureChannelCredentials()));
+  // Stripe 0's parity is held by daemon 0; its data position 0 is daemon 1.
+  v1::StripeMember m;
+  m.set_job("ecput");
+  m.set_version(1);
+  m.set_stripe(0);
+  m.set_position(0);
+  m.set_origin(c.addresses[1]);
+  m.set_file_bytes(256);
+  m.set_chunk_bytes(64);
+  const std::string chunk(64, 'x');
+  m.set_chunk_xxh3(Checksum::Of(chunk.data(), chunk.size()));
+  auto put = [&](const PeerSecret& secret, const std::string& subject, const v1::StripeMember& member,
+                 bool good_mac) {
+    grpc::ClientContext ctx;
+    const std::string token = secret.Token("PutChunk", PeerSecret::Addressed(subject, c.addresses[0]));
+    ctx.AddMetadata(PeerSecret::kMetadataKey, token);
+    ctx.AddMetadata(PeerSecret::kSubjectKey, subject);
+    v1::PutChunkReply reply;
+    auto writer = stub->PutChunk(&ctx, &reply);
+    v1::ChunkPiece piece;
+    *piece.mutable_member() = member;
+    piece.set_data(chunk);
+    piece.set_last(true);
+    PeerSecret::ImageMac mac = secret.StartImage();
+    mac.Update(chunk.data(), chunk.size());
+    piece.set_mac(good_mac ? mac.Finish(ChunkBinding("PutChunk", PeerSecret::NonceOf(token), member))
+                           : std::string(PeerSecret::kMacBytes, '\0'));
+    writer->Write(piece);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  const PeerSecret secret("a shared secret of the test cluster");
+  const std::string subject = PeerSecret::ShardSubject("ecput", 1, 0, c.addresses[1]);
+  SECTION("another secret") {
+    grpc::Status st = put(PeerSecret("another secret"), subject, m, true);
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  SECTION("the first piece is another chunk than the token's") {
+    v1::StripeMember other = m;
+    other.set_job("planted");
+    grpc::Status st = put(secret, subject, other, true);
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("names another chunk than the call's token"));
+  }
+  SECTION("a bad MAC") {
+    grpc::Status st = put(secret, subject, m, false);
+    CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(st.error_message(), Catch::Contains("MAC does not match"));
+  }
+  SECTION("a stripe this daemon holds no row of") {
+    v1::StripeMember other = m;
+    other.set_stripe(1);
+    grpc::Status st = put(secret, subject, other, true);
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(), Catch::Contains("holds no parity of that stripe"));
+  }
+  SECTION("a position that is another daemon's") {
+    v1::StripeMember other = m;
+    other.set_position(1);
+    grpc::Status st = put(secret, subject, other, true);
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(), Catch::Contains("that position is another daemon's"));
+  }
+  SECTION("a well-formed chunk is taken") {
+    CHECK(put(secret, subject, m, true).ok());
+    CHECK(c[0].Status().erasure_parity_bytes() == 64);
+    return;
+  }
+  CHECK(c[0].Status().erasure_parity_bytes() == 0);
 }
 
 TEST_CASE("erasure flags: what is missing or wrong is named, exit 2", "[erasure]") {

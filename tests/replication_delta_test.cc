@@ -195,14 +195,6 @@ struct FineTuneJob {
   }
 };
 
-// The value of one sample line of `ckptctl metrics` ("NAME{LABELS} VALUE"), or -1.
-double Metric(const std::string& socket, const std::string& series) {
-  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
-  const auto at = m.output.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(m.output.substr(at + series.size() + 2));
-}
-
 const std::string kFull = "ckptd_replication_transfer_bytes_total{kind=\"full\"}";
 const std::string kDelta = "ckptd_replication_transfer_bytes_total{kind=\"delta\"}";
 const std::string kSkipped = "ckptd_replication_transfer_bytes_total{kind=\"skipped\"}";

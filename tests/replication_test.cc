@@ -903,19 +903,6 @@ TEST_CASE("replicas held before their version reaches the persistent tier are cl
   }
 }
 
-namespace {
-
-std::string Metric(const std::string& socket, const std::string& prefix) {
-  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
-  std::istringstream in(m.output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(prefix, 0) == 0) return line.substr(line.rfind(' ') + 1);
-  }
-  return "";
-}
-
-}  // namespace
-
 TEST_CASE(
     "with replicas a version commits only once every shard is held by a peer, or after the timeout, "
     "recorded as under-replicated",
@@ -955,8 +942,7 @@ TEST_CASE(
   CHECK_THAT(ls.output, Catch::Contains("under-replicated"));
   CHECK_THAT(ErrorsOf(c[0].Status()),
              Catch::Contains("job replgate version 2 committed under-replicated (ranks 0,1"));
-  CHECK(Metric(c.socket(0), "ckptd_versions_under_replicated_total{job=\"replgate\",reason=\"timeout\"}") ==
-        "1");
+  CHECK(Metric(c.socket(0), "ckptd_versions_under_replicated_total{job=\"replgate\",reason=\"timeout\"}") == 1);
 
   // The peer is back: versions commit replicated again, with no marker (the first ones may
   // still find its address refused, for the sender's back-off after a failure).

@@ -35,14 +35,6 @@ const v1::WarmStartStatus* WarmOf(const v1::StatusReply& st, const std::string& 
 
 bool Finished(const v1::WarmStartStatus* w) { return w != nullptr && (w->state() == "done" || w->state() == "failed"); }
 
-// The value of one sample line of `ckptctl metrics` ("NAME{LABELS} VALUE"), or -1.
-double Metric(const std::string& socket, const std::string& series) {
-  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
-  const auto at = m.output.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(m.output.substr(at + series.size() + 2));
-}
-
 std::vector<std::string> Ctl(const std::string& socket, std::vector<std::string> args) {
   std::vector<std::string> argv = {CKPTCTL_BINARY, "--socket", socket};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -87,14 +87,8 @@ Result<std::unique_ptr<ErasureGroup>> ErasureGroup::Create(const Config& config,
                                                    std::chrono::seconds(config.peer_progress_timeout_s),
                                                    std::move(error)));
   if (start_server) {
-    PeerAcceptor::Limits limits;
-    limits.per_address = config.peer_max_connections_per_address;
-    limits.total = config.peer_max_connections;
-    if (limits.total == 0) {
-      rlimit lim{};
-      const rlim_t open_files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
-      limits.total = static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 4, 16, 4096));
-    }
+    const PeerAcceptor::Limits limits =
+        PeerAcceptor::LimitsOf(config.peer_max_connections, config.peer_max_connections_per_address);
     auto server = PeerServer::Start(config.peer_listen, limits, memory, &e->store_, e->secret_,
                                     peers.value().self_address());
     if (!server.ok()) return server.status();

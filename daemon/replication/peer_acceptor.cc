@@ -6,10 +6,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -37,6 +39,18 @@ std::string RemoteAddress(int fd) {
 }
 
 }  // namespace
+
+PeerAcceptor::Limits PeerAcceptor::LimitsOf(std::uint32_t max_connections, std::uint32_t max_per_address) {
+  Limits limits;
+  limits.per_address = max_per_address;
+  limits.total = max_connections;
+  if (limits.total == 0) {
+    rlimit lim{};
+    const rlim_t open_files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
+    limits.total = static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 4, 16, 4096));
+  }
+  return limits;
+}
 
 Result<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(const std::string& listen, Limits limits,
                                                           std::function<void(int)> hand_over) {

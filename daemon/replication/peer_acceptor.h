@@ -38,6 +38,10 @@ class PeerAcceptor {
     std::uint32_t total = 0;
     std::uint32_t per_address = 0;
   };
+  // The limits --peer-max-connections and --peer-max-connections-per-address give; a total
+  // of 0 there is a quarter of the open-file limit (the rest is for the Unix socket's
+  // connections, regions and shard files), within 16 and 4096.
+  static Limits LimitsOf(std::uint32_t max_connections, std::uint32_t max_per_address);
   // Binds `listen` ("ADDR:PORT", "[ADDR]:PORT"; port 0 picks one) and starts accepting.
   // IoError if it cannot listen there.
   static Result<std::unique_ptr<PeerAcceptor>> Start(const std::string& listen, Limits limits,

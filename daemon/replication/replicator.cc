@@ -59,16 +59,8 @@ Result<std::unique_ptr<Replicator>> Replicator::Create(const Config& config, Mem
   std::unique_ptr<Replicator> r(new Replicator(std::move(peers).value(), std::move(secret).value(), memory,
                                                std::move(hooks), std::chrono::seconds(config.peer_progress_timeout_s),
                                                config.replica_deltas));
-  PeerAcceptor::Limits limits;
-  limits.per_address = config.peer_max_connections_per_address;
-  limits.total = config.peer_max_connections;
-  if (limits.total == 0) {
-    // A quarter of the open-file limit (main raised it): the rest is for the Unix socket's
-    // connections, regions and shard files.
-    rlimit lim{};
-    const rlim_t open_files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
-    limits.total = static_cast<std::uint32_t>(std::clamp<rlim_t>(open_files / 4, 16, 4096));
-  }
+  const PeerAcceptor::Limits limits =
+      PeerAcceptor::LimitsOf(config.peer_max_connections, config.peer_max_connections_per_address);
   auto server = PeerServer::Start(config.peer_listen, limits, memory, parity, r->secret_, r->peers_.self_address());
   if (!server.ok()) return server.status();
   r->server_ = std::move(server).value();

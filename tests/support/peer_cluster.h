@@ -132,6 +132,15 @@ struct Job {
   }
 };
 
+// The value of one sample line of `ckptctl metrics` on the daemon at `socket` ("NAME{LABELS}
+// VALUE"), or -1 if the series is not there.
+inline double Metric(const std::string& socket, const std::string& series) {
+  ProcessResult m = RunProcess({CKPTCTL_BINARY, "--socket", socket, "metrics"});
+  const auto at = m.output.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(m.output.substr(at + series.size() + 2));
+}
+
 inline std::string ErrorsOf(const v1::StatusReply& st) {
   std::string all;
   for (const auto& e : st.errors()) all += e + "\n";
